@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// kvcodec_sdk._native: declarations and conversions only. Logic lives in csrc/src.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "codecs/concat/concat_codec.h"
+#include "kvcodec/codec.h"
+#include "kvcodec/plugin.h"
+#include "runtime/driver_api.h"
+#include "runtime/owned_codec.h"
+
+namespace py = pybind11;
+using namespace kvcodec;
+
+namespace {
+
+using BufferTuple = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
+using PoolTuple = std::tuple<uintptr_t, uint64_t, uint64_t>;
+using LifeCycleTuple = std::tuple<int32_t, std::vector<BufferTuple>>;
+using GroupTuple = std::tuple<std::vector<PoolTuple>, std::vector<LifeCycleTuple>>;
+
+KvcodecCodecFactory const* factoryFromCapsule(py::object const& obj)
+{
+    PyObject* raw = obj.ptr();
+    if (!PyCapsule_CheckExact(raw))
+    {
+        throw py::type_error("expected a PyCapsule named '" KVCODEC_FACTORY_CAPSULE_NAME "', got "
+            + std::string(py::str(py::type::of(obj))));
+    }
+    char const* name = PyCapsule_GetName(raw);
+    if (name == nullptr || std::strcmp(name, KVCODEC_FACTORY_CAPSULE_NAME) != 0)
+    {
+        throw py::type_error(std::string("expected a PyCapsule named '" KVCODEC_FACTORY_CAPSULE_NAME "', got one named '")
+            + (name ? name : "<null>") + "'");
+    }
+    return static_cast<KvcodecCodecFactory const*>(PyCapsule_GetPointer(raw, name));
+}
+
+runtime::HotLayoutStorage toLayout(std::vector<GroupTuple> const& groups)
+{
+    runtime::HotLayoutStorage layout;
+    for (auto const& [pools, lifeCycles] : groups)
+    {
+        runtime::HotLayoutStorage::Group g;
+        for (auto const& [base, slotBytes, numSlots] : pools)
+        {
+            g.pools.push_back({reinterpret_cast<void*>(base), slotBytes, numSlots});
+        }
+        for (auto const& [id, buffers] : lifeCycles)
+        {
+            runtime::HotLayoutStorage::LifeCycle lc{id, {}};
+            for (auto const& [layer, role, pool, dtype, offset, bytes, tokens, heads, dim] : buffers)
+            {
+                lc.buffers.push_back(
+                    {layer, BufferRole(role), pool, DataType(dtype), offset, bytes, tokens, heads, dim, 0});
+            }
+            g.lifeCycles.push_back(std::move(lc));
+        }
+        layout.groups.push_back(std::move(g));
+    }
+    return layout;
+}
+
+IKvCacheColdPageCodec* live(runtime::OwnedCodec const& c)
+{
+    if (c.get() == nullptr)
+    {
+        throw std::runtime_error("the native codec was released");
+    }
+    return c.get();
+}
+
+} // namespace
+
+PYBIND11_MODULE(_native, m)
+{
+    m.doc() = "Native core of kvcodec_sdk (codec contract, plugin ABI, built-in concat codec).";
+    m.attr("ABI_VERSION") = KVCODEC_PLUGIN_ABI_VERSION;
+    m.attr("FACTORY_CAPSULE_NAME") = KVCODEC_FACTORY_CAPSULE_NAME;
+    m.attr("DEVICE_CPU") = KVCODEC_DEVICE_CPU;
+
+    m.def(
+        "concat_factory",
+        [] {
+            return py::capsule(const_cast<KvcodecCodecFactory*>(concat::concatCodecFactory()), KVCODEC_FACTORY_CAPSULE_NAME);
+        },
+        "PyCapsule carrying the built-in concat codec's factory.");
+
+    m.def(
+        "factory_info",
+        [](py::object const& capsule) {
+            KvcodecCodecFactory const* f = factoryFromCapsule(capsule);
+            runtime::checkFactoryAbi(f);
+            py::dict d;
+            d["name"] = std::string(f->name);
+            d["format_version"] = f->formatVersion;
+            d["abi_version"] = f->abiVersion;
+            return d;
+        },
+        py::arg("capsule"), "ABI-checked name and format version of a factory capsule.");
+
+    m.def(
+        "driver_info",
+        [] {
+            auto const& api = runtime::driverApi();
+            py::dict d;
+            d["driver_version"] = api.driverVersion;
+            d["memcpy_batch"] = api.memcpyBatchAsyncV13 ? "13.0" : (api.memcpyBatchAsyncV12 ? "12.8" : "");
+            int count = 0;
+            if (cudaGetDeviceCount(&count) != cudaSuccess)
+            {
+                cudaGetLastError();
+                count = 0;
+            }
+            d["device_count"] = count;
+            return d;
+        },
+        "CUDA driver version, which cuMemcpyBatchAsync signature was found, and the device count.");
+
+    m.def(
+        "crc32c",
+        [](py::buffer data, uint32_t crc) {
+            py::buffer_info info = data.request();
+            return crc32c(info.ptr, size_t(info.size) * size_t(info.itemsize), crc);
+        },
+        py::arg("data"), py::arg("crc") = 0, "CRC-32C (Castagnoli) of a buffer, as the envelope uses it.");
+
+    m.def(
+        "check_envelope",
+        [](py::buffer blob, uint16_t formatVersion) {
+            py::buffer_info info = blob.request();
+            return int(checkColdPageEnvelope(info.ptr, size_t(info.size) * size_t(info.itemsize), formatVersion));
+        },
+        py::arg("blob"), py::arg("format_version"), "EnvelopeStatus of one enveloped blob in host memory.");
+
+    py::class_<runtime::OwnedCodec>(m, "NativeCodec", "An owned native codec created through a factory.")
+        .def(py::init([](py::object const& capsule, std::string const& paramsJson, int32_t device) {
+            return new runtime::OwnedCodec(factoryFromCapsule(capsule), paramsJson, device);
+        }),
+            py::arg("factory"), py::arg("params_json"), py::arg("device"))
+        .def_property_readonly("name", &runtime::OwnedCodec::name)
+        .def_property_readonly("format_version", &runtime::OwnedCodec::formatVersion)
+        .def_property_readonly("device", &runtime::OwnedCodec::device)
+        .def_property_readonly("released", [](runtime::OwnedCodec const& c) { return c.get() == nullptr; })
+        .def(
+            "configure",
+            [](runtime::OwnedCodec& c, std::vector<GroupTuple> const& groups) {
+                runtime::HotLayoutStorage layout = toLayout(groups);
+                auto const& descs = layout.descs();
+                return live(c)->configure(descs.empty() ? nullptr : descs.data(), PoolGroupIndex(descs.size()));
+            },
+            py::arg("groups"))
+        .def(
+            "configure_raw",
+            [](runtime::OwnedCodec& c, uintptr_t descs, int64_t num) {
+                return live(c)->configure(reinterpret_cast<PoolGroupDesc const*>(descs), PoolGroupIndex(num));
+            },
+            py::arg("descs_ptr"), py::arg("num"), "configure() with a raw PoolGroupDesc pointer (invalid-argument tests).")
+        .def("query_cold_page_bytes", [](runtime::OwnedCodec& c, int32_t id) { return live(c)->queryColdPageBytes(id); })
+        .def("get_batching_layer_group_id",
+            [](runtime::OwnedCodec& c, int32_t id) { return live(c)->getBatchingLayerGroupId(id); })
+        .def("query_page_index_location",
+            [](runtime::OwnedCodec& c, int32_t id) { return int(live(c)->queryPageIndexLocation(id)); })
+        .def(
+            "encode",
+            [](runtime::OwnedCodec& c, int32_t id, uintptr_t dst, uintptr_t indices, size_t n, uintptr_t stream) {
+                IKvCacheColdPageCodec* codec = live(c);
+                py::gil_scoped_release release;
+                return codec->encode(id, reinterpret_cast<void*>(dst), reinterpret_cast<PageIndexPair const*>(indices),
+                    n, reinterpret_cast<cudaStream_t>(stream));
+            },
+            py::arg("layer_group_id"), py::arg("dst_base"), py::arg("page_indices"), py::arg("num_pages"),
+            py::arg("stream"))
+        .def(
+            "decode",
+            [](runtime::OwnedCodec& c, int32_t id, uintptr_t src, uintptr_t indices, size_t n, uintptr_t stream) {
+                IKvCacheColdPageCodec* codec = live(c);
+                py::gil_scoped_release release;
+                return codec->decode(id, reinterpret_cast<void const*>(src),
+                    reinterpret_cast<PageIndexPair const*>(indices), n, reinterpret_cast<cudaStream_t>(stream));
+            },
+            py::arg("layer_group_id"), py::arg("src_base"), py::arg("page_indices"), py::arg("num_pages"),
+            py::arg("stream"))
+        .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
+        .def("release", &runtime::OwnedCodec::release);
+}

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// A codec created through a plugin factory and owned by the SDK: checks the factory's ABI,
+// keeps the factory's destroy function with the pointer, and converts the hot layout into the
+// contract's POD descriptors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvcodec/codec.h"
+#include "kvcodec/plugin.h"
+
+namespace kvcodec::runtime {
+
+/// Throws std::invalid_argument naming both versions when `factory` was built for another ABI.
+void checkFactoryAbi(KvcodecCodecFactory const* factory);
+
+/// The hot layout in owned storage; `descs()` points into it.
+struct HotLayoutStorage
+{
+    struct LifeCycle
+    {
+        LifeCycleId id;
+        std::vector<BufferDesc> buffers;
+    };
+
+    struct Group
+    {
+        std::vector<PoolDesc> pools;
+        std::vector<LifeCycle> lifeCycles;
+    };
+
+    std::vector<Group> groups;
+
+    /// Builds the contiguous PoolGroupDesc array (valid while this object is unchanged).
+    std::vector<PoolGroupDesc> const& descs();
+
+private:
+    std::vector<PoolGroupDesc> descs_;
+    std::vector<std::vector<LifeCycleDesc>> lifeCycleDescs_;
+};
+
+class OwnedCodec
+{
+public:
+    /// Creates a codec; throws std::invalid_argument (ABI mismatch, bad parameters, device) or
+    /// std::runtime_error (anything else the factory reports).
+    OwnedCodec(KvcodecCodecFactory const* factory, std::string const& paramsJson, int32_t device);
+    ~OwnedCodec();
+
+    OwnedCodec(OwnedCodec const&) = delete;
+    OwnedCodec& operator=(OwnedCodec const&) = delete;
+
+    /// The codec, or null after release().
+    [[nodiscard]] IKvCacheColdPageCodec* get() const noexcept
+    {
+        return codec_;
+    }
+
+    [[nodiscard]] int32_t device() const noexcept
+    {
+        return device_;
+    }
+
+    [[nodiscard]] char const* name() const noexcept
+    {
+        return factory_->name;
+    }
+
+    [[nodiscard]] uint32_t formatVersion() const noexcept
+    {
+        return factory_->formatVersion;
+    }
+
+    /// Destroys the codec now (idempotent).
+    void release() noexcept;
+
+private:
+    KvcodecCodecFactory const* factory_;
+    IKvCacheColdPageCodec* codec_ = nullptr;
+    int32_t device_;
+};
+
+} // namespace kvcodec::runtime

@@ -1,0 +1,90 @@
+"""kvcodec_sdk: KV-cache cold-page codecs.
+
+A codec converts a KV-cache page that spans several hot GPU pools into one fixed-size cold blob
+and back. This package holds the codec contract's Python side, the plugin registry, the built-in
+``concat`` codec and the tools. The C++ contract is in ``get_include()/kvcodec/codec.h``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import _native
+from .codec import Codec
+from .errors import (
+    CodecCallError,
+    CodecConsumedError,
+    CodecParamError,
+    KvcodecError,
+    PluginAbiError,
+    UnknownCodecError,
+)
+from .hookspecs import hookimpl, hookspec
+from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PoolDesc, PoolGroupDesc, Role
+from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
+from .spec import CodecSpec, ParamSpec
+from .version import __version__
+
+__all__ = [
+    "__version__",
+    "ABI_VERSION",
+    "BufferDesc",
+    "Codec",
+    "CodecCallError",
+    "CodecConsumedError",
+    "CodecParamError",
+    "CodecRegistry",
+    "CodecSpec",
+    "DType",
+    "KvcodecError",
+    "LifeCycleDesc",
+    "PageIndexLocation",
+    "ParamSpec",
+    "PluginAbiError",
+    "PoolDesc",
+    "PoolGroupDesc",
+    "Role",
+    "UnknownCodecError",
+    "create_codec",
+    "create_default_kv_cache_cold_page_codec",
+    "get_cmake_dir",
+    "get_codec_spec",
+    "get_include",
+    "hookimpl",
+    "hookspec",
+    "list_codecs",
+]
+
+#: Version of the plugin ABI (``KVCODEC_PLUGIN_ABI_VERSION``) this SDK speaks.
+ABI_VERSION: int = _native.ABI_VERSION
+
+_HERE = Path(__file__).resolve().parent
+
+
+def get_include() -> str:
+    """Directory holding the public C++ headers (``kvcodec/codec.h``, ``kvcodec/plugin.h``, ...)."""
+    installed = _HERE / "include"
+    if (installed / "kvcodec" / "codec.h").is_file():
+        return str(installed)
+    source = _HERE.parent / "csrc" / "include"  # editable install from a source tree
+    return str(source)
+
+
+def get_cmake_dir() -> str:
+    """Directory holding ``kvcodec_sdk-config.cmake``: pass it as ``kvcodec_sdk_DIR``."""
+    return str(_HERE / "share" / "cmake" / "kvcodec_sdk")
+
+
+def create_default_kv_cache_cold_page_codec(device: Any = "cpu") -> Codec:
+    """The default lossless ``concat`` codec, created directly (not through the registry).
+
+    Not needed to select the default (``KVCacheManager(config)`` does that); it demonstrates the
+    ownership-transfer contract and is the reference for binding native codecs.
+    """
+    from . import _interop
+    from .codecs.concat import SPEC
+
+    label, ordinal = _interop.parse_device(device)
+    native = _native.NativeCodec(_native.concat_factory(), SPEC.params_json(None), ordinal)
+    return Codec(native, SPEC, SPEC.defaults(), label)

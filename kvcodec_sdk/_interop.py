@@ -1,0 +1,118 @@
+"""Conversions from Python objects to what the native codec takes: pointers, streams, devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# cudaStreamLegacy and cudaStreamPerThread handles.
+_LEGACY_STREAM = 1
+_PER_THREAD_STREAM = 2
+
+
+def parse_device(device: Any) -> tuple[str, int]:
+    """Returns ``("cpu", -1)`` or ``("cuda:N", N)`` for ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int
+    or a ``torch.device``."""
+    if isinstance(device, bool):
+        raise ValueError(f"device is {device!r}; use 'cpu', 'cuda', 'cuda:N' or a device ordinal")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device is {device}; a CUDA device ordinal must be >= 0 (use 'cpu' for the CPU)")
+        return f"cuda:{device}", device
+    text = str(device)
+    if text == "cpu":
+        return "cpu", -1
+    if text == "cuda":
+        return "cuda:0", 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return text, int(text[5:])
+    raise ValueError(f"device is {device!r}; use 'cpu', 'cuda', 'cuda:N' or a device ordinal")
+
+
+def stream_handle(stream: Any) -> int:
+    """A raw ``cudaStream_t`` value from None (0), an int, a ``torch.cuda.Stream`` or any object
+    implementing ``__cuda_stream__``."""
+    if stream is None:
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream must be a CUDA stream, not a bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream handle is {stream}; it must be >= 0")
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if isinstance(value, tuple) and len(value) == 2:
+            return int(value[1])
+        raise TypeError(f"stream.__cuda_stream__ returned {value!r}; expected (version, handle)")
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+    if handle is not None:
+        return int(handle)
+    raise TypeError(
+        f"stream is a {type(stream).__name__}; pass an int handle, a torch.cuda.Stream or an object with __cuda_stream__"
+    )
+
+
+def data_pointer(obj: Any, what: str) -> tuple[int, bool | None]:
+    """Address of a buffer and whether it is device memory (None when unknown).
+
+    Accepts an int address, a numpy array, a torch tensor, or anything with
+    ``__cuda_array_interface__`` / ``__array_interface__``.
+    """
+    if isinstance(obj, bool):
+        raise TypeError(f"{what} must be an address or an array, not a bool")
+    if isinstance(obj, int):
+        if obj < 0:
+            raise ValueError(f"{what} is {obj}; an address must be >= 0")
+        return obj, None
+    if isinstance(obj, np.ndarray):
+        return obj.ctypes.data, False
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):  # torch.Tensor
+        return int(obj.data_ptr()), bool(obj.is_cuda)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0]), True
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        return int(ai["data"][0]), False
+    raise TypeError(f"{what} is a {type(obj).__name__}; pass an address, a numpy array or a torch tensor")
+
+
+def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None]:
+    """(address, number of pairs, is_device) of a PageIndexPair array.
+
+    ``obj`` is an int32 array of shape (N, 2) (columns dst, src) or a flat one of 2N values, on
+    the host (numpy, CPU tensor) or the device (CUDA tensor); or an address with ``num_pages``.
+    """
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if num_pages is None:
+            raise ValueError("page_indices is a raw address; pass num_pages too")
+        return obj, int(num_pages), None
+    dtype = getattr(obj, "dtype", None)
+    shape = tuple(getattr(obj, "shape", ()))
+    if dtype is None:
+        obj = np.ascontiguousarray(np.asarray(obj, dtype=np.int32))
+        dtype, shape = obj.dtype, obj.shape
+    if str(dtype) not in ("int32", "torch.int32"):
+        raise TypeError(f"page_indices has dtype {dtype}; it must be int32 (pairs of dst, src)")
+    if len(shape) == 2 and shape[1] == 2:
+        count = shape[0]
+    elif len(shape) == 1 and shape[0] % 2 == 0:
+        count = shape[0] // 2
+    elif len(shape) == 1 and shape[0] == 0:
+        count = 0
+    else:
+        raise ValueError(f"page_indices has shape {shape}; expected (N, 2) or (2N,)")
+    contiguous = (
+        obj.flags["C_CONTIGUOUS"] if isinstance(obj, np.ndarray) else bool(getattr(obj, "is_contiguous", lambda: True)())
+    )
+    if not contiguous:
+        raise ValueError("page_indices must be contiguous")
+    if num_pages is not None:
+        if num_pages < 0 or num_pages > count:
+            raise ValueError(f"num_pages is {num_pages}; page_indices holds {count} pairs")
+        count = num_pages
+    address, is_device = data_pointer(obj, "page_indices")
+    return address, count, is_device

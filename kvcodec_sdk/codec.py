@@ -1,0 +1,128 @@
+"""The Python ``Codec``: an owned native codec with consumptive ownership."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from . import _interop
+from .errors import CodecCallError, CodecConsumedError
+from .layout import PageIndexLocation, PoolGroupDesc, to_native
+
+if TYPE_CHECKING:
+    from ._native import NativeCodec
+    from .spec import CodecSpec
+
+__all__ = ["Codec"]
+
+
+class Codec:
+    """A native codec owned by Python.
+
+    Created by :func:`kvcodec_sdk.create_codec`. Passing it to ``KVCacheManager`` consumes it,
+    whether construction succeeds or fails; so does :meth:`close`. Any later use raises
+    :class:`~kvcodec_sdk.errors.CodecConsumedError`.
+
+    Methods mirror ``IKvCacheColdPageCodec``: queries return the contract's values (0, a negative
+    ID, ``PageIndexLocation.BAD``) for unknown lifecycles; calls that return false in C++ raise
+    :class:`~kvcodec_sdk.errors.CodecCallError` carrying the codec's reason.
+    """
+
+    def __init__(self, native: NativeCodec, spec: CodecSpec, params: Mapping[str, Any], device: str):
+        self._native: NativeCodec | None = native
+        self._consumed_by: str | None = None
+        self.spec = spec
+        self.params = dict(params)
+        self.device = device
+
+    # -- ownership -------------------------------------------------------------------------
+
+    @property
+    def consumed(self) -> bool:
+        """True once the native codec was handed over or closed."""
+        return self._native is None
+
+    def _live(self) -> NativeCodec:
+        if self._native is None:
+            raise CodecConsumedError(
+                f"this {self.spec.name!r} Codec was {self._consumed_by}; it cannot be used again. "
+                f"Create a new one with kvcodec_sdk.create_codec({self.spec.name!r}, ...)"
+            )
+        return self._native
+
+    def _consume(self, by: str = "consumed by a KVCacheManager") -> NativeCodec:
+        """Hands the native codec over and invalidates this wrapper (the manager's entry point)."""
+        native = self._live()
+        self._native = None
+        self._consumed_by = by
+        return native
+
+    def close(self) -> None:
+        """Destroys the native codec now. Idempotent."""
+        if self._native is not None:
+            self._consume("closed").release()
+
+    def __enter__(self) -> Codec:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = f"consumed ({self._consumed_by})" if self.consumed else "live"
+        return f"<Codec {self.spec.name!r} on {self.device}, {state}>"
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def configure(self, groups: Sequence[PoolGroupDesc]) -> None:
+        """Supplies every hot pool group (index = position). Called exactly once."""
+        native = self._live()
+        if not native.configure(to_native(groups)):
+            raise CodecCallError(f"{self.spec.name}: configure() rejected the layout: {native.last_error()}")
+
+    def cold_page_bytes(self, lifecycle: int) -> int:
+        """Fixed cold-page size of a lifecycle; 0 for an unknown lifecycle."""
+        return int(self._live().query_cold_page_bytes(int(lifecycle)))
+
+    def batching_layer_group_id(self, lifecycle: int) -> int:
+        """Batching representative of a lifecycle; negative for an unknown lifecycle."""
+        return int(self._live().get_batching_layer_group_id(int(lifecycle)))
+
+    def page_index_location(self, lifecycle: int) -> PageIndexLocation:
+        """Where the lifecycle's page-index array must live; ``BAD`` for an unknown lifecycle."""
+        return PageIndexLocation(self._live().query_page_index_location(int(lifecycle)))
+
+    def encode(self, lifecycle: int, dst_base: Any, page_indices: Any, *, stream: Any = None,
+               num_pages: int | None = None) -> None:
+        """Enqueues encoding of hot pages into cold blobs at ``dst_base``.
+
+        :param page_indices: int32 pairs (dst cold slot, src hot slot), host or device as
+            :meth:`page_index_location` says; or an address with ``num_pages``.
+        :param stream: A non-legacy CUDA stream for CUDA codecs; ignored by CPU codecs.
+        """
+        self._transform("encode", lifecycle, dst_base, page_indices, stream, num_pages)
+
+    def decode(self, lifecycle: int, src_base: Any, page_indices: Any, *, stream: Any = None,
+               num_pages: int | None = None) -> None:
+        """Enqueues decoding of cold blobs at ``src_base`` into hot pages (pairs: dst hot slot,
+        src cold slot)."""
+        self._transform("decode", lifecycle, src_base, page_indices, stream, num_pages)
+
+    def last_error(self) -> str:
+        """The codec's reason for its last failed call."""
+        return str(self._live().last_error())
+
+    def _transform(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any, num_pages: int | None) -> None:
+        native = self._live()
+        base_ptr, _ = _interop.data_pointer(base, "dst_base" if op == "encode" else "src_base")
+        idx_ptr, count, idx_on_device = _interop.page_indices(indices, num_pages)
+        location = PageIndexLocation(native.query_page_index_location(int(lifecycle)))
+        if count and idx_on_device is not None and location != PageIndexLocation.BAD:
+            wanted_device = location == PageIndexLocation.DEVICE
+            if wanted_device != idx_on_device:
+                raise ValueError(
+                    f"page_indices are in {'device' if idx_on_device else 'host'} memory but lifecycle {lifecycle} "
+                    f"of codec {self.spec.name!r} on {self.device} takes {location.name.lower()} indices"
+                )
+        ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, _interop.stream_handle(stream))
+        if not ok:
+            raise CodecCallError(f"{self.spec.name}: {op}() failed: {native.last_error()}")

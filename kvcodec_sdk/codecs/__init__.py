@@ -1,0 +1,1 @@
+"""Codecs built into the SDK, each registered as an ordinary plugin."""
