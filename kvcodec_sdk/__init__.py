@@ -59,21 +59,26 @@ __all__ = [
 #: Version of the plugin ABI (``KVCODEC_PLUGIN_ABI_VERSION``) this SDK speaks.
 ABI_VERSION: int = _native.ABI_VERSION
 
-_HERE = Path(__file__).resolve().parent
+# Headers and the CMake package are installed next to the native module (which, in an editable
+# install, is not next to this file).
+_INSTALLED = Path(_native.__file__).resolve().parent
+_SOURCE = Path(__file__).resolve().parent.parent
 
 
 def get_include() -> str:
     """Directory holding the public C++ headers (``kvcodec/codec.h``, ``kvcodec/plugin.h``, ...)."""
-    installed = _HERE / "include"
-    if (installed / "kvcodec" / "codec.h").is_file():
-        return str(installed)
-    source = _HERE.parent / "csrc" / "include"  # editable install from a source tree
-    return str(source)
+    for candidate in (_INSTALLED / "include", _SOURCE / "csrc" / "include"):
+        if (candidate / "kvcodec" / "codec.h").is_file():
+            return str(candidate)
+    raise FileNotFoundError(f"kvcodec headers not found under {_INSTALLED / 'include'}; reinstall kvcodec-sdk")
 
 
 def get_cmake_dir() -> str:
     """Directory holding ``kvcodec_sdk-config.cmake``: pass it as ``kvcodec_sdk_DIR``."""
-    return str(_HERE / "share" / "cmake" / "kvcodec_sdk")
+    path = _INSTALLED / "share" / "cmake" / "kvcodec_sdk"
+    if not (path / "kvcodec_sdk-config.cmake").is_file():
+        raise FileNotFoundError(f"kvcodec_sdk-config.cmake not found under {path}; reinstall kvcodec-sdk")
+    return str(path)
 
 
 def create_default_kv_cache_cold_page_codec(device: Any = "cpu") -> Codec:

@@ -13,10 +13,14 @@ if(NOT EXISTS "${kvcodec_sdk_INCLUDE_DIR}/kvcodec/codec.h")
   set(kvcodec_sdk_NOT_FOUND_MESSAGE "kvcodec/codec.h not found under ${kvcodec_sdk_INCLUDE_DIR}")
   return()
 endif()
+# codec.h names cudaStream_t: the CUDA toolkit's headers come along.
+include(CMakeFindDependencyMacro)
+find_dependency(CUDAToolkit)
 if(NOT TARGET kvcodec_sdk::headers)
   add_library(kvcodec_sdk::headers INTERFACE IMPORTED)
   set_target_properties(kvcodec_sdk::headers PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${kvcodec_sdk_INCLUDE_DIR}"
-    INTERFACE_COMPILE_FEATURES cxx_std_17)
+    INTERFACE_COMPILE_FEATURES cxx_std_17
+    INTERFACE_LINK_LIBRARIES CUDA::toolkit)
 endif()
 unset(_kvcodec_prefix)

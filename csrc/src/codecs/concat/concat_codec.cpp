@@ -17,7 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,7 +36,7 @@ enum class CopyApi { kAuto, kBatch, kPerCopy };
 struct ConcatParams
 {
     Path path = Path::kAuto;
-    uint64_t smPathBelowBytes = 64 * 1024;
+    uint64_t smPathBelowBytes = 1024 * 1024;
     CopyApi copyApi = CopyApi::kAuto;
 };
 

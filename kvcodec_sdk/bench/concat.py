@@ -1,0 +1,289 @@
+"""``kvcodec bench concat``: throughput of the default codec against the link's ceiling.
+
+On a GPU (torch with CUDA needed for allocations and timing):
+  * encode = hot (device) -> cold blobs in pinned host memory, decode = the reverse, of
+    scattered pages (non-contiguous hot slots, shuffled cold slots), ``pools`` pools per page;
+  * ceiling = one large contiguous pinned copy of the same bytes in the same direction;
+  * baseline = one ``cuMemcpyAsync`` per piece (the codec with ``copy_api='per_copy'``);
+  * variants: the codec's automatic choice, the copy-engine path and the SM path.
+On the CPU: the CPU reference against one contiguous memcpy of the same bytes.
+
+Every variant's output is checked against an independent torch/numpy gather before timing.
+Reported: GB/s (bytes moved per direction / time), ratios to ceiling and baseline, and host CPU
+microseconds per page spent in the encode/decode call (descriptor building and submission).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .. import _native
+from ..layout import PoolDesc, PoolGroupDesc, LifeCycleDesc
+from ..registry import create_codec
+
+KiB = 1024
+MiB = 1024 * KiB
+DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
+TARGET_RATIO = 0.9
+
+
+@dataclass
+class Row:
+    """One measured (piece size, direction, variant)."""
+
+    piece_bytes: int
+    direction: str  # "encode" (hot -> cold) or "decode" (cold -> hot)
+    variant: str
+    pages: int
+    gbps: float
+    ratio_to_ceiling: float
+    ratio_to_baseline: float | None
+    host_us_per_page: float
+    path: str = ""
+
+
+@dataclass
+class Report:
+    device: str
+    pools: int
+    bytes_per_direction: int
+    iters: int
+    ceilings_gbps: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["rows"] = [asdict(r) for r in self.rows]
+        return out
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _layout(bases: list[int], piece: int, slots: int) -> list[PoolGroupDesc]:
+    return [PoolGroupDesc(pools=[PoolDesc(b, piece, slots) for b in bases], lifecycles=[LifeCycleDesc(0)])]
+
+
+def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, total_bytes: int | None = None, iters: int = 5,
+        progress: bool = True) -> Report:
+    """Runs the benchmark; ``device`` is 'auto' (GPU when present), 'cpu' or 'cuda[:N]'."""
+    if pools < 1:
+        raise ValueError(f"pools is {pools}; it must be >= 1")
+    if iters < 1:
+        raise ValueError(f"iters is {iters}; it must be >= 1")
+    for s in sizes:
+        if s < 1:
+            raise ValueError(f"piece size {s} must be >= 1 byte")
+    if device == "auto":
+        device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
+    if device == "cpu":
+        return _run_cpu(pools, sizes, total_bytes or 64 * MiB, iters, progress)
+    return _run_gpu(device, pools, sizes, total_bytes or 512 * MiB, iters, progress)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+
+def _run_cpu(pools: int, sizes, total: int, iters: int, progress: bool) -> Report:
+    rng = np.random.default_rng(1)
+    report = Report("cpu", pools, total, iters, info={"baseline": "one contiguous memcpy (numpy copyto)"})
+    for piece in sizes:
+        pages = max(1, total // (pools * piece))
+        slots = 2 * pages
+        hot = [rng.integers(0, 256, size=slots * piece, dtype=np.uint8) for _ in range(pools)]
+        cold = np.empty(pages * pools * piece, np.uint8)
+        src = rng.permutation(slots)[:pages].astype(np.int32)
+        dst = rng.permutation(pages).astype(np.int32)
+        enc = np.ascontiguousarray(np.stack([dst, src], axis=1))
+        dec = np.ascontiguousarray(np.stack([src, dst], axis=1))
+        codec = create_codec("concat", device="cpu")
+        codec.configure(_layout([h.ctypes.data for h in hot], piece, slots))
+
+        codec.encode(0, cold, enc)
+        expected = np.concatenate([h.reshape(slots, piece)[src] for h in hot], axis=1)
+        if not np.array_equal(cold.reshape(pages, pools * piece)[dst], expected):
+            raise RuntimeError(f"concat CPU encode produced wrong blobs at piece size {piece}")
+        flat_src = np.concatenate(hot)[: pages * pools * piece]
+        flat_dst = np.empty_like(flat_src)
+
+        def timed(fn: Callable[[], None]) -> float:
+            fn()
+            samples = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t0)
+            return statistics.median(samples)
+
+        moved = pages * pools * piece
+        ceiling = moved / timed(lambda: np.copyto(flat_dst, flat_src)) / 1e9
+        report.ceilings_gbps[str(piece)] = {"memcpy": ceiling}
+        for direction, idx in (("encode", enc), ("decode", dec)):
+            op = codec.encode if direction == "encode" else codec.decode
+            t = timed(lambda: op(0, cold, idx))
+            gbps = moved / t / 1e9
+            report.rows.append(Row(piece, direction, "concat-cpu", pages, gbps, gbps / ceiling, None,
+                                   t / pages * 1e6, "memcpy"))
+            _log(progress, f"{_fmt_size(piece):>8} {direction}: {gbps:7.2f} GB/s = {gbps / ceiling:.2f}x memcpy")
+        codec.close()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+
+VARIANTS = {
+    "auto": {},
+    "copy_engine": {"path": "copy_engine"},
+    "sm": {"path": "sm"},
+    "baseline_per_copy": {"path": "copy_engine", "copy_api": "per_copy"},
+}
+
+
+def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: bool) -> Report:
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError("the GPU benchmark allocates and times with torch; install torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but torch sees no CUDA device")
+    dev = torch.device(device)
+    torch.cuda.set_device(dev)
+    stream = torch.cuda.Stream(dev)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1)
+    info = dict(_native.driver_info())
+    info["gpu"] = torch.cuda.get_device_name(dev)
+    info["baseline"] = "one cuMemcpyAsync per piece"
+    report = Report(device, pools, total, iters, info=info)
+
+    def elapsed(fn: Callable[[], None]) -> float:
+        """Median seconds per call, timed with events on `stream` after one warm-up call."""
+        with torch.cuda.stream(stream):
+            fn()
+            stream.synchronize()
+            samples = []
+            for _ in range(iters):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                fn()
+                end.record(stream)
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(samples)
+
+    for piece in sizes:
+        pages = max(1, total // (pools * piece))
+        slots = 2 * pages
+        moved = pages * pools * piece
+        _log(progress, f"piece {_fmt_size(piece)}: {pages} pages x {pools} pools, {moved / MiB:.0f} MiB per direction")
+        hot = [torch.randint(0, 256, (slots * piece,), dtype=torch.uint8, device=dev, generator=gen) for _ in range(pools)]
+        hot_back = [torch.empty_like(h) for h in hot]
+        cold = torch.empty(pages * pools * piece, dtype=torch.uint8, pin_memory=True)
+        contig_dev = torch.empty(moved, dtype=torch.uint8, device=dev)
+        src = torch.randperm(slots, device=dev, generator=gen)[:pages].to(torch.int32)
+        dst = torch.randperm(pages, device=dev, generator=gen).to(torch.int32)
+        enc_dev = torch.stack([dst, src], dim=1).contiguous()
+        dec_dev = torch.stack([src, dst], dim=1).contiguous()
+        enc_host, dec_host = enc_dev.cpu(), dec_dev.cpu()
+        expected = torch.cat([h.view(slots, piece)[src.long()] for h in hot], dim=1)
+
+        ceil_d2h = moved / elapsed(lambda: cold.copy_(contig_dev, non_blocking=True)) / 1e9
+        ceil_h2d = moved / elapsed(lambda: contig_dev.copy_(cold, non_blocking=True)) / 1e9
+        ceilings = {"encode": ceil_d2h, "decode": ceil_h2d}
+        report.ceilings_gbps[str(piece)] = {"d2h_pinned": ceil_d2h, "h2d_pinned": ceil_h2d}
+        _log(progress, f"  ceiling: D2H {ceil_d2h:.1f} GB/s, H2D {ceil_h2d:.1f} GB/s")
+
+        measured: dict[tuple[str, str], tuple[float, float, str]] = {}
+        for variant, params in VARIANTS.items():
+            # One codec over the source pools (encode) and one over fresh pools (decode), so the
+            # decode check cannot pass by leaving the original data in place.
+            encoder = create_codec("concat", params, device=device)
+            encoder.configure(_layout([h.data_ptr() for h in hot], piece, slots))
+            decoder = create_codec("concat", params, device=device)
+            decoder.configure(_layout([h.data_ptr() for h in hot_back], piece, slots))
+            path = encoder.page_index_location(0).name.lower()
+            on_device = path == "device"
+            enc = enc_dev if on_device else enc_host
+            dec = dec_dev if on_device else dec_host
+            calls = {
+                "encode": lambda: encoder.encode(0, cold, enc, stream=stream),
+                "decode": lambda: decoder.decode(0, cold, dec, stream=stream),
+            }
+            with torch.cuda.stream(stream):
+                cold.fill_(0xA5)
+                for h in hot_back:
+                    h.fill_(0x5A)
+                stream.synchronize()
+                calls["encode"]()
+                stream.synchronize()
+                if not torch.equal(cold.to(dev).view(pages, pools * piece)[dst.long()], expected):
+                    raise RuntimeError(f"concat {variant} encode produced wrong blobs at piece {piece}")
+                calls["decode"]()
+                stream.synchronize()
+                for p in range(pools):
+                    got = hot_back[p].view(slots, piece)[src.long()]
+                    if not torch.equal(got, expected[:, p * piece:(p + 1) * piece]):
+                        raise RuntimeError(f"concat {variant} decode produced wrong hot pages at piece {piece}")
+            for direction, call in calls.items():
+                t = elapsed(call)
+                # Host time of the call alone (descriptor building + submission) on an idle stream.
+                host = []
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        stream.synchronize()
+                        t0 = time.perf_counter()
+                        call()
+                        host.append(time.perf_counter() - t0)
+                    stream.synchronize()
+                measured[(variant, direction)] = (moved / t / 1e9, min(host) / pages * 1e6, path)
+            encoder.close()
+            decoder.close()
+
+        for (variant, direction), (gbps, host_us, path) in measured.items():
+            base = measured[("baseline_per_copy", direction)][0]
+            row = Row(piece, direction, variant, pages, gbps, gbps / ceilings[direction],
+                      gbps / base, host_us, "sm" if path == "device" else "copy_engine")
+            report.rows.append(row)
+            _log(progress, f"  {direction:6} {variant:18} {gbps:7.1f} GB/s  {row.ratio_to_ceiling:5.2f}x ceiling  "
+                           f"{row.ratio_to_baseline:6.2f}x baseline  {host_us:6.3f} us/page host ({row.path})")
+        del hot, hot_back, cold, contig_dev, expected
+        torch.cuda.empty_cache()
+    return report
+
+
+def format_table(report: Report) -> str:
+    """A readable table of the report."""
+    lines = [
+        f"concat codec on {report.device}: {report.pools} pools/page, "
+        f"{report.bytes_per_direction / MiB:.0f} MiB per direction, median of {report.iters}",
+        f"{'piece':>8} {'dir':6} {'variant':18} {'GB/s':>8} {'x ceiling':>9} {'x base':>7} {'us/page':>8}  path",
+    ]
+    for r in report.rows:
+        base = f"{r.ratio_to_baseline:7.2f}" if r.ratio_to_baseline is not None else "      -"
+        lines.append(f"{_fmt_size(r.piece_bytes):>8} {r.direction:6} {r.variant:18} {r.gbps:8.2f} "
+                     f"{r.ratio_to_ceiling:9.2f} {base} {r.host_us_per_page:8.3f}  {r.path}")
+    if report.device != "cpu":
+        auto = [r for r in report.rows if r.variant == "auto"]
+        worst = min(auto, key=lambda r: r.ratio_to_ceiling) if auto else None
+        if worst is not None:
+            verdict = "meets" if worst.ratio_to_ceiling >= TARGET_RATIO else "misses"
+            lines.append(f"default codec: worst {worst.ratio_to_ceiling:.2f}x of the pinned ceiling "
+                         f"({_fmt_size(worst.piece_bytes)} {worst.direction}); {verdict} the {TARGET_RATIO}x target")
+    return "\n".join(lines)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the SDK on a GPU host, runs the GPU tests, a memcheck pass and the benchmarks, and
+# writes every log and result into one folder.
+#
+#   scripts/gpu-check.sh [OUT_DIR]      (default: ./gpu-results, or $OUT when set)
+#
+# Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
+# requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
+# --no-build-isolation so it works on hosts without network access.
+set -uo pipefail
+OUT_DIR=${1:-${OUT:-gpu-results}}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
+TESTS=${KVCODEC_GPU_TESTS:-tests}
+status=0
+step() { echo "== $* ($(date +%T))"; }
+
+step "environment"
+{ nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } \
+  > "$OUT_DIR/env.txt" 2>&1
+
+step "build"
+if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/build.log" 2>&1; then
+  tail -40 "$OUT_DIR/build.log"; echo "build failed"; exit 1
+fi
+(cd "$OUT_DIR" && python3 -c 'import kvcodec_sdk._native as n; print(n.driver_info())') | tee -a "$OUT_DIR/env.txt"
+
+step "pytest -m gpu"
+# Run from outside the source tree so the installed package is what gets tested.
+(cd "$OUT_DIR" && python3 -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
+   "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
+tail -25 "$OUT_DIR/pytest-gpu.log"
+
+step "compute-sanitizer memcheck (small GPU tests)"
+if command -v compute-sanitizer > /dev/null; then
+  (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
+     python3 -m pytest -q -m gpu -p no:cacheprovider -c "$OLDPWD/pyproject.toml" "$OLDPWD/tests/test_concat_gpu.py" \
+     -k "round_trip and (odd or tiny) or interchangeable or legacy or registration") > "$OUT_DIR/memcheck.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
+fi
+
+step "kvcodec bench concat"
+(cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
+cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
+
+step "done (status $status)"
+exit $status
