@@ -47,7 +47,8 @@ class ParamSpec:
         else:
             ok = isinstance(value, str)
         if not ok:
-            raise CodecParamError(f"{where} is {value!r} ({type(value).__name__}); it must be a {expected}")
+            article = "an" if expected[0] in "aeiou" else "a"
+            raise CodecParamError(f"{where} is {value!r} ({type(value).__name__}); it must be {article} {expected}")
         if self.choices is not None and value not in self.choices:
             valid = ", ".join(repr(c) for c in self.choices)
             raise CodecParamError(f"{where} is {value!r}; valid values are {valid}")
