@@ -44,5 +44,8 @@ step "kvcodec bench concat"
 (cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
 
+step "fp8 plugin: build, GPU tests, memcheck, benchmark"
+bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
+
 step "done (status $status)"
 exit $status
