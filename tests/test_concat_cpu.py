@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvcodec_sdk
-from conftest import (
+from sdk_helpers import (
     GUARD_BYTES,
     ODD_SLOT_SIZES,
     HotLayout,

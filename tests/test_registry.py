@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import kvcodec_sdk
-from conftest import pairs
+from sdk_helpers import pairs
 from kvcodec_sdk import (
     CodecParamError,
     CodecRegistry,
