@@ -182,6 +182,9 @@ class Harness:
             self.stream = torch.cuda.Stream(device=self.device)
         self.codec = make_codec(spec, params, self.device)
         self.native = self.codec._live()
+        # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
+        # that keeps a pointer past its call then fails a clause instead of corrupting the heap.
+        self._alive: list[Any] = []
         self._pools: list[list[_Region]] = []
         self.original: list[list[np.ndarray]] = []  # contents per group, pool: (slots, slot_bytes)
         for group in plan.groups:
@@ -207,6 +210,7 @@ class Harness:
     def close(self) -> None:
         self.sync()
         self.codec.close()
+        self._alive.clear()
 
     # -- contract calls ------------------------------------------------------------------------
 
@@ -233,7 +237,9 @@ class Harness:
 
             tensor = torch.from_numpy(pairs).to(self.device)
             torch.cuda.synchronize(self.device)
+            self._alive.append(tensor)
             return tensor
+        self._alive.append(pairs)
         return pairs
 
     @staticmethod
@@ -269,6 +275,7 @@ class Harness:
                            f"queryColdPageBytes({lifecycle}) is 0 for a configured lifecycle")
         region = _Region(num_blobs * size + 2 * GUARD_BYTES, self.device, pinned=True)
         region.write(_canary(self.rng, region.nbytes))
+        self._alive.append(region)
         return ColdBuffer(region, size, num_blobs)
 
     def hot_raw(self) -> list[list[np.ndarray]]:

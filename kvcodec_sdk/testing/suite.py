@@ -458,7 +458,9 @@ class BaseMemorySafetyTests(BaseFixtures):
 def _poison(h: Harness, indices: Any, valid_dst: np.ndarray, valid_src: np.ndarray) -> None:
     """Overwrites an index array with valid but wrong pairs: host arrays at once, device arrays by
     work enqueued on the codec's stream (legal: it is ordered after the codec's work)."""
-    wrong = np.stack([np.roll(valid_dst, 1), np.roll(valid_src[::-1], 1)], axis=1).astype(np.int32)
+    # Every pair points at another valid destination and at the first source: not a permutation,
+    # so a codec that reads the array twice cannot undo one wrong read with another.
+    wrong = np.stack([np.roll(valid_dst, -1), np.full_like(valid_src, valid_src[0])], axis=1).astype(np.int32)
     if isinstance(indices, np.ndarray):
         indices[:] = wrong
         return
@@ -477,7 +479,7 @@ def _poisoned_sequence(h: Harness, lcs: list[int], clause_name: str) -> None:
     for lc in lcs:
         g = h.plan.group_of(lc)
         slots = h.plan.groups[g].num_slots
-        n = max(1, min(3, slots // 8))
+        n = max(2, min(3, slots // 8))  # two or more pages: wrong pairs then differ from right ones
         odd = h.rng.permutation(np.arange(1, slots, 2))
         even = h.rng.permutation(np.arange(0, slots, 2))
         src, back1, back2 = odd[:n], even[:n], even[n : 2 * n]
