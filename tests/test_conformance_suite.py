@@ -157,3 +157,48 @@ def test_broken_cuda_codec_is_caught(pytester, broken_lib, flaw):
     assert test in failures, f"{flaw}: {test} did not fail; failures: {sorted(failures)}"
     assert f"ClauseViolation: {clause}: " in failures[test], failures[test][-2000:]
     assert text in failures[test], failures[test][-2000:]
+
+
+def _lsb_bound(original, decoded, buffer):
+    """check_error of a codec that may clear bit 0 of each 16-bit element (its low byte)."""
+    diff = original.astype(int) - decoded.astype(int)
+    if not diff.any():
+        return None
+    if buffer.dtype.itemsize != 2 or (diff[1::2] != 0).any() or (abs(diff) > 1).any():
+        return f"{int((diff != 0).sum())} bytes differ beyond the low bit"
+    return None
+
+
+@pytest.mark.parametrize("check_error, fails", [(_lsb_bound, False), (None, True),
+                                                (lambda o, d, b: "too far" if (o != d).any() else None, True)],
+                         ids=["bound-holds", "no-check_error", "bound-exceeded"])
+def test_lossy_codec_is_checked_against_its_declared_bound(pytester, broken, check_error, fails):
+    """The same codec that fails as 'lossless' passes as lossy with a check_error that admits its
+    loss, and fails without one or with a tighter one."""
+    import dataclasses
+
+    spec = dataclasses.replace(broken.spec("lossy_claims_lossless", lossless=False), check_error=check_error,
+                               error_bound="low bit of 16-bit elements")
+    broken.SPECS = {"lossy": spec}
+    pytester.makepyfile(test_lossy="""
+        import pytest, broken
+        from kvcodec_sdk.testing import CodecConformanceTests
+        class TestLossy(CodecConformanceTests):
+            @pytest.fixture
+            def kvcodec_spec(self):
+                return broken.SPECS["lossy"]
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "round_trip and cpu-mixed")
+    if fails:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*ClauseViolation: round-trip: *"])
+    else:
+        result.assert_outcomes(passed=1)
+
+
+def test_check_error_must_be_callable():
+    from kvcodec_sdk import CodecSpec
+
+    with pytest.raises(TypeError, match="check_error must be callable"):
+        CodecSpec(name="x", description="", version="0", format_version=1, lossless=False, factory=lambda: None,
+                  error_bound="|x-y| <= 1", check_error="abs")

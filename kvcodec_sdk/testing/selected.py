@@ -33,6 +33,6 @@ class TestKvcodecConformance(CodecConformanceTests):
     def kvcodec_golden_dir(self, request, kvcodec_spec):
         root = request.config.getoption("kvcodec_golden", default=None)
         if root is None:
-            pytest.skip("no golden vectors given: pass --kvcodec-golden DIR (a folder holding "
-                        f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}/)")
+            pytest.skip("no golden vectors given (kvcodec check --golden DIR, pytest --kvcodec-golden DIR: a folder "
+                        f"holding {kvcodec_spec.name}-v{kvcodec_spec.format_version}/)")
         return Path(root) / f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"

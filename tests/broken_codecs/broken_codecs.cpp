@@ -272,12 +272,7 @@ private:
             {
                 if (encode)
                 {
-                    uint8_t v = hot[b];
-                    if (flaw_ == Flaw::kLossyClaimsLossless && ((off + b) % 2) == 0)
-                    {
-                        v &= 0xFE;
-                    }
-                    cold[off + b] = uint8_t(v ^ k);
+                    cold[off + b] = uint8_t(hot[b] ^ k);
                 }
                 else
                 {
@@ -285,6 +280,26 @@ private:
                 }
             }
             off += pool.slotBytes;
+        }
+        if (encode && flaw_ == Flaw::kLossyClaimsLossless)
+        {
+            // Truncates 16-bit K/V elements: clears the lowest mantissa bit (bit 0 of the low byte).
+            for (BufferDesc const& b : layout_.find(id)->buffers)
+            {
+                if (b.role == BufferRole::kOther || dataTypeBytes(b.dtype) != 2)
+                {
+                    continue;
+                }
+                uint64_t poolOffset = 0;
+                for (int32_t q = 0; q < b.poolIndex; ++q)
+                {
+                    poolOffset += group.pools[size_t(q)].slotBytes;
+                }
+                for (uint64_t e = 0; e < b.bytes; e += 2)
+                {
+                    cold[poolOffset + b.byteOffset + e] &= 0xFE;
+                }
+            }
         }
         if (encode)
         {
