@@ -40,6 +40,12 @@ if command -v compute-sanitizer > /dev/null; then
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
 
+step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
+{ (cd "$OUT_DIR" && kvcodec check concat --device cuda --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
+  && (cd "$OUT_DIR" && kvcodec check concat --device cuda --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
+        --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
+cat "$OUT_DIR/conformance.txt"
+
 step "kvcodec bench concat"
 (cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'

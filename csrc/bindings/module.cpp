@@ -19,6 +19,8 @@
 namespace py = pybind11;
 using namespace kvcodec;
 
+void bindTesting(py::module_& m); // testing.cpp
+
 namespace {
 
 using BufferTuple = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
@@ -206,4 +208,6 @@ PYBIND11_MODULE(_native, m)
             py::arg("stream"))
         .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
         .def("release", &runtime::OwnedCodec::release);
+
+    bindTesting(m);
 }
