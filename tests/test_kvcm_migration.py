@@ -44,7 +44,7 @@ def test_evict_writes_concat_blobs_and_onboard_restores_them(rng):
     assert all(p.level == CacheLevel.HOST for p in pages)
     check_all(m, model, lcs, "concat")  # blob == slots of every pool in pool order
     # Hot slots are reusable now: scribble over them before bringing the pages back.
-    for pool in m.hot_pool_tensors(0, framework="numpy") + m.hot_pool_tensors(1, framework="numpy"):
+    for pool in m.hot_pool_tensors(0) + m.hot_pool_tensors(1):
         pool[:] = 0
     r = m.onboard(pages)
     assert r.moved == 9 and all(p.level == CacheLevel.HOT for p in pages)
@@ -184,7 +184,7 @@ def test_envelope_drops_pages_that_did_not_fit_or_fail_their_checksum(rng):
     assert m.cold_page_bytes(0) == 32 + 64
     pages = m.allocate(0, 6)
     model = write_random(m, pages, rng)
-    m.page_view(pages[1])[0][0] = 0xEE  # this page "does not fit"
+    m.page_view(pages[1], framework="numpy")[0][0] = 0xEE  # this page "does not fit"
     model[pages[1].id] = hot_bytes(m, pages[1])
     m.evict(pages)
     m.synchronize()

@@ -46,17 +46,30 @@ def xor_key(representative: int) -> int:
     return ((representative + 1) * 0x3B + 0x11) & 0xFF
 
 
+def to_numpy(view) -> np.ndarray:
+    """A copy of a numpy or torch (CPU or CUDA) view as a numpy array."""
+    if isinstance(view, np.ndarray):
+        return view.copy()
+    return view.detach().cpu().numpy().copy()
+
+
 def hot_bytes(m: KVCacheManager, page) -> np.ndarray:
-    """A hot page's bytes: its slot in every pool, in pool order (host backend)."""
-    return np.concatenate([np.asarray(v).copy() for v in m.page_view(page, framework="numpy")])
+    """A hot page's bytes: its slot in every pool, in pool order."""
+    return np.concatenate([to_numpy(v) for v in m.page_view(page)])
 
 
 def write_random(m: KVCacheManager, pages, rng: np.random.Generator) -> dict[int, np.ndarray]:
     """Fills hot pages with random non-zero bytes; returns page id -> bytes."""
     out = {}
     for p in pages:
-        for v in m.page_view(p, framework="numpy"):
-            v[:] = rng.integers(1, 256, size=v.shape, dtype=np.uint8)
+        for v in m.page_view(p):
+            data = rng.integers(1, 256, size=tuple(v.shape), dtype=np.uint8)
+            if isinstance(v, np.ndarray):
+                v[:] = data
+            else:
+                import torch
+
+                v.copy_(torch.from_numpy(data))
         out[p.id] = hot_bytes(m, p)
     return out
 
