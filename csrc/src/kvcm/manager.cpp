@@ -53,11 +53,14 @@ void waitAll(std::vector<runtime::Event*>& events, std::optional<Stream> stream)
     }
 }
 
-void collect(std::vector<runtime::Event*>& events, EventPtr const& e)
+// `last` remembers the previous event of one source of events (source slots, destination
+// slots), so runs of pages protected by one event add it once.
+void collect(std::vector<runtime::Event*>& events, EventPtr const& e, runtime::Event*& last)
 {
-    if (e && (events.empty() || events.back() != e.get()))
+    if (e && e.get() != last)
     {
         events.push_back(e.get());
+        last = e.get();
     }
 }
 
@@ -195,10 +198,11 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
     }
     auto& events = tScratch.events;
     events.clear();
+    runtime::Event* last = nullptr;
     for (size_t i = 0; i < count; ++i)
     {
         int32_t const slot = pool.take();
-        collect(events, pool.ready(slot));
+        collect(events, pool.ready(slot), last);
         uint32_t index;
         if (!freePages_.empty())
         {
@@ -477,11 +481,13 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     // Step 2: the stream waits for the source pages and the destination slots.
     s.events.clear();
     s.pairs.resize(count);
+    runtime::Event* lastSrc = nullptr;
+    runtime::Event* lastDst = nullptr;
     for (size_t i = 0; i < count; ++i)
     {
         int32_t const srcSlot = pages_[pages[i]].slot;
-        collect(s.events, srcPool.ready(srcSlot));
-        collect(s.events, dstPool.ready(dstSlots[i]));
+        collect(s.events, srcPool.ready(srcSlot), lastSrc);
+        collect(s.events, dstPool.ready(dstSlots[i]), lastDst);
         s.pairs[i] = {dstSlots[i], srcSlot};
     }
     waitAll(s.events, stream);
