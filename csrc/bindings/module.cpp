@@ -20,6 +20,7 @@ namespace py = pybind11;
 using namespace kvcodec;
 
 void bindTesting(py::module_& m); // testing.cpp
+void bindKvcm(py::module_& m); // bindings/kvcm.cpp
 
 namespace {
 
@@ -210,4 +211,5 @@ PYBIND11_MODULE(_native, m)
         .def("release", &runtime::OwnedCodec::release);
 
     bindTesting(m);
+    bindKvcm(m);
 }
