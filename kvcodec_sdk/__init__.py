@@ -21,8 +21,6 @@ from .errors import (
     UnknownCodecError,
 )
 from .hookspecs import hookimpl, hookspec
-from .kvcm_config import BufferConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig
-from .manager import CacheLevel, KVCacheManager, PageHandle, PageList
 from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PoolDesc, PoolGroupDesc, Role
 from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
 from .spec import CodecSpec, ParamSpec
@@ -89,6 +87,31 @@ def get_cmake_dir() -> str:
     if not (path / "kvcodec_sdk-config.cmake").is_file():
         raise FileNotFoundError(f"kvcodec_sdk-config.cmake not found under {path}; reinstall kvcodec-sdk")
     return str(path)
+
+
+# The manager is imported on first use, so that importing the package (which build tools do to
+# find the CMake package) never depends on more of the native module than the codec contract.
+_LAZY = {
+    "BufferConfig": "kvcm_config",
+    "KVCacheConfig": "kvcm_config",
+    "KVCacheConfigError": "kvcm_config",
+    "LayerGroupConfig": "kvcm_config",
+    "CacheLevel": "manager",
+    "KVCacheManager": "manager",
+    "PageHandle": "manager",
+    "PageList": "manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvcodec_sdk' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 def create_default_kv_cache_cold_page_codec(device: Any = "cpu") -> Codec:

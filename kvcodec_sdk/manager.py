@@ -61,6 +61,7 @@ class CacheLevel:
 
     @classmethod
     def name(cls, level: int) -> str:
+        """Lower-case name of a level value ("hot", "host")."""
         return cls._NAMES.get(int(level), str(level))
 
 
@@ -136,6 +137,7 @@ class PageHandle:
 
     @property
     def lifecycle(self) -> int:
+        """Layer group (lifecycle) of the page."""
         return int(self._info()[0])
 
     @property
@@ -145,6 +147,7 @@ class PageHandle:
 
     @property
     def slot(self) -> int:
+        """Slot index of the page in its current level's pool group."""
         return int(self._info()[2])
 
     @property
@@ -154,6 +157,7 @@ class PageHandle:
 
     @property
     def is_live(self) -> bool:
+        """False once the page was freed or dropped (the handle is then stale)."""
         return bool(self._manager._live().is_live(self.id))
 
     def __eq__(self, other: object) -> bool:
@@ -302,7 +306,7 @@ class KVCacheManager:
             created = create_codec(name, params, device=label)
             spec = created.spec
             native = created._consume()
-        envelope = int(spec.format_version) if spec is not None and getattr(spec, "envelope", False) else -1
+        envelope = int(spec.format_version) if spec is not None and spec.envelope else -1
         try:
             core = _core.KvcmCore(config.to_native(envelope), native, ordinal)
         except BaseException:
@@ -348,10 +352,12 @@ class KVCacheManager:
 
     @property
     def codec_name(self) -> str:
+        """Registry name of the manager's cold-page codec."""
         return self._codec_name
 
     @property
     def num_layer_groups(self) -> int:
+        """Number of layer groups (lifecycles) in the configuration."""
         return int(self._live().num_lifecycles())
 
     def allocate(self, lifecycle: int, count: int, *, stream: Any = None) -> PageList:
@@ -416,6 +422,7 @@ class KVCacheManager:
         return list(self._live().mapping(int(level)))
 
     def num_pool_groups(self, level: int) -> int:
+        """Number of pool groups of ``level`` (hot and cold groupings are independent)."""
         return int(self._live().num_pool_groups(int(level)))
 
     def slot_counts(self, level: int) -> list[tuple[int, int]]:
@@ -428,12 +435,15 @@ class KVCacheManager:
         return int(self._live().page_bytes(int(level), int(pool_group)))
 
     def cold_page_bytes(self, lifecycle: int) -> int:
+        """The codec's fixed cold-page size for a layer group."""
         return int(self._live().lifecycle_info(int(lifecycle))[1])
 
     def batching_representative(self, lifecycle: int) -> int:
+        """The layer group whose ID the codec is called with for this layer group's pages."""
         return int(self._live().lifecycle_info(int(lifecycle))[2])
 
     def page_index_location(self, lifecycle: int) -> PageIndexLocation:
+        """Where the codec takes this layer group's page indices (host or device)."""
         return PageIndexLocation(self._live().lifecycle_info(int(lifecycle))[3])
 
     def buffer_layout(self, lifecycle: int) -> list[BufferLayout]:
@@ -548,6 +558,7 @@ class KVCacheManager:
         return int(self._live().add_observer(lambda t: observer(MigrationRecord(*t))))
 
     def remove_migration_observer(self, observer_id: int) -> bool:
+        """Removes an observer added with add_migration_observer; False if it was not registered."""
         return bool(self._live().remove_observer(int(observer_id)))
 
     def index_ring(self) -> dict | None:

@@ -85,11 +85,15 @@ class CodecSpec:
     :param factory: Returns the PyCapsule carrying the codec's ``KvcodecCodecFactory``.
     :param plugin: Name of the plugin that registered the codec (filled in by the registry).
     :param check_error: For lossy codecs, the machine-checkable form of ``error_bound``:
-        ``check_error(original, decoded, buffer)`` gets the bytes of one K or V buffer of one page
-        before encoding and after decoding (uint8 arrays; ``kvcodec_sdk.testing.to_float32``
-        converts them) and its :class:`~kvcodec_sdk.layout.BufferDesc`, and returns None when
-        the bound holds or a sentence saying where and by how much it is exceeded. The
-        conformance suite calls it; without it a lossy codec cannot pass the round-trip clause.
+        ``check_error(original, decoded, buffer, params)`` gets the bytes of one K or V buffer of
+        one page before encoding and after decoding (uint8 arrays; ``kvcodec_sdk.testing.to_float32``
+        converts them), its :class:`~kvcodec_sdk.layout.BufferDesc` and the codec's full
+        parameters, and returns None when the bound holds or a sentence saying where and by how
+        much it is exceeded. The conformance suite calls it; without it a lossy codec cannot pass
+        the round-trip clause.
+    :param envelope: True when every blob starts with the SDK's cold-page envelope
+        (``ColdPageEnvelope`` in codec.h): hosts then check each blob before decoding it and drop
+        pages that did not fit or fail their checksum.
     """
 
     name: str
@@ -102,7 +106,8 @@ class CodecSpec:
     devices: Sequence[str] = ("cpu", "cuda")
     error_bound: str | None = None
     plugin: str = ""
-    check_error: Callable[[Any, Any, Any], str | None] | None = None
+    check_error: Callable[[Any, Any, Any, Mapping[str, Any]], str | None] | None = None
+    envelope: bool = False
 
     def __post_init__(self) -> None:
         if not self.lossless and not self.error_bound:
@@ -152,5 +157,6 @@ class CodecSpec:
             "error_bound": self.error_bound,
             "devices": list(self.devices),
             "plugin": self.plugin,
+            "envelope": self.envelope,
             "params": {p.name: p.to_json() for p in self.params},
         }

@@ -159,7 +159,7 @@ def test_broken_cuda_codec_is_caught(pytester, broken_lib, flaw):
     assert text in failures[test], failures[test][-2000:]
 
 
-def _lsb_bound(original, decoded, buffer):
+def _lsb_bound(original, decoded, buffer, params):
     """check_error of a codec that may clear bit 0 of each 16-bit element (its low byte)."""
     diff = original.astype(int) - decoded.astype(int)
     if not diff.any():
@@ -170,7 +170,7 @@ def _lsb_bound(original, decoded, buffer):
 
 
 @pytest.mark.parametrize("check_error, fails", [(_lsb_bound, False), (None, True),
-                                                (lambda o, d, b: "too far" if (o != d).any() else None, True)],
+                                                (lambda o, d, b, p: "too far" if (o != d).any() else None, True)],
                          ids=["bound-holds", "no-check_error", "bound-exceeded"])
 def test_lossy_codec_is_checked_against_its_declared_bound(pytester, broken, check_error, fails):
     """The same codec that fails as 'lossless' passes as lossy with a check_error that admits its

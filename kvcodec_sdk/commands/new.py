@@ -17,12 +17,13 @@ KEYS = ("codec_name", "distribution_name", "module_name", "author", "description
 
 
 def template_dir() -> Path:
-    """The codec-plugin template: installed with the wheel, or in a source checkout."""
+    """The codec-plugin template: from the source checkout this package runs from (an editable
+    install), else the copy installed with the wheel."""
     from .. import _native
 
     for candidate in (
-        Path(_native.__file__).resolve().parent / "templates" / "codec-plugin",
         Path(__file__).resolve().parents[2] / "templates" / "codec-plugin",
+        Path(_native.__file__).resolve().parent / "templates" / "codec-plugin",
     ):
         if (candidate / "cookiecutter.json").is_file():
             return candidate

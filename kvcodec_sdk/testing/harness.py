@@ -350,7 +350,7 @@ class Harness:
                                                f"in pool {b.pool_index}, hot slot {int(back[i])}: OTHER buffers must "
                                                f"be restored exactly but {first_difference(want[i], got[i])}")
                     continue
-                reason = check(want[i].copy(), got[i].copy(), b)
+                reason = check(want[i].copy(), got[i].copy(), b, self.spec.validate_params(self.params))
                 if reason:
                     raise violated(clause, f"{context}: lifecycle {lifecycle}, {Role(b.role).name} buffer of layer "
                                            f"{b.layer_id}, hot slot {int(back[i])} (encoded from slot {int(src[i])}) "

@@ -7,6 +7,6 @@ mkdir -p "$OUT_DIR"
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 status=0
 python3 -m pip install --no-build-isolation --no-deps "$HERE" > "$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; exit 1; }
-kvcodec check {{ cookiecutter.codec_name }} --device all --junitxml "$OUT_DIR/conformance.xml" \
+kvcodec check {{ cookiecutter.codec_name }} --device all --junit-xml "$OUT_DIR/conformance.xml" \
   | tee "$OUT_DIR/conformance.txt" || status=1
 exit $status

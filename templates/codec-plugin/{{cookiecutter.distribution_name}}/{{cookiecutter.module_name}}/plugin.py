@@ -19,17 +19,19 @@ except PackageNotFoundError:  # imported from a source tree
 DEFAULT_DROP_BITS = 4
 
 
-def check_error(original: np.ndarray, decoded: np.ndarray, buffer: kvcodec_sdk.BufferDesc) -> str | None:
+def check_error(original: np.ndarray, decoded: np.ndarray, buffer: kvcodec_sdk.BufferDesc,
+                params: dict) -> str | None:
     """The declared bound, checked: every 16-bit word of a K or V buffer may differ from the
-    original only in its lowest ``drop_bits`` bits (at most DEFAULT_DROP_BITS)."""
+    original only in its lowest ``drop_bits`` bits."""
+    drop_bits = int(params.get("drop_bits", DEFAULT_DROP_BITS))
     a = original.view(np.uint16) if original.size % 2 == 0 else None
     b = decoded.view(np.uint16) if decoded.size % 2 == 0 else None
     if a is None or b is None:
         return None if np.array_equal(original, decoded) else "odd-sized buffer changed"
-    bad = np.flatnonzero((a ^ b) >> DEFAULT_DROP_BITS)
+    bad = np.flatnonzero((a ^ b) >> drop_bits)
     if bad.size:
         i = int(bad[0])
-        return f"word {i} changed from {int(a[i]):#06x} to {int(b[i]):#06x} (beyond the lowest {DEFAULT_DROP_BITS} bits)"
+        return f"word {i} changed from {int(a[i]):#06x} to {int(b[i]):#06x} (beyond the lowest {drop_bits} bits)"
     return None
 
 {% endif %}
