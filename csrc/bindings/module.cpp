@@ -19,6 +19,8 @@
 namespace py = pybind11;
 using namespace kvcodec;
 
+void bindDisk(py::module_& m); // bindings/disk.cpp
+
 namespace {
 
 using BufferTuple = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
@@ -190,4 +192,6 @@ PYBIND11_MODULE(_native, m)
             py::arg("stream"))
         .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
         .def("release", &runtime::OwnedCodec::release);
+
+    bindDisk(m);
 }
