@@ -363,6 +363,10 @@ void DiskRegion::openFiles()
     if (!ro)
         mkdirs(cdir);
     uint64_t const fileBytes = stride_ * slotsPerContainer_;
+    // A region that never recorded a page (e.g. an earlier open failed while preallocating) has
+    // nothing to lose in a short container: no warning then.
+    bool const hasState = exists(path(kJournal)) || exists(path(kJournalOld)) || exists(path(kSnapshot))
+        || exists(path(kSnapshotBak));
     freshContainers_.assign(numContainers_, false);
     std::vector<std::string> paths(numContainers_);
     for (uint32_t c = 0; c < numContainers_; ++c)
@@ -376,8 +380,9 @@ void DiskRegion::openFiles()
         if (size >= fileBytes)
             continue;
         if (!recovery_.created)
-        {
             freshContainers_[c] = true;
+        if (!recovery_.created && hasState)
+        {
             recovery_.warnings.push_back("disk region " + quoted(dir_) + ": container " + paths[c]
                 + (present ? " is shorter than expected (" + std::to_string(size) + " of " + std::to_string(fileBytes)
                         + " bytes)"
