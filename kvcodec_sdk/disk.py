@@ -34,6 +34,8 @@ __all__ = [
     "DiskTierError",
     "DiskTierWarning",
     "crc32c",
+    "group_from_layout",
+    "layout_of",
 ]
 
 log = logging.getLogger("kvcodec_sdk.disk")
@@ -405,3 +407,44 @@ class DiskRegion:
         s = self.stats()
         return (f"<DiskRegion {self._native.dir!r} {s['slots_live']}/{s['slots_total']} slots of "
                 f"{self.slot_bytes} B, {'direct' if s['direct_io'] else 'buffered'} I/O>")
+
+
+# -- layouts: what a region records so tools can decode its blobs ------------------------------
+
+def layout_of(group: Any) -> dict:
+    """JSON-compatible description of a hot pool group (no addresses) for ``layout=``.
+
+    Recording it lets ``kvcodec inspect`` decode a page on the CPU with the recorded codec; it is
+    also folded into the region's parameter hash, so a changed hot layout invalidates the region.
+    """
+    return {
+        "pools": [{"slot_bytes": int(p.slot_bytes)} for p in group.pools],
+        "lifecycles": [
+            {
+                "lifecycle_id": int(lc.lifecycle_id),
+                "buffers": [
+                    {"layer_id": int(b.layer_id), "role": int(b.role), "pool_index": int(b.pool_index),
+                     "byte_offset": int(b.byte_offset), "bytes": int(b.bytes), "dtype": int(b.dtype),
+                     "tokens_per_page": int(b.tokens_per_page), "num_heads": int(b.num_heads),
+                     "head_dim": int(b.head_dim)}
+                    for b in lc.buffers
+                ],
+            }
+            for lc in group.lifecycles
+        ],
+    }
+
+
+def group_from_layout(layout: Mapping[str, Any], bases: Sequence[int], num_slots: int = 1) -> Any:
+    """The :class:`~kvcodec_sdk.PoolGroupDesc` of a recorded layout over pools at ``bases``."""
+    from .layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
+
+    pools = [PoolDesc(int(base), int(p["slot_bytes"]), num_slots) for base, p in zip(bases, layout["pools"])]
+    lifecycles = [
+        LifeCycleDesc(int(lc["lifecycle_id"]), tuple(
+            BufferDesc(b["layer_id"], Role(b["role"]), b["pool_index"], b["byte_offset"], b["bytes"], DType(b["dtype"]),
+                       b["tokens_per_page"], b["num_heads"], b["head_dim"])
+            for b in lc["buffers"]))
+        for lc in layout["lifecycles"]
+    ]
+    return PoolGroupDesc(pools, lifecycles)
