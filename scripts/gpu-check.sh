@@ -44,5 +44,9 @@ step "kvcodec bench concat"
 (cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
 
+step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
+(cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
+
 step "done (status $status)"
 exit $status
