@@ -469,7 +469,10 @@ void DiskRegion::applyRecord(JournalRecord const& r)
             slots_[it->second].state = kFree;
             slotKeys_[it->second].clear();
         }
-        index_[r.key] = r.slot;
+        if (it != index_.end())
+            it->second = r.slot;
+        else
+            index_.emplace(r.key, r.slot);
         s.state = kLive;
         s.crc = r.crc;
         s.tag = r.tag;
@@ -530,12 +533,12 @@ void DiskRegion::recover()
                   "snapshots are lost and read as misses)");
         recovery_.snapshotSeq = snapSeq;
         recovery_.snapshotEntries = entries.size();
-        for (auto const& e : entries)
+        for (auto& e : entries)
         {
             JournalRecord r;
             r.put = true;
             r.seq = e.seq;
-            r.key = e.key;
+            r.key = std::move(e.key); // the entries are discarded next: no copy per page
             r.slot = e.slot;
             r.crc = e.crc;
             r.tag = e.tag;
@@ -575,6 +578,18 @@ void DiskRegion::recover()
             size_t pos = nl + 1;
             size_t good = pos;
             bool const current = std::string(leaf) == kJournal;
+            if (!current && text.size() > pos + 1 && text.back() == '\n')
+            {
+                // Records are appended in sequence order: when the last one is already in the
+                // snapshot, so is the whole generation (the common case after a rotation).
+                size_t lastStart = text.rfind('\n', text.size() - 2) + 1;
+                JournalRecord last;
+                std::string why;
+                if (lastStart > nl && parseRecord(std::string_view(text).substr(lastStart, text.size() - 1 - lastStart),
+                        slotsPerContainer_, numSlots_, last, why)
+                    && last.seq <= lastSeq)
+                    continue;
+            }
             while (pos < text.size())
             {
                 size_t end = text.find('\n', pos);
