@@ -21,6 +21,8 @@ from .errors import (
     UnknownCodecError,
 )
 from .hookspecs import hookimpl, hookspec
+from .kvcm_config import BufferConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig
+from .manager import CacheLevel, KVCacheManager, PageHandle, PageList
 from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PoolDesc, PoolGroupDesc, Role
 from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
 from .spec import CodecSpec, ParamSpec
@@ -29,7 +31,9 @@ from .version import __version__
 __all__ = [
     "__version__",
     "ABI_VERSION",
+    "BufferConfig",
     "BufferDesc",
+    "CacheLevel",
     "Codec",
     "CodecCallError",
     "CodecConsumedError",
@@ -37,9 +41,15 @@ __all__ = [
     "CodecRegistry",
     "CodecSpec",
     "DType",
+    "KVCacheConfig",
+    "KVCacheConfigError",
+    "KVCacheManager",
     "KvcodecError",
+    "LayerGroupConfig",
     "LifeCycleDesc",
+    "PageHandle",
     "PageIndexLocation",
+    "PageList",
     "ParamSpec",
     "PluginAbiError",
     "PoolDesc",

@@ -80,8 +80,11 @@ def data_pointer(obj: Any, what: str) -> tuple[int, bool | None]:
     raise TypeError(f"{what} is a {type(obj).__name__}; pass an address, a numpy array or a torch tensor")
 
 
-def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None]:
-    """(address, number of pairs, is_device) of a PageIndexPair array.
+def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None, Any]:
+    """(address, number of pairs, is_device, owner) of a PageIndexPair array.
+
+    ``owner`` is the object that owns the memory (a converted copy when ``obj`` was a list):
+    the caller keeps it alive until the codec call returns.
 
     ``obj`` is an int32 array of shape (N, 2) (columns dst, src) or a flat one of 2N values, on
     the host (numpy, CPU tensor) or the device (CUDA tensor); or an address with ``num_pages``.
@@ -89,11 +92,16 @@ def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None
     if isinstance(obj, int) and not isinstance(obj, bool):
         if num_pages is None:
             raise ValueError("page_indices is a raw address; pass num_pages too")
-        return obj, int(num_pages), None
+        return obj, int(num_pages), None, None
     dtype = getattr(obj, "dtype", None)
     shape = tuple(getattr(obj, "shape", ()))
     if dtype is None:
-        obj = np.ascontiguousarray(np.asarray(obj, dtype=np.int32))
+        converted = np.asarray(obj)
+        if converted.size and converted.dtype.kind not in "iu":
+            raise TypeError(f"page_indices holds {converted.dtype} values; slot indices must be integers")
+        if converted.size and (converted.min() < np.iinfo(np.int32).min or converted.max() > np.iinfo(np.int32).max):
+            raise ValueError("page_indices holds values outside the int32 range")
+        obj = np.ascontiguousarray(converted, dtype=np.int32)
         dtype, shape = obj.dtype, obj.shape
     if str(dtype) not in ("int32", "torch.int32"):
         raise TypeError(f"page_indices has dtype {dtype}; it must be int32 (pairs of dst, src)")
@@ -115,4 +123,15 @@ def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None
             raise ValueError(f"num_pages is {num_pages}; page_indices holds {count} pairs")
         count = num_pages
     address, is_device = data_pointer(obj, "page_indices")
-    return address, count, is_device
+    return address, count, is_device, obj
+
+
+def host_pairs(owner: Any, count: int) -> np.ndarray:
+    """A (count, 2) int32 numpy view of host index pairs held by ``owner`` (numpy or CPU tensor)."""
+    if isinstance(owner, np.ndarray):
+        arr = owner
+    elif hasattr(owner, "numpy"):
+        arr = owner.numpy()
+    else:
+        arr = np.asarray(owner)
+    return arr.reshape(-1, 2)[:count]

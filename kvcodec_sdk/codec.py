@@ -111,10 +111,30 @@ class Codec:
         """The codec's reason for its last failed call."""
         return str(self._live().last_error())
 
+    @staticmethod
+    def _check_cold_extent(native, op: str, what: str, lifecycle: int, base: Any, owner: Any, count: int) -> None:
+        """Refuses cold indices beyond a sized cold buffer (numpy array or tensor) before the
+        codec would write or read past it."""
+        nbytes = getattr(base, "nbytes", None)
+        if nbytes is None and hasattr(base, "element_size"):
+            nbytes = base.numel() * base.element_size()
+        page_bytes = native.query_cold_page_bytes(int(lifecycle))
+        if nbytes is None or page_bytes == 0:
+            return
+        pairs = _interop.host_pairs(owner, count)
+        column = 0 if op == "encode" else 1  # encode: dst is the cold slot; decode: src is
+        highest = int(pairs[:, column].max())
+        if (highest + 1) * page_bytes > nbytes:
+            raise ValueError(
+                f"page_indices reach cold slot {highest}, but {what} holds {nbytes} bytes = "
+                f"{nbytes // page_bytes} cold pages of {page_bytes} bytes"
+            )
+
     def _transform(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any, num_pages: int | None) -> None:
         native = self._live()
-        base_ptr, _ = _interop.data_pointer(base, "dst_base" if op == "encode" else "src_base")
-        idx_ptr, count, idx_on_device = _interop.page_indices(indices, num_pages)
+        what = "dst_base" if op == "encode" else "src_base"
+        base_ptr, _ = _interop.data_pointer(base, what)
+        idx_ptr, count, idx_on_device, owner = _interop.page_indices(indices, num_pages)
         location = PageIndexLocation(native.query_page_index_location(int(lifecycle)))
         if count and idx_on_device is not None and location != PageIndexLocation.BAD:
             wanted_device = location == PageIndexLocation.DEVICE
@@ -123,6 +143,9 @@ class Codec:
                     f"page_indices are in {'device' if idx_on_device else 'host'} memory but lifecycle {lifecycle} "
                     f"of codec {self.spec.name!r} on {self.device} takes {location.name.lower()} indices"
                 )
+        if count and idx_on_device is False:
+            self._check_cold_extent(native, op, what, lifecycle, base, owner, count)
         ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, _interop.stream_handle(stream))
+        del owner  # the index memory had to outlive the native call
         if not ok:
             raise CodecCallError(f"{self.spec.name}: {op}() failed: {native.last_error()}")

@@ -7,6 +7,7 @@ fails to import is reported (``broken_plugins``) and skipped; the others still l
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import warnings
@@ -75,7 +76,10 @@ class CodecRegistry:
         self._pm.check_pending()
         for impl in self._pm.hook.kvcodec_register_codecs.get_hookimpls():
             self._current_plugin = impl.plugin_name
-            impl.function(registry=self)
+            try:
+                impl.function(registry=self)
+            except Exception as exc:  # one plugin's bad registration must not hide the others
+                self._mark_broken(impl.plugin_name, f"{type(exc).__name__}: {exc}")
         self._current_plugin = ""
 
     def _load_entry_point_plugins(self) -> None:
@@ -85,11 +89,13 @@ class CodecRegistry:
             try:
                 plugin = ep.load()
             except Exception as exc:  # a broken plugin must not hide the others
-                reason = f"{type(exc).__name__}: {exc}"
-                self._broken[ep.name] = reason
-                warnings.warn(f"kvcodec plugin {ep.name!r} ({ep.value}) failed to load: {reason}", stacklevel=3)
+                self._mark_broken(ep.name, f"{type(exc).__name__}: {exc} (entry point {ep.value})")
                 continue
             self._pm.register(plugin, name=ep.name)
+
+    def _mark_broken(self, plugin: str, reason: str) -> None:
+        self._broken[plugin] = reason
+        warnings.warn(f"kvcodec plugin {plugin!r} failed to load: {reason}", stacklevel=4)
 
     # -- the hook's side ---------------------------------------------------------------------
 
@@ -111,19 +117,14 @@ class CodecRegistry:
                 stacklevel=2,
             )
             return
-        try:
-            info = _native.factory_info(spec.factory())
-        except ValueError as exc:
-            self._broken[plugin or spec.name] = str(exc)
-            warnings.warn(f"codec {spec.name!r} from plugin {plugin!r} not registered: {exc}", stacklevel=2)
-            return
+        # Raises (and the plugin is reported broken) on an ABI mismatch or a bad capsule.
+        info = _native.factory_info(spec.factory())
         if info["name"] != spec.name or info["format_version"] != spec.format_version:
             raise ValueError(
                 f"codec {spec.name!r} (format {spec.format_version}) from plugin {plugin!r} has a native factory "
                 f"named {info['name']!r} with format {info['format_version']}; they must agree"
             )
-        object.__setattr__(spec, "plugin", plugin)
-        self._specs[spec.name] = spec
+        self._specs[spec.name] = dataclasses.replace(spec, plugin=plugin)
 
     # -- lookups -----------------------------------------------------------------------------
 

@@ -47,7 +47,8 @@ class ParamSpec:
         else:
             ok = isinstance(value, str)
         if not ok:
-            raise CodecParamError(f"{where} is {value!r} ({type(value).__name__}); it must be a {expected}")
+            article = "an" if expected[0] in "aeiou" else "a"
+            raise CodecParamError(f"{where} is {value!r} ({type(value).__name__}); it must be {article} {expected}")
         if self.choices is not None and value not in self.choices:
             valid = ", ".join(repr(c) for c in self.choices)
             raise CodecParamError(f"{where} is {value!r}; valid values are {valid}")
@@ -83,6 +84,12 @@ class CodecSpec:
     :param devices: Implementations shipped: ``"cpu"`` (reference) and/or ``"cuda"``.
     :param factory: Returns the PyCapsule carrying the codec's ``KvcodecCodecFactory``.
     :param plugin: Name of the plugin that registered the codec (filled in by the registry).
+    :param check_error: For lossy codecs, the machine-checkable form of ``error_bound``:
+        ``check_error(original, decoded, buffer)`` gets the bytes of one K or V buffer of one page
+        before encoding and after decoding (uint8 arrays; ``kvcodec_sdk.testing.to_float32``
+        converts them) and its :class:`~kvcodec_sdk.layout.BufferDesc`, and returns None when
+        the bound holds or a sentence saying where and by how much it is exceeded. The
+        conformance suite calls it; without it a lossy codec cannot pass the round-trip clause.
     """
 
     name: str
@@ -95,10 +102,13 @@ class CodecSpec:
     devices: Sequence[str] = ("cpu", "cuda")
     error_bound: str | None = None
     plugin: str = ""
+    check_error: Callable[[Any, Any, Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.lossless and not self.error_bound:
             raise ValueError(f"codec {self.name!r} is lossy and must declare error_bound")
+        if self.check_error is not None and not callable(self.check_error):
+            raise TypeError(f"codec {self.name!r}: check_error must be callable, got {type(self.check_error).__name__}")
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"codec {self.name!r} declares a parameter twice: {names}")

@@ -40,9 +40,30 @@ if command -v compute-sanitizer > /dev/null; then
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
 
+step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
+{ (cd "$OUT_DIR" && kvcodec check concat --device cuda --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
+  && (cd "$OUT_DIR" && kvcodec check concat --device cuda --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
+        --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
+cat "$OUT_DIR/conformance.txt"
+
 step "kvcodec bench concat"
 (cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
+
+step "fp8 plugin: build, GPU tests, memcheck, benchmark"
+bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
+
+step "compute-sanitizer memcheck (KV-cache manager GPU tests)"
+if command -v compute-sanitizer > /dev/null; then
+  (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
+     python3 -m pytest -q -m gpu -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
+     "$OLDPWD/tests/test_kvcm_gpu.py" -k "not random") > "$OUT_DIR/memcheck-kvcm.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck-kvcm.log" | tail -5
+fi
+
+step "kvcodec bench kvcm"
+(cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
 
 step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
 (cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1

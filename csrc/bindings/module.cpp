@@ -19,6 +19,8 @@
 namespace py = pybind11;
 using namespace kvcodec;
 
+void bindTesting(py::module_& m); // testing.cpp
+void bindKvcm(py::module_& m); // bindings/kvcm.cpp
 void bindDisk(py::module_& m); // bindings/disk.cpp
 
 namespace {
@@ -68,6 +70,22 @@ runtime::HotLayoutStorage toLayout(std::vector<GroupTuple> const& groups)
         layout.groups.push_back(std::move(g));
     }
     return layout;
+}
+
+// Bytes of a C-contiguous buffer; strided views are refused rather than hashed wrongly.
+std::pair<void const*, size_t> contiguousBytes(py::buffer const& data, char const* what)
+{
+    py::buffer_info info = data.request();
+    py::ssize_t expected = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d)
+    {
+        if (info.shape[d] > 1 && info.strides[d] != expected)
+        {
+            throw py::value_error(std::string(what) + " must be a C-contiguous buffer (got a strided view)");
+        }
+        expected *= info.shape[d];
+    }
+    return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
 }
 
 IKvCacheColdPageCodec* live(runtime::OwnedCodec const& c)
@@ -129,16 +147,16 @@ PYBIND11_MODULE(_native, m)
     m.def(
         "crc32c",
         [](py::buffer data, uint32_t crc) {
-            py::buffer_info info = data.request();
-            return crc32c(info.ptr, size_t(info.size) * size_t(info.itemsize), crc);
+            auto [ptr, bytes] = contiguousBytes(data, "data");
+            return crc32c(ptr, bytes, crc);
         },
         py::arg("data"), py::arg("crc") = 0, "CRC-32C (Castagnoli) of a buffer, as the envelope uses it.");
 
     m.def(
         "check_envelope",
         [](py::buffer blob, uint16_t formatVersion) {
-            py::buffer_info info = blob.request();
-            return int(checkColdPageEnvelope(info.ptr, size_t(info.size) * size_t(info.itemsize), formatVersion));
+            auto [ptr, bytes] = contiguousBytes(blob, "blob");
+            return int(checkColdPageEnvelope(ptr, bytes, formatVersion));
         },
         py::arg("blob"), py::arg("format_version"), "EnvelopeStatus of one enveloped blob in host memory.");
 
@@ -193,5 +211,7 @@ PYBIND11_MODULE(_native, m)
         .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
         .def("release", &runtime::OwnedCodec::release);
 
+    bindTesting(m);
+    bindKvcm(m);
     bindDisk(m);
 }

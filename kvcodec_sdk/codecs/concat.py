@@ -33,6 +33,7 @@ SPEC = CodecSpec(
             "(measured on an H200: copy engines reach the pinned ceiling only from about 1 MiB pieces, the SM "
             "path reaches >= 0.92x at every size). Lower it to leave SMs to compute kernels.",
             minimum=0,
+            maximum=2**40,
         ),
         ParamSpec(
             "copy_api",

@@ -13,7 +13,7 @@ HELP = "benchmark a codec against the copy ceiling and a baseline"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("codec", help="codec to benchmark (concat), or 'disk' for the disk tier")
+    p.add_argument("codec", help="what to benchmark: concat (the codec), kvcm (the KV-cache manager) or disk (the disk tier)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
     p.add_argument("--pools", type=int, default=3, help="hot pools per page (default 3)")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",")],
@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes moved per direction and size (default 512M on GPU, 64M on CPU)")
     p.add_argument("--iters", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--pages", type=int, default=10_000, help="kvcm: scattered pages per migrate call (default 10000)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
     disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
@@ -32,6 +33,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.codec == "kvcm":
+        from ..bench import kvcm
+
+        sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
+        kw = {"max_bytes": args.bytes} if args.bytes else {}
+        report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=args.pages, iters=args.iters,
+                          progress=not args.quiet, **kw)
+        print(kvcm.format_table(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report.to_json(), f, indent=2)
+        return 0
     if args.sizes is None:
         from ..bench.concat import DEFAULT_SIZES
 
@@ -39,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.codec == "disk":
         return _run_disk(args)
     if args.codec != "concat":
-        print(f"kvcodec bench: no benchmark for codec {args.codec!r}; available: concat, disk", file=sys.stderr)
+        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm, disk", file=sys.stderr)
         return 2
     from ..bench import concat
 

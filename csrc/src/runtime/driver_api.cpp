@@ -43,6 +43,7 @@ DriverApi load() noexcept
     api.memcpyAsync = lookup<PFN_cuMemcpyAsync_v4000>("cuMemcpyAsync", 4000);
     api.pointerGetAttribute = lookup<PFN_cuPointerGetAttribute_v4000>("cuPointerGetAttribute", 4000);
     api.getErrorString = lookup<PFN_cuGetErrorString_v6000>("cuGetErrorString", 6000);
+    api.streamWaitValue32 = lookup<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32", 11070);
     return api;
 }
 

@@ -22,6 +22,8 @@ struct DriverApi
     PFN_cuMemcpyAsync_v4000 memcpyAsync = nullptr;
     PFN_cuPointerGetAttribute_v4000 pointerGetAttribute = nullptr;
     PFN_cuGetErrorString_v6000 getErrorString = nullptr;
+    /// cuStreamWaitValue32 (stream memory operations; used by the test-only StreamBlocker).
+    PFN_cuStreamWaitValue32_v11070 streamWaitValue32 = nullptr;
     int driverVersion = 0; ///< cudaDriverGetVersion, 0 when no driver is present.
 
     [[nodiscard]] bool hasMemcpyBatch() const noexcept

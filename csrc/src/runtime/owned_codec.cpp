@@ -77,4 +77,11 @@ void OwnedCodec::release() noexcept
     }
 }
 
+CodecPtr OwnedCodec::take() noexcept
+{
+    CodecPtr out(codec_, CodecDeleter{factory_->destroy});
+    codec_ = nullptr;
+    return out;
+}
+
 } // namespace kvcodec::runtime

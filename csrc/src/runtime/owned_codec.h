@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,28 @@ private:
     std::vector<std::vector<LifeCycleDesc>> lifeCycleDescs_;
 };
 
+/// Destroys a codec through the allocator that created it (the plugin's destroy function), or
+/// with delete for a codec created inside the core.
+struct CodecDeleter
+{
+    void (*destroy)(IKvCacheColdPageCodec*) = nullptr;
+
+    void operator()(IKvCacheColdPageCodec* codec) const noexcept
+    {
+        if (destroy != nullptr)
+        {
+            destroy(codec);
+        }
+        else
+        {
+            delete codec;
+        }
+    }
+};
+
+/// An owned codec as the KV-cache manager takes it (by value).
+using CodecPtr = std::unique_ptr<IKvCacheColdPageCodec, CodecDeleter>;
+
 class OwnedCodec
 {
 public:
@@ -76,6 +99,10 @@ public:
 
     /// Destroys the codec now (idempotent).
     void release() noexcept;
+
+    /// Moves the codec out (with its deleter); this object is released afterwards. Null when
+    /// already released.
+    [[nodiscard]] CodecPtr take() noexcept;
 
 private:
     KvcodecCodecFactory const* factory_;

@@ -107,10 +107,11 @@ public:
     {
         try
         {
-            if (configured_)
+            if (configureCalled_)
             {
                 return fail("configure() was already called; a codec is configured exactly once");
             }
+            configureCalled_ = true; // Even a rejected configuration is final: KVCM calls configure once.
             std::string err = layout_.load(gpuDescs, numGpuDescs);
             if (!err.empty())
             {
@@ -234,6 +235,7 @@ protected:
     std::vector<std::vector<uint64_t>> offsets_; // per group, per pool: offset inside the blob
     ConcatParams params_;
     bool configured_ = false;
+    bool configureCalled_ = false;
     mutable std::string error_;
 
 private:

@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The KV-cache manager's bindings (kvcodec_sdk._native.kvcm and ._native.kvcm_testing):
+// declarations and conversions only. Logic lives in csrc/src/kvcm.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kvcm/manager.h"
+#include "kvcm/staging.h"
+#include "kvcm/testing/recording_runtime.h"
+#include "kvcm/testing/test_codec.h"
+#include "runtime/device_runtime.h"
+#include "runtime/owned_codec.h"
+
+namespace py = pybind11;
+using namespace kvcodec;
+using kvcm::CacheLevel;
+
+namespace {
+
+using BufferTuple = std::tuple<int32_t, int32_t, int32_t, uint64_t, int32_t, int32_t, int32_t>;
+using ConfigTuple
+    = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t, int32_t>;
+
+kvcm::KvcmConfig toConfig(ConfigTuple const& t)
+{
+    auto const& [groups, gpu, host, ratio, ring, envelope] = t;
+    kvcm::KvcmConfig c;
+    for (auto const& buffers : groups)
+    {
+        kvcm::LayerGroupConfig g;
+        for (auto const& [layer, role, dtype, bytes, tokens, heads, dim] : buffers)
+        {
+            g.buffers.push_back({layer, BufferRole(role), DataType(dtype), bytes, tokens, heads, dim});
+        }
+        c.layerGroups.push_back(std::move(g));
+    }
+    c.gpuQuotaBytes = gpu;
+    c.hostQuotaBytes = host;
+    c.poolRatio = ratio;
+    c.indexRingBytes = ring;
+    c.envelopeFormatVersion = envelope;
+    return c;
+}
+
+std::unique_ptr<runtime::DeviceRuntime> makeRuntime(int32_t device)
+{
+    return device < 0 ? runtime::createHostRuntime() : runtime::createCudaRuntime(device);
+}
+
+runtime::Stream toStream(uintptr_t handle)
+{
+    return reinterpret_cast<runtime::Stream>(handle);
+}
+
+std::pair<kvcm::PageId const*, size_t> pageIds(py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids)
+{
+    return {ids.data(), size_t(ids.size())};
+}
+
+py::dict statsDict(kvcm::PoolGroupStats const& s)
+{
+    py::dict d;
+    d["pages_offloaded"] = s.pagesOffloaded;
+    d["bytes_offloaded"] = s.bytesOffloaded;
+    d["pages_onboarded"] = s.pagesOnboarded;
+    d["bytes_onboarded"] = s.bytesOnboarded;
+    d["pages_copied"] = s.pagesCopied;
+    d["pages_dropped"] = s.pagesDropped;
+    d["codec_calls"] = s.codecCalls;
+    d["codec_seconds"] = s.codecSeconds;
+    return d;
+}
+
+// Staging manager under a recording runtime, with leases held by id (tests only).
+class StagingHarness
+{
+public:
+    StagingHarness(size_t capacity, std::string const& kind)
+    {
+        runtime_ = std::make_unique<kvcm::testing::RecordingRuntime>();
+        kvcm::StagingManager::Backing backing = kind == "host"
+            ? kvcm::StagingManager::Backing(runtime::HostMem(*runtime_, capacity))
+            : kvcm::StagingManager::Backing(runtime::DeviceMem(*runtime_, capacity));
+        manager_ = std::make_unique<kvcm::StagingManager>(*runtime_, std::move(backing));
+    }
+
+    std::optional<int64_t> acquire(size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment,
+        std::optional<uintptr_t> stream)
+    {
+        std::optional<runtime::Stream> owner;
+        if (stream)
+        {
+            owner = toStream(*stream);
+        }
+        auto lease = live().acquire(minBytes, maxBytes, granularity, alignment, owner);
+        if (!lease)
+        {
+            return std::nullopt;
+        }
+        int64_t const id = next_++;
+        leases_.emplace(id, std::move(*lease));
+        return id;
+    }
+
+    kvcm::StagingBuffer& lease(int64_t id)
+    {
+        auto it = leases_.find(id);
+        if (it == leases_.end())
+        {
+            throw py::key_error("no live lease " + std::to_string(id));
+        }
+        return it->second;
+    }
+
+    void release(int64_t id)
+    {
+        lease(id);
+        leases_.erase(id);
+    }
+
+    kvcm::StagingManager& live()
+    {
+        if (!manager_)
+        {
+            throw std::runtime_error("the staging manager was closed");
+        }
+        return *manager_;
+    }
+
+    void close()
+    {
+        leases_.clear();
+        manager_.reset();
+    }
+
+    std::unique_ptr<kvcm::testing::RecordingRuntime> runtime_;
+    std::unique_ptr<kvcm::StagingManager> manager_;
+    std::map<int64_t, kvcm::StagingBuffer> leases_;
+    int64_t next_ = 1;
+};
+
+void bindTesting(py::module_& t)
+{
+    t.doc() = "Test support of the KV-cache manager: a knob-driven CPU codec and a staging harness.";
+    t.def("test_codec_factory", [] {
+        return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory()), KVCODEC_FACTORY_CAPSULE_NAME);
+    });
+    t.def("fail_codec_calls_after", &kvcm::testing::failCodecCallsAfter, py::arg("after"));
+    t.def("codec_calls", [] {
+        py::list out;
+        for (auto const& c : kvcm::testing::codecCalls())
+        {
+            out.append(py::make_tuple(c.encode ? "encode" : "decode", c.lifeCycle, c.pages, c.indices));
+        }
+        return out;
+    });
+    t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
+
+    py::class_<StagingHarness>(t, "StagingHarness")
+        .def(py::init<size_t, std::string const&>(), py::arg("capacity"), py::arg("kind") = "device")
+        .def("acquire", &StagingHarness::acquire, py::arg("min_bytes"), py::arg("max_bytes"), py::arg("granularity"),
+            py::arg("alignment"), py::arg("stream"))
+        .def("release", &StagingHarness::release)
+        .def("set_stream",
+            [](StagingHarness& h, int64_t id, std::optional<uintptr_t> stream) {
+                std::optional<runtime::Stream> owner;
+                if (stream)
+                {
+                    owner = toStream(*stream);
+                }
+                h.lease(id).setStream(owner);
+            })
+        .def("lease",
+            [](StagingHarness& h, int64_t id) {
+                auto& l = h.lease(id);
+                std::optional<uintptr_t> s;
+                if (l.stream())
+                {
+                    s = reinterpret_cast<uintptr_t>(*l.stream());
+                }
+                return py::make_tuple(l.offset(), l.size(), s,
+                    reinterpret_cast<uintptr_t>(l.data()) - reinterpret_cast<uintptr_t>(h.live().base()));
+            })
+        .def("ranges",
+            [](StagingHarness& h) {
+                py::list out;
+                for (auto const& r : h.live().ranges())
+                {
+                    out.append(py::make_tuple(r.offset, r.size, r.live, kvcm::testing::eventId(r.event)));
+                }
+                return out;
+            })
+        .def_property_readonly("cursor", [](StagingHarness& h) { return h.live().cursor(); })
+        .def_property_readonly("capacity", [](StagingHarness& h) { return h.live().capacity(); })
+        .def_property_readonly("base", [](StagingHarness& h) { return reinterpret_cast<uintptr_t>(h.live().base()); })
+        .def_property_readonly("kind", [](StagingHarness& h) {
+            return h.live().kind() == runtime::MemoryKind::kDevice ? "device" : "host";
+        })
+        .def("log",
+            [](StagingHarness& h) {
+                py::list out;
+                for (auto const& op : *h.runtime_->log)
+                {
+                    out.append(py::make_tuple(op.op, op.event, op.stream));
+                }
+                return out;
+            })
+        .def("clear_log", [](StagingHarness& h) { h.runtime_->log->clear(); })
+        .def("close", &StagingHarness::close);
+}
+
+} // namespace
+
+void bindKvcm(py::module_& m)
+{
+    py::module_ k = m.def_submodule("kvcm", "The KV-cache manager's C++ core.");
+    static py::exception<kvcm::CapacityError> capacityError(k, "CapacityError", PyExc_RuntimeError);
+    static py::exception<kvcm::StalePageError> staleError(k, "StalePageError", PyExc_ValueError);
+    static py::object migrationError = py::exception<kvcm::MigrationFailure>(k, "MigrationFailure", PyExc_RuntimeError);
+    py::register_exception_translator([](std::exception_ptr p) {
+        try
+        {
+            if (p)
+            {
+                std::rethrow_exception(p);
+            }
+        }
+        catch (kvcm::MigrationFailure const& e)
+        {
+            PyErr_SetObject(migrationError.ptr(), py::make_tuple(e.what(), e.committedPages).ptr());
+        }
+        catch (kvcm::CapacityError const& e)
+        {
+            PyErr_SetString(capacityError.ptr(), e.what());
+        }
+        catch (kvcm::StalePageError const& e)
+        {
+            PyErr_SetString(staleError.ptr(), e.what());
+        }
+    });
+    k.attr("MAX_PAIRS_PER_CALL") = kvcm::kMaxPairsPerCall;
+
+    py::class_<kvcm::KvCacheManager>(k, "KvcmCore")
+        .def(py::init([](ConfigTuple const& config, runtime::OwnedCodec* codec, int32_t device) {
+            // Consumptive: the codec leaves the Python object before anything can fail.
+            runtime::CodecPtr owned = codec ? codec->take() : runtime::CodecPtr();
+            int32_t const codecDevice = codec ? codec->device() : device;
+            if (codec && !owned)
+            {
+                throw std::invalid_argument("the native codec was already released or consumed");
+            }
+            kvcm::KvcmConfig c = toConfig(config);
+            return new kvcm::KvCacheManager(std::move(c), makeRuntime(device), std::move(owned), codecDevice);
+        }),
+            py::arg("config"), py::arg("codec").none(true), py::arg("device"))
+        .def_property_readonly("device", [](kvcm::KvCacheManager& m) { return m.runtime().name(); })
+        .def_property_readonly(
+            "internal_stream", [](kvcm::KvCacheManager& m) { return reinterpret_cast<uintptr_t>(m.internalStream()); })
+        .def(
+            "allocate",
+            [](kvcm::KvCacheManager& m, int32_t lc, size_t n, std::optional<uintptr_t> stream) {
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(n));
+                std::optional<runtime::Stream> s;
+                if (stream)
+                {
+                    s = toStream(*stream);
+                }
+                m.allocate(lc, n, out.mutable_data(), s);
+                return out;
+            },
+            py::arg("lifecycle"), py::arg("count"), py::arg("stream").none(true))
+        .def("free",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
+                auto [p, n] = pageIds(ids);
+                m.free(p, n);
+            })
+        .def(
+            "migrate",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
+                int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
+                auto [p, n] = pageIds(ids);
+                std::optional<CacheLevel> required;
+                if (requiredSource)
+                {
+                    required = CacheLevel(*requiredSource);
+                }
+                kvcm::MigrationResult r;
+                {
+                    py::gil_scoped_release release;
+                    r = m.migrate(p, n, CacheLevel(level), toStream(stream), required);
+                }
+                py::array_t<uint64_t> dropped(static_cast<py::ssize_t>(r.dropped.size()));
+                std::copy(r.dropped.begin(), r.dropped.end(), dropped.mutable_data());
+                return py::make_tuple(r.moved, dropped);
+            },
+            py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none())
+        .def("info",
+            [](kvcm::KvCacheManager& m, uint64_t id) {
+                auto i = m.info(id);
+                return py::make_tuple(i.lifeCycle, int(i.level), i.slot, i.poolGroup);
+            })
+        .def("is_live", &kvcm::KvCacheManager::isLive)
+        .def("num_lifecycles", [](kvcm::KvCacheManager& m) { return m.storage().numLifeCycles(); })
+        .def("has_level", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().hasLevel(CacheLevel(l)); })
+        .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(CacheLevel(l)); })
+        .def("num_pool_groups", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(CacheLevel(l)); })
+        .def("slots",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                auto& pool = const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g);
+                return py::make_tuple(pool.numSlots(), pool.freeSlots());
+            })
+        .def("page_bytes",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.storage().pageBytes(CacheLevel(l), g); })
+        .def("lifecycle_info",
+            [](kvcm::KvCacheManager& m, int32_t lc) {
+                if (lc < 0 || size_t(lc) >= m.storage().numLifeCycles())
+                {
+                    throw std::invalid_argument("lifecycle is " + std::to_string(lc) + "; configured layer groups are 0.."
+                        + std::to_string(m.storage().numLifeCycles() - 1));
+                }
+                auto const& i = m.storage().lifeCycle(lc);
+                py::list buffers;
+                for (auto const& b : i.layout.buffers)
+                {
+                    buffers.append(py::make_tuple(b.layerId, int(b.role), b.poolIndex, int(b.dtype), b.byteOffset, b.bytes,
+                        b.tokensPerPage, b.numHeads, b.headDim));
+                }
+                return py::make_tuple(i.hotPageBytes, i.coldPageBytes, i.representative, int(i.location), buffers);
+            })
+        .def("hot_pools",
+            [](kvcm::KvCacheManager& m, int32_t g) {
+                auto const& group = m.storage().hotGroups().at(size_t(g));
+                py::list out;
+                for (size_t p = 0; p < group.pools.size(); ++p)
+                {
+                    out.append(py::make_tuple(reinterpret_cast<uintptr_t>(group.pools[p].data()), group.slotBytes[p],
+                        group.slots.numSlots()));
+                }
+                return out;
+            })
+        .def("cold_pool",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                kvcm::ColdLevel* cold = m.storage().coldLevel(CacheLevel(l));
+                if (cold == nullptr || g < 0 || size_t(g) >= cold->numPoolGroups())
+                {
+                    throw std::invalid_argument("no cold pool group " + std::to_string(g) + " at level " + std::to_string(l));
+                }
+                return py::make_tuple(reinterpret_cast<uintptr_t>(cold->accessibleBase(g)), cold->pageBytes(g),
+                    cold->slots(g).numSlots());
+            })
+        .def("stats",
+            [](kvcm::KvCacheManager& m, int32_t l) {
+                py::list out;
+                for (auto const& s : m.stats(CacheLevel(l)))
+                {
+                    out.append(statsDict(s));
+                }
+                return out;
+            })
+        .def("get_and_reset_iteration_peak_block_stats",
+            [](kvcm::KvCacheManager& m, int32_t l) { return m.getAndResetIterationPeakBlockStats(CacheLevel(l)); })
+        .def("add_observer",
+            [](kvcm::KvCacheManager& m, std::function<void(py::tuple)> fn) {
+                return m.addObserver([fn](kvcm::MigrationRecord const& r) {
+                    py::gil_scoped_acquire gil;
+                    try
+                    {
+                        fn(py::make_tuple(int(r.srcLevel), int(r.dstLevel), r.srcPoolGroup, r.dstPoolGroup,
+                            r.representative, r.pages, r.bytes));
+                    }
+                    catch (py::error_already_set const& e)
+                    {
+                        // Carried past the released GIL as a plain C++ error.
+                        throw std::runtime_error(std::string("a migration observer raised: ") + e.what());
+                    }
+                });
+            })
+        .def("remove_observer", &kvcm::KvCacheManager::removeObserver)
+        .def("index_ring",
+            [](kvcm::KvCacheManager& m) -> py::object {
+                auto const* ring = m.storage().indexRing();
+                if (ring == nullptr)
+                {
+                    return py::none();
+                }
+                return py::make_tuple(ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(),
+                    ring->liveLeases());
+            })
+        .def("synchronize", [](kvcm::KvCacheManager& m) {
+            py::gil_scoped_release release;
+            m.synchronize();
+        });
+
+    py::module_ t = m.def_submodule("kvcm_testing");
+    bindTesting(t);
+}

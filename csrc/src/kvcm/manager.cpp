@@ -1,0 +1,660 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kvcm/manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace kvcodec::kvcm {
+namespace {
+
+std::string hexId(PageId id)
+{
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(id));
+    return buf;
+}
+
+PageId makeId(uint32_t index, uint32_t generation) noexcept
+{
+    return (PageId(generation) << 32) | index;
+}
+
+// Scratch reused across calls so a warm migration allocates nothing.
+struct Scratch
+{
+    std::vector<uint32_t> pages;
+    std::vector<uint32_t> order;
+    std::vector<int32_t> bucket;
+    std::vector<size_t> starts;
+    std::vector<size_t> fill;
+    std::vector<int32_t> dstSlots;
+    std::vector<uint64_t> needs;
+    std::vector<PageIndexPair> pairs;
+    std::vector<runtime::Event*> events;
+};
+thread_local Scratch tScratch;
+
+// Waits on each distinct event once; consecutive pages usually share one.
+void waitAll(std::vector<runtime::Event*>& events, std::optional<Stream> stream)
+{
+    std::sort(events.begin(), events.end());
+    events.erase(std::unique(events.begin(), events.end()), events.end());
+    for (runtime::Event* e : events)
+    {
+        if (stream)
+        {
+            e->waitOn(*stream);
+        }
+        else
+        {
+            e->synchronize();
+        }
+    }
+}
+
+// `last` remembers the previous event of one source of events (source slots, destination
+// slots), so runs of pages protected by one event add it once.
+void collect(std::vector<runtime::Event*>& events, EventPtr const& e, runtime::Event*& last)
+{
+    if (e && e.get() != last)
+    {
+        events.push_back(e.get());
+        last = e.get();
+    }
+}
+
+} // namespace
+
+KvCacheManager::KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime,
+    runtime::CodecPtr codec, int32_t codecDevice)
+    : runtime_(std::move(runtime))
+{
+    storage_ = std::make_unique<StorageManager>(std::move(config), *runtime_, std::move(codec), codecDevice);
+    stream_ = runtime_->createStream();
+    for (int l = 0; l < kNumLevels; ++l)
+    {
+        stats_[size_t(l)].resize(storage_->numPoolGroups(CacheLevel(l)));
+    }
+    buildTransferKeys();
+}
+
+KvCacheManager::~KvCacheManager()
+{
+    try
+    {
+        synchronize();
+    }
+    catch (std::exception const& e)
+    {
+        std::fprintf(stderr, "kvcodec: synchronizing the KV-cache manager at destruction failed: %s\n", e.what());
+    }
+    storage_.reset(); // Before the stream its ring events were recorded on.
+    runtime_->destroyStream(stream_);
+}
+
+void KvCacheManager::buildTransferKeys()
+{
+    size_t const n = storage_->numLifeCycles();
+    for (int s = 0; s < kNumLevels; ++s)
+    {
+        for (int d = 0; d < kNumLevels; ++d)
+        {
+            auto const src = CacheLevel(s);
+            auto const dst = CacheLevel(d);
+            auto& keys = keys_[size_t(s)][size_t(d)];
+            auto& keyOf = keyOf_[size_t(s)][size_t(d)];
+            keyOf.assign(n, -1);
+            if (!storage_->hasLevel(src) || !storage_->hasLevel(dst))
+            {
+                continue;
+            }
+            bool const codecPath = (src == CacheLevel::kHot) != (dst == CacheLevel::kHot);
+            for (size_t l = 0; l < n; ++l)
+            {
+                // Hot/cold conversions batch by the codec's representative; same-level copies by
+                // pool groups only.
+                TransferKey key{src, dst, storage_->poolGroup(src, LifeCycleId(l)),
+                    storage_->poolGroup(dst, LifeCycleId(l)),
+                    codecPath ? storage_->lifeCycle(LifeCycleId(l)).representative : -1};
+                auto it = std::find_if(keys.begin(), keys.end(), [&](TransferKey const& k) {
+                    return k.srcGroup == key.srcGroup && k.dstGroup == key.dstGroup && k.rep == key.rep;
+                });
+                if (it == keys.end())
+                {
+                    keys.push_back(key);
+                    it = std::prev(keys.end());
+                }
+                keyOf[l] = int32_t(it - keys.begin());
+            }
+        }
+    }
+}
+
+void KvCacheManager::checkLevel(CacheLevel level, char const* what) const
+{
+    if (int(level) < 0 || int(level) >= kNumLevels)
+    {
+        throw std::invalid_argument(std::string(what) + " is " + std::to_string(int(level))
+            + "; valid levels are 0 (hot) and 1 (host)");
+    }
+    if (!storage_->hasLevel(level))
+    {
+        throw std::invalid_argument(std::string(what) + " is the " + levelName(level)
+            + " level, which this manager does not have (config.hostQuotaBytes is 0)");
+    }
+}
+
+uint32_t KvCacheManager::resolve(PageId id, size_t position) const
+{
+    uint32_t const index = uint32_t(id & 0xffffffffu);
+    uint32_t const generation = uint32_t(id >> 32);
+    if (index >= pages_.size() || pages_[index].generation != generation || pages_[index].level < 0)
+    {
+        bool const issued = index < pages_.size() && generation >= 1 && generation <= pages_[index].generation;
+        throw StalePageError("pages[" + std::to_string(position) + "] (page " + hexId(id) + ") is "
+            + (issued ? "stale: it was freed or dropped" : "not a page of this manager"));
+    }
+    return index;
+}
+
+bool KvCacheManager::isLive(PageId id) const noexcept
+{
+    uint32_t const index = uint32_t(id & 0xffffffffu);
+    return index < pages_.size() && pages_[index].generation == uint32_t(id >> 32) && pages_[index].level >= 0;
+}
+
+PageInfo KvCacheManager::info(PageId id) const
+{
+    Page const& p = pages_[resolve(id, 0)];
+    auto const level = CacheLevel(p.level);
+    return {p.lifeCycle, level, p.slot, storage_->poolGroup(level, p.lifeCycle)};
+}
+
+void KvCacheManager::releasePage(uint32_t index) noexcept
+{
+    Page& p = pages_[index];
+    p.level = -1;
+    p.slot = -1;
+    ++p.generation;
+    freePages_.push_back(index);
+}
+
+void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream)
+{
+    if (lifeCycle < 0 || size_t(lifeCycle) >= storage_->numLifeCycles())
+    {
+        throw std::invalid_argument("lifecycle is " + std::to_string(lifeCycle) + "; configured layer groups are 0.."
+            + std::to_string(storage_->numLifeCycles() - 1));
+    }
+    PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHot, lifeCycle);
+    SlotPool& pool = storage_->slots(CacheLevel::kHot, g);
+    if (pool.freeSlots() < count)
+    {
+        throw CapacityError("cannot allocate " + std::to_string(count) + " hot pages of layer group "
+            + std::to_string(lifeCycle) + ": hot pool group " + std::to_string(g) + " has "
+            + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots())
+            + " slots; evict or free pages first");
+    }
+    auto& events = tScratch.events;
+    events.clear();
+    runtime::Event* last = nullptr;
+    for (size_t i = 0; i < count; ++i)
+    {
+        int32_t const slot = pool.take();
+        collect(events, pool.ready(slot), last);
+        uint32_t index;
+        if (!freePages_.empty())
+        {
+            index = freePages_.back();
+            freePages_.pop_back();
+        }
+        else
+        {
+            index = uint32_t(pages_.size());
+            pages_.emplace_back();
+        }
+        Page& p = pages_[index];
+        p.lifeCycle = lifeCycle;
+        p.level = int8_t(CacheLevel::kHot);
+        p.slot = slot;
+        out[i] = makeId(index, p.generation);
+    }
+    // A new page's bytes may still be read by the transfer that vacated the slot.
+    waitAll(events, stream);
+}
+
+void KvCacheManager::free(PageId const* ids, size_t count)
+{
+    if (++epoch_ == 0)
+    {
+        for (auto& p : pages_) p.mark = 0;
+        epoch_ = 1;
+    }
+    auto& indices = tScratch.pages;
+    indices.resize(count);
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = resolve(ids[i], i);
+        if (pages_[index].mark == epoch_)
+        {
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") appears twice");
+        }
+        pages_[index].mark = epoch_;
+        indices[i] = index;
+    }
+    for (uint32_t index : indices)
+    {
+        Page const& p = pages_[index];
+        auto const level = CacheLevel(p.level);
+        SlotPool& pool = storage_->slots(level, storage_->poolGroup(level, p.lifeCycle));
+        pool.give(p.slot, pool.ready(p.slot));
+        releasePage(index);
+    }
+}
+
+MigrationResult KvCacheManager::migrate(
+    PageId const* ids, size_t count, CacheLevel dst, Stream stream, std::optional<CacheLevel> requiredSource)
+{
+    checkLevel(dst, "the destination level");
+    if (stream == nullptr || stream == cudaStreamLegacy)
+    {
+        stream = stream_; // Blocking: ordered after work on the legacy default stream.
+    }
+    MigrationResult result;
+    if (count == 0)
+    {
+        return result;
+    }
+    if (++epoch_ == 0)
+    {
+        for (auto& p : pages_) p.mark = 0;
+        epoch_ = 1;
+    }
+    Scratch& s = tScratch;
+    size_t const d = size_t(dst);
+    std::array<size_t, kNumLevels + 1> base{};
+    for (int l = 0; l < kNumLevels; ++l)
+    {
+        base[size_t(l) + 1] = base[size_t(l)] + keys_[size_t(l)][d].size();
+    }
+    size_t const numBuckets = base[kNumLevels];
+
+    // Resolve every page and count them per (source level, transfer key) bucket.
+    s.pages.resize(count);
+    s.bucket.resize(count);
+    s.starts.assign(numBuckets + 1, 0);
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = resolve(ids[i], i);
+        Page& p = pages_[index];
+        if (p.mark == epoch_)
+        {
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") appears twice");
+        }
+        if (requiredSource && CacheLevel(p.level) != *requiredSource)
+        {
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") is at the "
+                + levelName(CacheLevel(p.level)) + " level; this call moves pages from the " + levelName(*requiredSource)
+                + " level only");
+        }
+        p.mark = epoch_;
+        size_t const src = size_t(p.level);
+        int32_t const k = keyOf_[src][d][size_t(p.lifeCycle)];
+        int32_t const b = int32_t(base[src]) + k;
+        s.pages[i] = index;
+        s.bucket[i] = b;
+        ++s.starts[size_t(b) + 1];
+    }
+    for (size_t b = 0; b < numBuckets; ++b)
+    {
+        s.starts[b + 1] += s.starts[b];
+    }
+    s.fill.assign(s.starts.begin(), s.starts.end() - 1);
+    s.order.resize(count);
+    for (size_t i = 0; i < count; ++i)
+    {
+        s.order[s.fill[size_t(s.bucket[i])]++] = s.pages[i];
+    }
+
+    auto keyOfBucket = [&](size_t b) -> TransferKey const& {
+        size_t src = 0;
+        while (b >= base[src + 1])
+        {
+            ++src;
+        }
+        return keys_[src][d][b - base[src]];
+    };
+
+    // Step 1: every destination slot is allocated before any work is submitted.
+    s.needs.assign(storage_->numPoolGroups(dst), 0);
+    for (size_t b = 0; b < numBuckets; ++b)
+    {
+        if (s.starts[b + 1] > s.starts[b])
+        {
+            s.needs[size_t(keyOfBucket(b).dstGroup)] += s.starts[b + 1] - s.starts[b];
+        }
+    }
+    for (size_t g = 0; g < s.needs.size(); ++g)
+    {
+        SlotPool& pool = storage_->slots(dst, PoolGroupIndex(g));
+        if (s.needs[g] > pool.freeSlots())
+        {
+            throw CapacityError("cannot migrate " + std::to_string(count) + " pages to the " + levelName(dst) + " level: "
+                + std::to_string(s.needs[g]) + " go to its pool group " + std::to_string(g) + ", which has "
+                + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots()) + " slots");
+        }
+    }
+    s.dstSlots.resize(count);
+    for (size_t b = 0; b < numBuckets; ++b)
+    {
+        if (s.starts[b + 1] == s.starts[b])
+        {
+            continue;
+        }
+        SlotPool& pool = storage_->slots(dst, keyOfBucket(b).dstGroup);
+        for (size_t i = s.starts[b]; i < s.starts[b + 1]; ++i)
+        {
+            s.dstSlots[i] = pool.take();
+        }
+    }
+
+    // Steps 2-5 per transfer (one codec call's worth of pages at most).
+    for (size_t b = 0; b < numBuckets; ++b)
+    {
+        if (s.starts[b + 1] == s.starts[b])
+        {
+            continue;
+        }
+        TransferKey const& key = keyOfBucket(b);
+        for (size_t pos = s.starts[b]; pos < s.starts[b + 1]; pos += kMaxPairsPerCall)
+        {
+            size_t n = std::min(kMaxPairsPerCall, s.starts[b + 1] - pos);
+            std::string error;
+            bool ok = false;
+            try
+            {
+                ok = transfer(key, &s.order[pos], &s.dstSlots[pos], n, stream, result, error);
+            }
+            catch (std::exception const& e)
+            {
+                error = e.what();
+            }
+            if (ok)
+            {
+                continue;
+            }
+            // Roll back: the failed transfer's destination slots may have seen partial work, so
+            // they become reusable after what is on the stream now; later slots were untouched.
+            EventPtr partial;
+            try
+            {
+                partial = runtime_->record(stream);
+            }
+            catch (...)
+            {
+                runtime_->synchronize(stream);
+            }
+            SlotPool& failed = storage_->slots(dst, key.dstGroup);
+            for (size_t i = pos; i < pos + n; ++i)
+            {
+                failed.give(s.dstSlots[i], partial);
+            }
+            size_t rest = pos + std::min(kMaxPairsPerCall, s.starts[b + 1] - pos);
+            for (size_t bb = b; bb < numBuckets; ++bb)
+            {
+                size_t const end = s.starts[bb + 1];
+                if (end <= rest)
+                {
+                    continue;
+                }
+                SlotPool& pool = storage_->slots(dst, keyOfBucket(bb).dstGroup);
+                for (size_t i = std::max(rest, s.starts[bb]); i < end; ++i)
+                {
+                    pool.give(s.dstSlots[i], pool.ready(s.dstSlots[i]));
+                }
+            }
+            throw MigrationFailure("migration to the " + std::string(levelName(dst)) + " level failed after "
+                    + std::to_string(result.moved) + " of " + std::to_string(count)
+                    + " pages were committed; the other pages stay where they were and can be retried: " + error,
+                result.moved);
+        }
+    }
+    if (observerError_)
+    {
+        std::exception_ptr e = observerError_;
+        observerError_ = nullptr;
+        std::rethrow_exception(e);
+    }
+    return result;
+}
+
+bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count,
+    Stream stream, MigrationResult& result, std::string& error)
+{
+    Scratch& s = tScratch;
+    SlotPool& srcPool = storage_->slots(key.src, key.srcGroup);
+    SlotPool& dstPool = storage_->slots(key.dst, key.dstGroup);
+    bool const fromHot = key.src == CacheLevel::kHot;
+    bool const toHot = key.dst == CacheLevel::kHot;
+    int32_t const envelope = storage_->config().envelopeFormatVersion;
+    auto* mutablePages = const_cast<uint32_t*>(pages);
+
+    // A declared envelope is checked before decoding: a blob that did not fit or fails its
+    // checksum is dropped (the page becomes a miss), never decoded.
+    if (!fromHot && toHot && envelope >= 0)
+    {
+        ColdLevel* cold = storage_->coldLevel(key.src);
+        uint64_t const blobBytes = cold->pageBytes(key.srcGroup);
+        size_t kept = 0;
+        for (size_t i = 0; i < count; ++i)
+        {
+            uint32_t const index = pages[i];
+            Page const& p = pages_[index];
+            EventPtr const ready = srcPool.ready(p.slot);
+            if (ready)
+            {
+                ready->synchronize(); // The blob is read on the host.
+            }
+            std::byte const* blob = cold->hostBlob(key.srcGroup, p.slot);
+            if (blob == nullptr
+                || checkColdPageEnvelope(blob, blobBytes, uint16_t(envelope)) == EnvelopeStatus::kOk)
+            {
+                mutablePages[kept] = index;
+                dstSlots[kept] = dstSlots[i];
+                ++kept;
+                continue;
+            }
+            srcPool.give(p.slot, ready);
+            dstPool.give(dstSlots[i], dstPool.ready(dstSlots[i]));
+            ++stats_[size_t(key.src)][size_t(key.srcGroup)].pagesDropped;
+            result.dropped.push_back(makeId(index, p.generation));
+            releasePage(index);
+        }
+        count = kept;
+        if (count == 0)
+        {
+            return true;
+        }
+    }
+
+    // Step 2: the stream waits for the source pages and the destination slots.
+    s.events.clear();
+    s.pairs.resize(count);
+    runtime::Event* lastSrc = nullptr;
+    runtime::Event* lastDst = nullptr;
+    for (size_t i = 0; i < count; ++i)
+    {
+        int32_t const srcSlot = pages_[pages[i]].slot;
+        collect(s.events, srcPool.ready(srcSlot), lastSrc);
+        collect(s.events, dstPool.ready(dstSlots[i]), lastDst);
+        s.pairs[i] = {dstSlots[i], srcSlot};
+    }
+    waitAll(s.events, stream);
+
+    // Step 3: submit, then record the one finish event.
+    bool ok;
+    double seconds = 0;
+    uint64_t const callsBefore = storage_->codecCalls();
+    if (fromHot != toHot)
+    {
+        ColdLevel* cold = storage_->coldLevel(fromHot ? key.dst : key.src);
+        std::byte* coldBase = cold->accessibleBase(fromHot ? key.dstGroup : key.srcGroup);
+        if (coldBase == nullptr)
+        {
+            error = std::string("the ") + levelName(cold->level()) + " level is not GPU-accessible; the codec cannot "
+                + "address it without a staging hop";
+            return false;
+        }
+        auto const t0 = std::chrono::steady_clock::now();
+        ok = storage_->transcode(fromHot, key.rep, coldBase, s.pairs.data(), count, stream, error);
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    else if (fromHot)
+    {
+        ok = storage_->copyHot(key.srcGroup, s.pairs.data(), count, stream, error);
+    }
+    else
+    {
+        ok = storage_->copyCold(key.src, key.srcGroup, key.dst, key.dstGroup, s.pairs.data(), count, stream, error);
+    }
+    if (!ok)
+    {
+        return false;
+    }
+    EventPtr const finish = runtime_->record(stream);
+    noteEvent(stream, finish);
+
+    // Step 4: attach the event to the source pages and destination slots; notify observers.
+    for (size_t i = 0; i < count; ++i)
+    {
+        srcPool.setReady(s.pairs[i].src, finish);
+        dstPool.setReady(dstSlots[i], finish);
+    }
+    uint64_t const dstPageBytes = storage_->pageBytes(key.dst, key.dstGroup);
+    uint64_t const calls = storage_->codecCalls() - callsBefore;
+    auto& srcStats = stats_[size_t(key.src)][size_t(key.srcGroup)];
+    auto& dstStats = stats_[size_t(key.dst)][size_t(key.dstGroup)];
+    if (fromHot && !toHot)
+    {
+        for (auto* st : {&srcStats, &dstStats})
+        {
+            st->pagesOffloaded += count;
+            st->bytesOffloaded += count * dstPageBytes;
+            st->codecCalls += calls;
+            st->codecSeconds += seconds;
+        }
+    }
+    else if (!fromHot && toHot)
+    {
+        uint64_t const coldBytes = storage_->pageBytes(key.src, key.srcGroup);
+        for (auto* st : {&srcStats, &dstStats})
+        {
+            st->pagesOnboarded += count;
+            st->bytesOnboarded += count * coldBytes;
+            st->codecCalls += calls;
+            st->codecSeconds += seconds;
+        }
+    }
+    else
+    {
+        dstStats.pagesCopied += count;
+    }
+    if (!observers_.empty())
+    {
+        notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
+    }
+
+    // Step 5: ownership moves to the destination; the source slots are released.
+    for (size_t i = 0; i < count; ++i)
+    {
+        Page& p = pages_[pages[i]];
+        srcPool.give(p.slot, finish);
+        p.level = int8_t(key.dst);
+        p.slot = dstSlots[i];
+    }
+    result.moved += count;
+    return true;
+}
+
+void KvCacheManager::noteEvent(Stream stream, EventPtr const& event)
+{
+    if (!event)
+    {
+        return;
+    }
+    for (auto& [s, e] : lastEvents_)
+    {
+        if (s == stream)
+        {
+            e = event;
+            return;
+        }
+    }
+    lastEvents_.emplace_back(stream, event);
+}
+
+void KvCacheManager::notify(MigrationRecord const& record)
+{
+    for (auto const& [id, observer] : observers_)
+    {
+        try
+        {
+            observer(record);
+        }
+        catch (...)
+        {
+            if (!observerError_)
+            {
+                observerError_ = std::current_exception();
+            }
+        }
+    }
+}
+
+int64_t KvCacheManager::addObserver(Observer observer)
+{
+    observers_.emplace_back(nextObserver_, std::move(observer));
+    return nextObserver_++;
+}
+
+bool KvCacheManager::removeObserver(int64_t id)
+{
+    auto it = std::find_if(observers_.begin(), observers_.end(), [&](auto const& o) { return o.first == id; });
+    if (it == observers_.end())
+    {
+        return false;
+    }
+    observers_.erase(it);
+    return true;
+}
+
+std::vector<PoolGroupStats> const& KvCacheManager::stats(CacheLevel level) const
+{
+    checkLevel(level, "level");
+    return stats_[size_t(level)];
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> KvCacheManager::getAndResetIterationPeakBlockStats(CacheLevel level)
+{
+    checkLevel(level, "level");
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (size_t g = 0; g < storage_->numPoolGroups(level); ++g)
+    {
+        SlotPool& pool = storage_->slots(level, PoolGroupIndex(g));
+        uint64_t const used = pool.usedSlots();
+        out.emplace_back(used, pool.resetPeak());
+    }
+    return out;
+}
+
+void KvCacheManager::synchronize()
+{
+    for (auto& [s, e] : lastEvents_)
+    {
+        e->synchronize();
+    }
+    lastEvents_.clear();
+}
+
+} // namespace kvcodec::kvcm

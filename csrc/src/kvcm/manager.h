@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// KvCacheManager: the C++ core of the KV-cache manager. Owns the device runtime, the
+// StorageManager (codec, levels, staging) and the page table; allocates, frees and migrates
+// pages. Public calls are not thread-safe: one caller at a time per manager.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvcm/config.h"
+#include "kvcm/storage.h"
+#include "runtime/device_runtime.h"
+#include "runtime/owned_codec.h"
+
+namespace kvcodec::kvcm {
+
+/// A page handle: low 32 bits index the page table, high 32 bits its generation. A page keeps
+/// its id across migrations; freeing (or dropping) it bumps the generation, so an old id is
+/// recognized as stale.
+using PageId = uint64_t;
+
+/// A destination level has too few free slots for a request.
+class CapacityError : public std::runtime_error
+{
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// A page id is stale (freed, dropped) or was never issued.
+class StalePageError : public std::invalid_argument
+{
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
+/// A transfer failed synchronously. Transfers submitted before it stay committed
+/// (committedPages); the failed one and every later one were rolled back: their destination
+/// slots released, their pages left where they were, retryable.
+class MigrationFailure : public std::runtime_error
+{
+public:
+    MigrationFailure(std::string const& message, size_t committed)
+        : std::runtime_error(message)
+        , committedPages(committed)
+    {
+    }
+    size_t committedPages;
+};
+
+/// One submitted transfer, as migration observers see it.
+struct MigrationRecord
+{
+    CacheLevel srcLevel;
+    CacheLevel dstLevel;
+    PoolGroupIndex srcPoolGroup;
+    PoolGroupIndex dstPoolGroup;
+    LifeCycleId representative; ///< Batching representative of a codec transfer, else -1.
+    uint64_t pages;
+    uint64_t bytes; ///< Bytes written at the destination.
+};
+
+/// Counters of one pool group of one level.
+struct PoolGroupStats
+{
+    uint64_t pagesOffloaded = 0; ///< Pages encoded hot -> cold through this group.
+    uint64_t bytesOffloaded = 0; ///< Cold-page bytes of those pages.
+    uint64_t pagesOnboarded = 0; ///< Pages decoded cold -> hot through this group.
+    uint64_t bytesOnboarded = 0;
+    uint64_t pagesCopied = 0;    ///< Same-level relocations (hot -> hot, cold -> cold) into this group.
+    uint64_t pagesDropped = 0;   ///< Cold pages dropped by the envelope check (cold groups).
+    uint64_t codecCalls = 0;
+    double codecSeconds = 0;     ///< Host time spent inside encode()/decode() calls.
+};
+
+struct MigrationResult
+{
+    uint64_t moved = 0;
+    std::vector<PageId> dropped; ///< Pages the envelope check dropped (now stale).
+};
+
+struct PageInfo
+{
+    LifeCycleId lifeCycle;
+    CacheLevel level;
+    int32_t slot;
+    PoolGroupIndex poolGroup;
+};
+
+class KvCacheManager
+{
+public:
+    /// Takes the runtime and the codec (consumed: destroyed if construction throws; null
+    /// selects the default concat codec). `codecDevice` is the device the codec was created for.
+    KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime, runtime::CodecPtr codec,
+        int32_t codecDevice);
+    ~KvCacheManager();
+
+    KvCacheManager(KvCacheManager const&) = delete;
+    KvCacheManager& operator=(KvCacheManager const&) = delete;
+
+    [[nodiscard]] StorageManager const& storage() const noexcept
+    {
+        return *storage_;
+    }
+    [[nodiscard]] runtime::DeviceRuntime& runtime() const noexcept
+    {
+        return *runtime_;
+    }
+
+    /// Allocates `count` hot pages of `lifeCycle` into `out`. The slots' previous transfers are
+    /// waited for on `stream` (host-synchronized when nullopt) before a kernel may write them.
+    void allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream);
+
+    /// Frees pages at whatever level they are.
+    void free(PageId const* pages, size_t count);
+
+    /// Moves every page to a newly allocated slot at `level` (a page already there is relocated:
+    /// hot -> hot per-pool copy, cold -> cold raw blob copy). Null `stream` = the manager's own.
+    /// With `requiredSource`, every page must currently be at that level (evict/onboard).
+    MigrationResult migrate(PageId const* pages, size_t count, CacheLevel level, Stream stream,
+        std::optional<CacheLevel> requiredSource = std::nullopt);
+
+    [[nodiscard]] PageInfo info(PageId page) const;
+    [[nodiscard]] bool isLive(PageId page) const noexcept;
+
+    /// Pool-group statistics of `level`, in that level's grouping order.
+    [[nodiscard]] std::vector<PoolGroupStats> const& stats(CacheLevel level) const;
+    /// Per pool group of `level`: (used slots now, peak since the last call); restarts the peaks.
+    std::vector<std::pair<uint64_t, uint64_t>> getAndResetIterationPeakBlockStats(CacheLevel level);
+
+    using Observer = std::function<void(MigrationRecord const&)>;
+    int64_t addObserver(Observer observer);
+    bool removeObserver(int64_t id);
+
+    /// Blocks until every transfer submitted so far completed.
+    void synchronize();
+    [[nodiscard]] Stream internalStream() const noexcept
+    {
+        return stream_;
+    }
+
+private:
+    struct Page
+    {
+        LifeCycleId lifeCycle = -1;
+        int32_t slot = -1;
+        uint32_t generation = 1;
+        uint32_t mark = 0;
+        int8_t level = -1; ///< -1: free.
+    };
+
+    // One distinct transfer of a (source level, destination level) pair.
+    struct TransferKey
+    {
+        CacheLevel src;
+        CacheLevel dst;
+        PoolGroupIndex srcGroup;
+        PoolGroupIndex dstGroup;
+        LifeCycleId rep; ///< Codec transfers only.
+    };
+
+    uint32_t resolve(PageId id, size_t position) const;
+    void buildTransferKeys();
+    void checkLevel(CacheLevel level, char const* what) const;
+    bool transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count, Stream stream,
+        MigrationResult& result, std::string& error);
+    void noteEvent(Stream stream, EventPtr const& event);
+    void releasePage(uint32_t index) noexcept;
+    void notify(MigrationRecord const& record);
+
+    std::unique_ptr<runtime::DeviceRuntime> runtime_;
+    std::unique_ptr<StorageManager> storage_;
+    Stream stream_ = nullptr;
+    // Latest finish event per stream used: synchronize() waits on events, never on streams a
+    // caller may have destroyed since.
+    std::vector<std::pair<Stream, EventPtr>> lastEvents_;
+
+    std::vector<Page> pages_;
+    std::vector<uint32_t> freePages_;
+    uint32_t epoch_ = 0;
+
+    // keys_[src][dst] and keyOf_[src][dst][lifeCycle] -> index into keys_[src][dst].
+    std::array<std::array<std::vector<TransferKey>, kNumLevels>, kNumLevels> keys_;
+    std::array<std::array<std::vector<int32_t>, kNumLevels>, kNumLevels> keyOf_;
+
+    std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
+    std::vector<std::pair<int64_t, Observer>> observers_;
+    int64_t nextObserver_ = 1;
+    std::exception_ptr observerError_;
+};
+
+} // namespace kvcodec::kvcm

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// StorageManager: owns the codec, the hot pool groups, the cold levels, the level-specific
+// lifecycle -> pool-group mappings and the index staging ring, and submits the transfers of
+// every migration path. Construction is the seed's initialization sequence, steps 1-7.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvcm/config.h"
+#include "kvcm/levels.h"
+#include "kvcm/staging.h"
+#include "runtime/device_runtime.h"
+#include "runtime/owned_codec.h"
+
+namespace kvcodec::kvcm {
+
+/// Codec calls are split so that no call carries more than 64 KiB of page indices.
+inline constexpr size_t kMaxIndexBatchBytes = 64 * 1024;
+inline constexpr size_t kMaxPairsPerCall = kMaxIndexBatchBytes / sizeof(PageIndexPair);
+
+/// What the manager knows about one lifecycle after construction.
+struct LifeCycleInfo
+{
+    HotSlotLayout layout;
+    uint64_t hotPageBytes = 0;
+    uint64_t coldPageBytes = 0;
+    LifeCycleId representative = -1; ///< Batching representative (codec-equivalence class).
+    PageIndexLocation location = PageIndexLocation::kBadLocation;
+};
+
+class StorageManager
+{
+public:
+    /// Runs initialization steps 1-7. `codec` is consumed (destroyed if construction throws);
+    /// null selects the default concat codec for the runtime's device. `codecDevice` is the
+    /// device the supplied codec was created for. Throws std::invalid_argument for
+    /// configuration and validation errors, std::runtime_error for allocation failures.
+    StorageManager(KvcmConfig config, runtime::DeviceRuntime& runtime, runtime::CodecPtr codec, int32_t codecDevice);
+    ~StorageManager();
+
+    [[nodiscard]] KvcmConfig const& config() const noexcept
+    {
+        return config_;
+    }
+    [[nodiscard]] size_t numLifeCycles() const noexcept
+    {
+        return lifeCycles_.size();
+    }
+    [[nodiscard]] LifeCycleInfo const& lifeCycle(LifeCycleId id) const noexcept
+    {
+        return lifeCycles_[size_t(id)];
+    }
+    [[nodiscard]] bool hasLevel(CacheLevel level) const noexcept
+    {
+        return level == CacheLevel::kHot || (level == CacheLevel::kHost && host_ != nullptr);
+    }
+    /// Pool group of `lifeCycle` at `level` (the level must exist).
+    [[nodiscard]] PoolGroupIndex poolGroup(CacheLevel level, LifeCycleId lifeCycle) const noexcept
+    {
+        return lifeCycleToPoolGroup_[size_t(level)][size_t(lifeCycle)];
+    }
+    [[nodiscard]] std::vector<PoolGroupIndex> const& mapping(CacheLevel level) const noexcept
+    {
+        return lifeCycleToPoolGroup_[size_t(level)];
+    }
+    [[nodiscard]] size_t numPoolGroups(CacheLevel level) const noexcept;
+    SlotPool& slots(CacheLevel level, PoolGroupIndex group) noexcept;
+    /// Bytes of one page of a pool group at `level` (hot: sum of pool slots; cold: blob bytes).
+    [[nodiscard]] uint64_t pageBytes(CacheLevel level, PoolGroupIndex group) const noexcept;
+
+    [[nodiscard]] std::vector<HotPoolGroup> const& hotGroups() const noexcept
+    {
+        return hot_;
+    }
+    [[nodiscard]] ColdLevel* coldLevel(CacheLevel level) const noexcept
+    {
+        return level == CacheLevel::kHost ? host_.get() : nullptr;
+    }
+
+    [[nodiscard]] IKvCacheColdPageCodec& codec() const noexcept
+    {
+        return *codec_;
+    }
+    /// The device index ring, or null while no device-index call has happened.
+    [[nodiscard]] StagingManager const* indexRing() const noexcept
+    {
+        return indexRing_.get();
+    }
+
+    /// Encodes (hot -> cold) or decodes (cold -> hot) `count` pairs with the batching
+    /// representative `rep`, staging the indices where the codec takes them. `count` is at most
+    /// kMaxPairsPerCall; the ring may split it into several codec calls.
+    bool transcode(bool encode, LifeCycleId rep, std::byte* coldBase, PageIndexPair const* pairs, size_t count,
+        Stream stream, std::string& error);
+
+    /// Codec encode()/decode() calls made so far.
+    [[nodiscard]] uint64_t codecCalls() const noexcept
+    {
+        return codecCalls_;
+    }
+
+    /// Hot -> hot per-pool copies of pages (dst slot, src slot) inside one hot pool group.
+    bool copyHot(PoolGroupIndex group, PageIndexPair const* pairs, size_t count, Stream stream, std::string& error);
+
+    /// Cold -> cold raw blob copies.
+    bool copyCold(CacheLevel srcLevel, PoolGroupIndex srcGroup, CacheLevel dstLevel, PoolGroupIndex dstGroup,
+        PageIndexPair const* pairs, size_t count, Stream stream, std::string& error);
+
+private:
+    void buildHotLayout();
+    void allocateHot();
+    void configureCodec();
+    void queryCodec();
+    void validateBatchingAndMapCold();
+    void allocateCold();
+    StagingManager& ensureIndexRing();
+
+    KvcmConfig config_;
+    runtime::DeviceRuntime& runtime_;
+    // Declared first, destroyed last: the ring, levels and pools go before the codec that was
+    // configured with their addresses (the manager synchronized every stream before).
+    runtime::CodecPtr codec_;
+    std::vector<LifeCycleInfo> lifeCycles_;
+    std::vector<double> weights_; ///< Normalized pool ratio, per lifecycle.
+    std::vector<HotPoolGroup> hot_;
+    std::unique_ptr<ColdLevel> host_;
+    std::array<std::vector<PoolGroupIndex>, kNumLevels> lifeCycleToPoolGroup_;
+    std::unique_ptr<StagingManager> indexRing_;
+    uint64_t codecCalls_ = 0;
+};
+
+} // namespace kvcodec::kvcm

@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "runtime/cuda_runtime.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/driver_api.h"
+#include "runtime/index_upload.h"
+
+namespace kvcodec::runtime {
+namespace {
+
+// Makes the runtime's device current for the scope, restoring the caller's device afterwards.
+class DeviceGuard
+{
+public:
+    explicit DeviceGuard(int device)
+    {
+        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        {
+            check(cudaSetDevice(device), "cudaSetDevice");
+            restore_ = true;
+        }
+    }
+    ~DeviceGuard()
+    {
+        if (restore_)
+        {
+            cudaSetDevice(previous_);
+        }
+    }
+    static void check(cudaError_t st, char const* what)
+    {
+        if (st != cudaSuccess)
+        {
+            cudaGetLastError();
+            throw std::runtime_error(std::string(what) + " failed: " + runtimeErrorText(st));
+        }
+    }
+
+private:
+    int previous_ = 0;
+    bool restore_ = false;
+};
+
+class CudaEvent final : public Event
+{
+public:
+    CudaEvent(int device, cudaStream_t stream)
+        : device_(device)
+        , stream_(stream)
+    {
+        DeviceGuard::check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        cudaError_t const st = cudaEventRecord(event_, stream);
+        if (st != cudaSuccess)
+        {
+            cudaEventDestroy(event_);
+            DeviceGuard::check(st, "cudaEventRecord");
+        }
+    }
+
+    ~CudaEvent() override
+    {
+        cudaEventDestroy(event_);
+    }
+
+    void synchronize() override
+    {
+        if (!complete_)
+        {
+            DeviceGuard::check(cudaEventSynchronize(event_), "cudaEventSynchronize");
+            complete_ = true; // Later consumers need no wait: the shared state is closed.
+        }
+    }
+
+    void waitOn(Stream stream) override
+    {
+        if (!complete_ && stream != stream_)
+        {
+            DeviceGuard::check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
+        }
+    }
+
+    [[nodiscard]] Stream stream() const noexcept override
+    {
+        return stream_;
+    }
+
+private:
+    int device_;
+    cudaStream_t stream_;
+    cudaEvent_t event_ = nullptr;
+    bool complete_ = false;
+};
+
+} // namespace
+
+CudaRuntime::CudaRuntime(int32_t ordinal)
+    : ordinal_(ordinal)
+{
+    int count = 0;
+    cudaError_t const st = cudaGetDeviceCount(&count);
+    if (st != cudaSuccess || ordinal < 0 || ordinal >= count)
+    {
+        cudaGetLastError();
+        throw std::runtime_error("CUDA device " + std::to_string(ordinal) + " is not available ("
+            + (st == cudaSuccess ? std::to_string(count) + " devices" : runtimeErrorText(st)) + ")");
+    }
+    DeviceGuard guard(ordinal_);
+    DeviceGuard::check(cudaFree(nullptr), "creating the primary context");
+}
+
+std::string CudaRuntime::name() const
+{
+    return "cuda:" + std::to_string(ordinal_);
+}
+
+int32_t CudaRuntime::codecDevice() const noexcept
+{
+    return ordinal_;
+}
+
+void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
+{
+    DeviceGuard guard(ordinal_);
+    void* p = nullptr;
+    if (kind == MemoryKind::kDevice)
+    {
+        cudaError_t st = cudaMalloc(&p, bytes);
+        if (st == cudaSuccess)
+        {
+            st = cudaMemset(p, 0, bytes);
+        }
+        if (st != cudaSuccess)
+        {
+            cudaGetLastError();
+            if (p != nullptr)
+            {
+                cudaFree(p);
+            }
+            throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of device memory on "
+                + name() + ": " + runtimeErrorText(st));
+        }
+        return p;
+    }
+    cudaError_t st = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (st != cudaSuccess)
+    {
+        cudaGetLastError();
+        throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of pinned mapped host memory: "
+            + runtimeErrorText(st));
+    }
+    void* devicePtr = nullptr;
+    st = cudaHostGetDevicePointer(&devicePtr, p, 0);
+    if (st != cudaSuccess || devicePtr != p)
+    {
+        cudaGetLastError();
+        cudaFreeHost(p);
+        throw std::runtime_error(
+            "pinned host memory is not mapped at its host address (unified addressing is required)");
+    }
+    std::memset(p, 0, bytes);
+    return p;
+}
+
+void CudaRuntime::deallocate(MemoryKind kind, void* ptr) noexcept
+{
+    int previous = 0;
+    bool const switched = cudaGetDevice(&previous) == cudaSuccess && previous != ordinal_
+        && cudaSetDevice(ordinal_) == cudaSuccess;
+    if (kind == MemoryKind::kDevice)
+    {
+        cudaFree(ptr);
+    }
+    else
+    {
+        cudaFreeHost(ptr);
+    }
+    if (switched)
+    {
+        cudaSetDevice(previous);
+    }
+}
+
+Stream CudaRuntime::createStream()
+{
+    DeviceGuard guard(ordinal_);
+    cudaStream_t s = nullptr;
+    // Blocking (not cudaStreamNonBlocking): ordered after work on the legacy default stream.
+    DeviceGuard::check(cudaStreamCreate(&s), "cudaStreamCreate");
+    return s;
+}
+
+void CudaRuntime::destroyStream(Stream stream) noexcept
+{
+    cudaStreamDestroy(stream);
+}
+
+EventPtr CudaRuntime::record(Stream stream)
+{
+    DeviceGuard guard(ordinal_);
+    return std::make_shared<CudaEvent>(ordinal_, stream);
+}
+
+void CudaRuntime::synchronize(Stream stream)
+{
+    DeviceGuard::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+bool CudaRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count,
+    Stream stream, std::string& error) noexcept
+{
+    if (count == 0)
+    {
+        return true;
+    }
+    auto const& api = driverApi();
+    auto const cuStream = reinterpret_cast<CUstream>(stream);
+    // cuMemcpyBatchAsync needs a non-legacy stream; the legacy one falls back to per-copy calls.
+    if (api.hasMemcpyBatch() && stream != nullptr && stream != cudaStreamLegacy)
+    {
+        CUmemcpyAttributes attr{};
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+        size_t attrIndex = 0;
+        size_t failIdx = SIZE_MAX;
+        auto* d = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(dsts));
+        auto* s = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(srcs));
+        auto* n = const_cast<size_t*>(sizes);
+        CUresult const r = api.memcpyBatchAsyncV13 != nullptr
+            ? api.memcpyBatchAsyncV13(d, s, n, count, &attr, &attrIndex, 1, cuStream)
+            : api.memcpyBatchAsyncV12(d, s, n, count, &attr, &attrIndex, 1, &failIdx, cuStream);
+        if (r != CUDA_SUCCESS)
+        {
+            error = "cuMemcpyBatchAsync of " + std::to_string(count) + " copies failed: " + driverErrorText(r);
+            return false;
+        }
+        return true;
+    }
+    if (api.memcpyAsync == nullptr)
+    {
+        error = "the CUDA driver provides neither cuMemcpyBatchAsync nor cuMemcpyAsync";
+        return false;
+    }
+    for (size_t i = 0; i < count; ++i)
+    {
+        CUresult const r = api.memcpyAsync(CUdeviceptr(dsts[i]), CUdeviceptr(srcs[i]), sizes[i], cuStream);
+        if (r != CUDA_SUCCESS)
+        {
+            error = "cuMemcpyAsync of copy " + std::to_string(i) + " failed: " + driverErrorText(r);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool CudaRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t bytes, Stream stream,
+    std::string& error) noexcept
+{
+    if (bytes == 0)
+    {
+        return true;
+    }
+    auto const& api = driverApi();
+    if (api.hasMemcpyBatch() && stream != nullptr && stream != cudaStreamLegacy)
+    {
+        // One entry; the driver finishes reading the pageable source before returning, while the
+        // H2D transfer stays asynchronous on the stream.
+        CUmemcpyAttributes attr{};
+        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+        size_t attrIndex = 0;
+        size_t failIdx = SIZE_MAX;
+        CUdeviceptr d = CUdeviceptr(dst);
+        CUdeviceptr s = CUdeviceptr(hostSrc);
+        size_t n = bytes;
+        CUresult const r = api.memcpyBatchAsyncV13 != nullptr
+            ? api.memcpyBatchAsyncV13(&d, &s, &n, 1, &attr, &attrIndex, 1, reinterpret_cast<CUstream>(stream))
+            : api.memcpyBatchAsyncV12(&d, &s, &n, 1, &attr, &attrIndex, 1, &failIdx, reinterpret_cast<CUstream>(stream));
+        if (r != CUDA_SUCCESS)
+        {
+            error = "index upload (cuMemcpyBatchAsync, " + std::to_string(bytes) + " bytes) failed: " + driverErrorText(r);
+            return false;
+        }
+        return true;
+    }
+    int previous = 0;
+    bool const switched = cudaGetDevice(&previous) == cudaSuccess && previous != ordinal_
+        && cudaSetDevice(ordinal_) == cudaSuccess;
+    cudaError_t const st = uploadThroughKernelParams(dst, hostSrc, bytes, stream);
+    if (switched)
+    {
+        cudaSetDevice(previous);
+    }
+    if (st != cudaSuccess)
+    {
+        error = "index upload (kernel parameters, " + std::to_string(bytes) + " bytes) failed: " + runtimeErrorText(st);
+        return false;
+    }
+    return true;
+}
+
+std::unique_ptr<DeviceRuntime> createCudaRuntime(int32_t ordinal)
+{
+    return std::make_unique<CudaRuntime>(ordinal);
+}
+
+} // namespace kvcodec::runtime

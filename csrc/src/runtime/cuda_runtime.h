@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The CUDA backend: device memory from cudaMalloc, pinned mapped host memory with identical host
+// and device addresses, blocking streams, events without timing, and copies submitted through
+// driver entry points fetched at run time (cuMemcpyBatchAsync where the driver has it).
+#pragma once
+
+#include "runtime/device_runtime.h"
+
+namespace kvcodec::runtime {
+
+class CudaRuntime final : public DeviceRuntime
+{
+public:
+    explicit CudaRuntime(int32_t ordinal);
+
+    [[nodiscard]] std::string name() const override;
+    [[nodiscard]] int32_t codecDevice() const noexcept override;
+    void* allocate(MemoryKind kind, size_t bytes) override;
+    void deallocate(MemoryKind kind, void* ptr) noexcept override;
+    Stream createStream() override;
+    void destroyStream(Stream stream) noexcept override;
+    EventPtr record(Stream stream) override;
+    void synchronize(Stream stream) override;
+    bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream stream,
+        std::string& error) noexcept override;
+    bool uploadFromPageable(
+        void* dst, void const* hostSrc, size_t bytes, Stream stream, std::string& error) noexcept override;
+
+private:
+    int32_t ordinal_;
+};
+
+} // namespace kvcodec::runtime

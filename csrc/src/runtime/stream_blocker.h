@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// Test helper of the conformance suite: holds a CUDA stream at a wait on a mapped host flag, so a
+// test can check that a codec call returns without waiting for earlier work on its stream and
+// that nothing it enqueued runs before the stream is released.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvcodec::runtime {
+
+class StreamBlocker
+{
+public:
+    /// Enqueues on `stream` a wait until a mapped pinned host flag becomes 1 (cuStreamWaitValue32).
+    /// Throws std::runtime_error naming the failing CUDA call and its error. The stream must stay
+    /// alive until the blocker is released.
+    explicit StreamBlocker(cudaStream_t stream);
+
+    /// Releases the stream (if still blocked) and waits until it has passed the wait, so the flag
+    /// can be freed. Never waits for work enqueued after the wait.
+    ~StreamBlocker();
+
+    StreamBlocker(StreamBlocker const&) = delete;
+    StreamBlocker& operator=(StreamBlocker const&) = delete;
+
+    /// Writes the flag: work enqueued after the wait may start. Idempotent.
+    void release() noexcept;
+
+    [[nodiscard]] bool released() const noexcept
+    {
+        return released_;
+    }
+
+    /// Waits (at most `timeoutMs` milliseconds) until the stream has passed the wait; false on
+    /// timeout. Only meaningful after release().
+    bool waitPassed(int timeoutMs) const;
+
+private:
+    cudaStream_t stream_;
+    uint32_t* flag_ = nullptr;     // mapped pinned host memory
+    cudaEvent_t passed_ = nullptr; // recorded right after the wait
+    bool released_ = false;
+};
+
+} // namespace kvcodec::runtime

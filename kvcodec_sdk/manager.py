@@ -1,0 +1,565 @@
+"""``KVCacheManager``: the Python facade of the KV-cache manager's C++ core.
+
+The manager owns a hot tier (kernel-facing pools: GPU memory, or host memory on the CPU backend)
+and a host tier (pinned, GPU-mapped host memory holding fixed-size cold pages), and runs every
+migration through the cold-page codec it owns::
+
+    from kvcodec_sdk import KVCacheManager, KVCacheConfig, LayerGroupConfig, BufferConfig, Role
+
+    config = KVCacheConfig(
+        layer_groups=[LayerGroupConfig([BufferConfig(layer=l, role=r, bytes=16384)
+                                        for l in range(4) for r in (Role.KEY, Role.VALUE)])],
+        gpu_quota=1 << 30, host_quota=4 << 30)
+    manager = KVCacheManager(config)                 # default lossless concat codec
+    pages = manager.allocate(0, 128)                 # hot pages of layer group 0
+    manager.evict(pages)                             # hot -> host (encode)
+    manager.onboard(pages)                           # host -> hot (decode)
+
+Page handles keep their identity across migrations: a :class:`PageHandle` (or a page of a
+:class:`PageList`) names the logical page; its level and slot change as it moves. Freeing (or a
+cold page dropped by the envelope check) makes every handle of it stale.
+
+Everything per page happens in C++: a :class:`PageList` is a numpy array of page ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import _interop, _native
+from .codec import Codec
+from .errors import KvcodecError
+from .kvcm_config import KVCacheConfig
+from .layout import DType, PageIndexLocation, Role
+
+__all__ = [
+    "CacheLevel",
+    "CapacityError",
+    "KVCacheManager",
+    "MigrationError",
+    "MigrationRecord",
+    "MigrationResult",
+    "PageHandle",
+    "PageList",
+    "PoolGroupStats",
+    "StalePageError",
+]
+
+_core = _native.kvcm
+
+
+class CacheLevel:
+    """Storage levels (values of ``kvcm::CacheLevel``)."""
+
+    HOT = 0
+    HOST = 1
+    _NAMES = {0: "hot", 1: "host"}
+
+    @classmethod
+    def name(cls, level: int) -> str:
+        return cls._NAMES.get(int(level), str(level))
+
+
+class CapacityError(KvcodecError, RuntimeError):
+    """A level has too few free slots for the request; nothing was changed."""
+
+
+class StalePageError(KvcodecError, ValueError):
+    """A page handle was freed or dropped (or belongs to another manager)."""
+
+
+class MigrationError(KvcodecError, RuntimeError):
+    """A transfer failed on submission. Transfers before it stay committed
+    (``committed_pages``); every other page stays where it was and can be migrated again."""
+
+    def __init__(self, message: str, committed_pages: int):
+        super().__init__(message)
+        self.committed_pages = committed_pages
+
+
+@contextlib.contextmanager
+def _native_errors():
+    try:
+        yield
+    except _core.MigrationFailure as exc:
+        message, committed = exc.args if len(exc.args) == 2 else (str(exc), 0)
+        raise MigrationError(message, int(committed)) from None
+    except _core.CapacityError as exc:
+        raise CapacityError(str(exc)) from None
+    except _core.StalePageError as exc:
+        raise StalePageError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class PoolGroupStats:
+    """Counters of one pool group of one level (see ``docs/kvcm.md``)."""
+
+    pages_offloaded: int
+    bytes_offloaded: int
+    pages_onboarded: int
+    bytes_onboarded: int
+    pages_copied: int
+    pages_dropped: int
+    codec_calls: int
+    codec_seconds: float
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One submitted transfer, as migration observers receive it."""
+
+    src_level: int
+    dst_level: int
+    src_pool_group: int
+    dst_pool_group: int
+    representative: int  # batching representative of a codec transfer, else -1
+    pages: int
+    bytes: int
+
+
+class PageHandle:
+    """One page of a manager. Stable across migrations; stale once freed or dropped."""
+
+    __slots__ = ("_manager", "id")
+
+    def __init__(self, manager: KVCacheManager, page_id: int):
+        self._manager = manager
+        self.id = int(page_id)
+
+    def _info(self) -> tuple:
+        with _native_errors():
+            return self._manager._live().info(self.id)
+
+    @property
+    def lifecycle(self) -> int:
+        return int(self._info()[0])
+
+    @property
+    def level(self) -> int:
+        """:class:`CacheLevel` value of where the page is now."""
+        return int(self._info()[1])
+
+    @property
+    def slot(self) -> int:
+        return int(self._info()[2])
+
+    @property
+    def pool_group(self) -> int:
+        """Pool group at the page's current level (groups of different levels are unrelated)."""
+        return int(self._info()[3])
+
+    @property
+    def is_live(self) -> bool:
+        return bool(self._manager._live().is_live(self.id))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PageHandle) and other._manager is self._manager and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((id(self._manager), self.id))
+
+    def __repr__(self) -> str:
+        if not self.is_live:
+            return f"<PageHandle {self.id:#x} stale>"
+        lc, level, slot, group = self._info()
+        return f"<PageHandle {self.id:#x} layer group {lc} at {CacheLevel.name(level)} slot {slot} (pool group {group})>"
+
+
+class PageList(Sequence[PageHandle]):
+    """Pages as a numpy array of ids (``ids``); indexing gives :class:`PageHandle` objects."""
+
+    __slots__ = ("_manager", "ids")
+
+    def __init__(self, manager: KVCacheManager, ids: np.ndarray):
+        self._manager = manager
+        self.ids = np.ascontiguousarray(ids, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice) or isinstance(i, np.ndarray) or isinstance(i, list):
+            return PageList(self._manager, self.ids[i])
+        return PageHandle(self._manager, int(self.ids[i]))
+
+    def __iter__(self) -> Iterator[PageHandle]:
+        for x in self.ids.tolist():
+            yield PageHandle(self._manager, x)
+
+    def __add__(self, other: PageList) -> PageList:
+        return PageList(self._manager, np.concatenate([self.ids, other.ids]))
+
+    def __repr__(self) -> str:
+        return f"<PageList of {len(self)} pages>"
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """``moved``: pages now at the destination; ``dropped``: cold pages the envelope check
+    dropped (their handles are stale: the engine sees a cache miss)."""
+
+    moved: int
+    dropped: PageList
+
+
+class _HostArray:
+    """Exposes raw host memory through ``__array_interface__``; keeps its owner alive."""
+
+    def __init__(self, owner: Any, ptr: int, shape: tuple, typestr: str = "|u1"):
+        self._owner = owner
+        self.__array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3}
+
+
+class _CudaArray:
+    """Exposes raw device memory through ``__cuda_array_interface__``; keeps its owner alive."""
+
+    def __init__(self, owner: Any, ptr: int, shape: tuple, typestr: str = "|u1"):
+        self._owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None, "stream": None,
+        }
+
+
+_NUMPY_DTYPES = {
+    DType.UINT8: np.uint8, DType.INT8: np.int8, DType.FLOAT16: np.float16, DType.BFLOAT16: np.uint16,
+    DType.FLOAT32: np.float32, DType.FLOAT8_E4M3: np.uint8, DType.FLOAT8_E5M2: np.uint8, DType.INT32: np.int32,
+}
+
+
+def _torch_dtype(torch: Any, dtype: DType) -> Any:
+    return {
+        DType.UINT8: torch.uint8, DType.INT8: torch.int8, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
+        DType.FLOAT32: torch.float32, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
+        DType.INT32: torch.int32,
+    }[dtype]
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """Where one configured buffer lives inside a hot page: pool ``pool``, bytes
+    ``[offset, offset + bytes)`` of the page's slot in that pool."""
+
+    layer: int
+    role: Role
+    pool: int
+    dtype: DType
+    offset: int
+    bytes: int
+    shape: tuple  # (tokens, heads, head_dim), or (bytes // itemsize,) for an opaque buffer
+
+
+class KVCacheManager:
+    """A KV-cache manager with a hot and a host tier and an owned cold-page codec.
+
+    :param config: A :class:`~kvcodec_sdk.KVCacheConfig`.
+    :param cold_page_codec: ``None`` (the default lossless ``concat`` codec, created internally),
+        a :class:`~kvcodec_sdk.Codec` (consumed at once, whether construction succeeds or fails),
+        a codec name, or ``(name, params)``.
+    """
+
+    def __init__(self, config: KVCacheConfig, cold_page_codec: Codec | str | tuple | None = None):
+        # Consumed first, before any validation: the caller's wrapper is dead whatever happens next.
+        native = cold_page_codec._consume() if isinstance(cold_page_codec, Codec) else None
+        self._core_obj = None
+        try:
+            self._core_obj = self._construct(config, cold_page_codec, native)
+        finally:
+            if native is not None and self._core_obj is None and not native.released:
+                native.release()
+        self.config = config
+        self._pools_cache: dict[tuple, list] = {}
+
+    def _construct(self, config: KVCacheConfig, codec: Any, native: Any) -> Any:
+        if not isinstance(config, KVCacheConfig):
+            raise TypeError(f"config is a {type(config).__name__}; pass a kvcodec_sdk.KVCacheConfig")
+        config.validate()
+        device = config.device
+        if device == "auto":
+            if isinstance(codec, Codec):
+                device = codec.device
+            else:
+                device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
+        label, ordinal = _interop.parse_device(device)
+        spec = None
+        if isinstance(codec, Codec):
+            spec = codec.spec
+        elif codec is not None:
+            from .registry import create_codec
+
+            if isinstance(codec, str):
+                name, params = codec, None
+            elif isinstance(codec, tuple) and len(codec) == 2 and isinstance(codec[0], str):
+                name, params = codec
+            else:
+                raise TypeError(
+                    f"cold_page_codec is a {type(codec).__name__}; pass None, a kvcodec_sdk.Codec, a codec name "
+                    "or (name, params)"
+                )
+            created = create_codec(name, params, device=label)
+            spec = created.spec
+            native = created._consume()
+        envelope = int(spec.format_version) if spec is not None and getattr(spec, "envelope", False) else -1
+        try:
+            core = _core.KvcmCore(config.to_native(envelope), native, ordinal)
+        except BaseException:
+            if native is not None and not native.released:
+                native.release()
+            raise
+        self._label = label
+        self._ordinal = ordinal
+        self._codec_name = spec.name if spec is not None else "concat"
+        return core
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _live(self) -> Any:
+        if self._core_obj is None:
+            raise RuntimeError("this KVCacheManager was closed")
+        return self._core_obj
+
+    def _ids(self, pages: Any, what: str = "pages") -> np.ndarray:
+        if isinstance(pages, PageList):
+            if pages._manager is not self:
+                raise ValueError(f"{what} belong to another KVCacheManager")
+            return pages.ids
+        if isinstance(pages, PageHandle):
+            if pages._manager is not self:
+                raise ValueError(f"{what} belongs to another KVCacheManager")
+            return np.array([pages.id], dtype=np.uint64)
+        if isinstance(pages, np.ndarray):
+            return np.ascontiguousarray(pages, dtype=np.uint64)
+        out = []
+        for i, p in enumerate(pages):
+            if not isinstance(p, PageHandle) or p._manager is not self:
+                raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
+            out.append(p.id)
+        return np.array(out, dtype=np.uint64)
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` (host backend) or ``"cuda:N"``."""
+        return str(self._live().device)
+
+    @property
+    def codec_name(self) -> str:
+        return self._codec_name
+
+    @property
+    def num_layer_groups(self) -> int:
+        return int(self._live().num_lifecycles())
+
+    def allocate(self, lifecycle: int, count: int, *, stream: Any = None) -> PageList:
+        """Allocates ``count`` hot pages of a layer group.
+
+        The slots may still be read by the transfer that vacated them: with ``stream`` that
+        stream waits for it (write the pages on that stream); without, the host waits.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count is {count!r}; it must be an integer >= 0")
+        handle = None if stream is None else _interop.stream_handle(stream)
+        with _native_errors():
+            ids = self._live().allocate(int(lifecycle), count, handle)
+        return PageList(self, ids)
+
+    def free(self, pages: Any) -> None:
+        """Frees pages at whatever level they are; their handles become stale."""
+        with _native_errors():
+            self._live().free(self._ids(pages))
+
+    def migrate(self, pages: Any, level: int, *, stream: Any = None) -> MigrationResult:
+        """Moves pages to ``level`` (:class:`CacheLevel`), each into a newly allocated slot.
+
+        Hot -> host encodes, host -> hot decodes, hot -> hot copies per pool and host -> host
+        copies raw blobs (relocation, e.g. for defragmentation). Work is ordered on ``stream``
+        (anything with ``__cuda_stream__``, a ``torch.cuda.Stream`` or a raw handle); None or the
+        legacy default stream selects the manager's own stream, which is ordered after work on
+        the legacy default stream. The call returns once the work is submitted: call
+        :meth:`synchronize` before reading moved bytes on the host.
+        """
+        return self._migrate(pages, level, stream, None)
+
+    def evict(self, pages: Any, *, stream: Any = None) -> MigrationResult:
+        """Hot -> host for pages that are all hot."""
+        return self._migrate(pages, CacheLevel.HOST, stream, CacheLevel.HOT)
+
+    def onboard(self, pages: Any, *, stream: Any = None) -> MigrationResult:
+        """Host -> hot for pages that are all on the host tier."""
+        return self._migrate(pages, CacheLevel.HOT, stream, CacheLevel.HOST)
+
+    def _migrate(self, pages: Any, level: int, stream: Any, required: int | None) -> MigrationResult:
+        ids = self._ids(pages)
+        with _native_errors():
+            moved, dropped = self._live().migrate(ids, int(level), _interop.stream_handle(stream), required)
+        return MigrationResult(int(moved), PageList(self, dropped))
+
+    def synchronize(self) -> None:
+        """Blocks until every transfer submitted so far completed."""
+        self._live().synchronize()
+
+    def close(self) -> None:
+        """Synchronizes and releases every tier now (views created before keep nothing alive
+        afterwards only if they were dropped; live views keep the memory)."""
+        if self._core_obj is not None:
+            self._core_obj.synchronize()
+            self._core_obj = None
+
+    # -- layout and views ----------------------------------------------------------------------
+
+    def lifecycle_to_pool_group(self, level: int) -> list[int]:
+        """The level's mapping from layer group to pool group (independent per level)."""
+        return list(self._live().mapping(int(level)))
+
+    def num_pool_groups(self, level: int) -> int:
+        return int(self._live().num_pool_groups(int(level)))
+
+    def slot_counts(self, level: int) -> list[tuple[int, int]]:
+        """(slots, free slots) per pool group of ``level``."""
+        core = self._live()
+        return [tuple(core.slots(int(level), g)) for g in range(self.num_pool_groups(level))]
+
+    def page_bytes(self, level: int, pool_group: int) -> int:
+        """Bytes of one page of a pool group: hot = sum of pool slots, cold = blob bytes."""
+        return int(self._live().page_bytes(int(level), int(pool_group)))
+
+    def cold_page_bytes(self, lifecycle: int) -> int:
+        return int(self._live().lifecycle_info(int(lifecycle))[1])
+
+    def batching_representative(self, lifecycle: int) -> int:
+        return int(self._live().lifecycle_info(int(lifecycle))[2])
+
+    def page_index_location(self, lifecycle: int) -> PageIndexLocation:
+        return PageIndexLocation(self._live().lifecycle_info(int(lifecycle))[3])
+
+    def buffer_layout(self, lifecycle: int) -> list[BufferLayout]:
+        """Where each configured buffer of a layer group lives inside its hot pages."""
+        out = []
+        for layer, role, pool, dtype, offset, nbytes, tokens, heads, dim in self._live().lifecycle_info(int(lifecycle))[4]:
+            dt = DType(dtype)
+            shape = (tokens, heads, dim) if tokens else (nbytes // dt.itemsize,)
+            out.append(BufferLayout(layer, Role(role), pool, dt, offset, nbytes, shape))
+        return out
+
+    def _framework(self, framework: str) -> str:
+        if framework not in ("auto", "numpy", "torch"):
+            raise ValueError(f"framework is {framework!r}; use 'auto', 'numpy' or 'torch'")
+        if self.device != "cpu":
+            if framework == "numpy":
+                raise ValueError("hot pools of a CUDA manager are device memory; use framework='torch' (or 'auto')")
+            return "torch"
+        if framework == "auto":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                return "numpy"
+            return "torch"
+        return framework
+
+    def _pool_arrays(self, level: int, group: int, framework: str) -> list:
+        key = (level, group, framework)
+        cached = self._pools_cache.get(key)
+        if cached is not None:
+            return cached
+        core = self._live()
+        if level == CacheLevel.HOT:
+            pools = [tuple(p) for p in core.hot_pools(group)]
+        else:
+            ptr, page, slots = core.cold_pool(level, group)
+            pools = [(ptr, page, slots)]
+        out = []
+        for ptr, slot_bytes, slots in pools:
+            shape = (int(slots), int(slot_bytes))
+            on_device = self.device != "cpu" and level == CacheLevel.HOT
+            if on_device:
+                import torch
+
+                out.append(torch.as_tensor(_CudaArray(core, ptr, shape), device=self.device))
+            else:
+                arr = np.asarray(_HostArray(core, ptr, shape))
+                if framework == "torch":
+                    import torch
+
+                    arr = torch.from_numpy(arr)
+                out.append(arr)
+        self._pools_cache[key] = out
+        return out
+
+    def hot_pool_tensors(self, lifecycle: int, *, framework: str = "auto") -> list:
+        """The pools of a layer group's hot pool group, each a ``(slots, slot_bytes)`` uint8 view.
+
+        torch tensors on CUDA (and on the CPU backend where torch is installed and ``framework``
+        is ``"auto"`` or ``"torch"``), numpy arrays otherwise. Both speak DLPack. Slot ``s`` of
+        every pool is the hot page in slot ``s``.
+        """
+        group = self.lifecycle_to_pool_group(CacheLevel.HOT)[int(lifecycle)]
+        return self._pool_arrays(CacheLevel.HOT, group, self._framework(framework))
+
+    def host_pool_array(self, pool_group: int) -> np.ndarray:
+        """The host tier's pool of a cold pool group as a ``(slots, page_bytes)`` uint8 numpy view
+        (inspection; call :meth:`synchronize` first)."""
+        return self._pool_arrays(CacheLevel.HOST, int(pool_group), "numpy")[0]
+
+    def page_view(self, page: PageHandle, *, framework: str = "auto") -> list:
+        """Views of a page where it is now: a hot page gives its slot in every pool (one 1-D uint8
+        view per pool); a host page gives one view of its cold blob."""
+        lc, level, slot, group = page._info()
+        if level == CacheLevel.HOT:
+            return [p[slot] for p in self._pool_arrays(level, group, self._framework(framework))]
+        return [self._pool_arrays(level, group, "numpy")[0][slot]]
+
+    def buffer_views(self, page: PageHandle, *, framework: str = "auto") -> list:
+        """Typed views of every configured buffer of a hot page, shaped ``(tokens, heads, dim)``
+        (or flat for opaque buffers), in configuration order."""
+        lc, level, slot, group = page._info()
+        if level != CacheLevel.HOT:
+            raise ValueError(f"page {page.id:#x} is at the {CacheLevel.name(level)} level; buffer views need a hot page")
+        fw = self._framework(framework)
+        pools = self._pool_arrays(level, group, fw)
+        out = []
+        for b in self.buffer_layout(lc):
+            raw = pools[b.pool][slot, b.offset : b.offset + b.bytes]
+            if fw == "torch":
+                import torch
+
+                out.append(raw.view(_torch_dtype(torch, b.dtype)).view(b.shape))
+            else:
+                out.append(raw.view(_NUMPY_DTYPES[b.dtype]).reshape(b.shape))
+        return out
+
+    # -- observability -------------------------------------------------------------------------
+
+    def stats(self, level: int) -> list[PoolGroupStats]:
+        """Counters per pool group of ``level``, in that level's grouping order."""
+        return [PoolGroupStats(**d) for d in self._live().stats(int(level))]
+
+    def get_and_reset_iteration_peak_block_stats(self, level: int) -> list[tuple[int, int]]:
+        """(used slots now, peak used slots since the last call) per pool group of ``level``."""
+        return [tuple(x) for x in self._live().get_and_reset_iteration_peak_block_stats(int(level))]
+
+    def add_migration_observer(self, observer: Callable[[MigrationRecord], None]) -> int:
+        """Calls ``observer(MigrationRecord)`` after every submitted transfer; returns an id for
+        :meth:`remove_migration_observer`. An exception raised by an observer is re-raised by the
+        migrating call after all its transfers committed."""
+        return int(self._live().add_observer(lambda t: observer(MigrationRecord(*t))))
+
+    def remove_migration_observer(self, observer_id: int) -> bool:
+        return bool(self._live().remove_observer(int(observer_id)))
+
+    def index_ring(self) -> dict | None:
+        """The device index ring (capacity, base, cursor, live leases), or None before its lazy
+        allocation."""
+        ring = self._live().index_ring()
+        if ring is None:
+            return None
+        return dict(zip(("capacity", "base", "cursor", "live_leases"), ring))
+
+    def __repr__(self) -> str:
+        if self._core_obj is None:
+            return "<KVCacheManager closed>"
+        return (f"<KVCacheManager on {self.device}, codec {self._codec_name!r}, {self.num_layer_groups} layer groups, "
+                f"{self.num_pool_groups(CacheLevel.HOT)} hot pool groups>")

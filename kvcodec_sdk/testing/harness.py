@@ -1,0 +1,410 @@
+"""Memory, codec calls and checks shared by the conformance tests.
+
+A :class:`Harness` owns one codec under test on one device, the hot pools of one layout (filled
+with KV-like data, with guard bytes before and after every pool) and the cold buffers of the
+calls (guard bytes around them, every blob that is not a destination holding canary bytes). It
+calls the native codec directly, so a ``false`` return is seen as such, and turns every deviation
+into a :class:`~kvcodec_sdk.testing.clauses.ClauseViolation` naming the clause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from .. import _interop, _native
+from ..codec import Codec
+from ..layout import PageIndexLocation, PoolDesc, PoolGroupDesc, Role, to_native
+from ..spec import CodecSpec
+from .clauses import violated
+from .data import fill_page_bytes
+from .layouts import LayoutPlan
+
+__all__ = ["Harness", "ColdBuffer", "make_codec", "cuda_available", "GUARD_BYTES"]
+
+#: Guard bytes before and after every pool and cold buffer (keeps bases 256-byte aligned).
+GUARD_BYTES = 256
+#: Seconds a CUDA call may take to return while its stream is blocked.
+NO_WAIT_TIMEOUT_S = 5.0
+
+
+def cuda_available() -> bool:
+    """True when a CUDA device and torch with CUDA are present (GPU tests need both)."""
+    try:
+        if _native.driver_info()["device_count"] == 0:
+            return False
+        import torch
+    except Exception:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -> Codec:
+    """A codec straight from its spec (no registry needed): what ``create_codec`` does."""
+    label, ordinal = _interop.parse_device(device)
+    native = _native.NativeCodec(spec.factory(), spec.params_json(params), ordinal)
+    return Codec(native, spec, spec.validate_params(params), label)
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+class _Region:
+    """Bytes at ``address``: host (numpy) or device (torch) memory."""
+
+    def __init__(self, nbytes: int, device: str, pinned: bool = False):
+        self.nbytes = nbytes
+        self.device = device
+        if device == "cpu":
+            self._host = np.empty(max(nbytes, 1), np.uint8)
+            self.address = self._host.ctypes.data
+            self._tensor = None
+        else:
+            import torch
+
+            if pinned:
+                self._tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8).pin_memory()
+                self._host = self._tensor.numpy()
+            else:
+                self._tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+                self._host = None
+            self.address = int(self._tensor.data_ptr())
+
+    def read(self) -> np.ndarray:
+        """A host copy of every byte (device memory is read on a side stream, so a blocked stream
+        of the codec does not hold it up)."""
+        if self._host is not None:
+            return self._host[: self.nbytes].copy()
+        import torch
+
+        side = torch.cuda.Stream(device=self._tensor.device)
+        with torch.cuda.stream(side):
+            out = self._tensor[: self.nbytes].to("cpu")
+        side.synchronize()
+        return out.numpy().copy()
+
+    def write(self, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+        assert data.size == self.nbytes
+        if self._host is not None:
+            self._host[: self.nbytes] = data
+        else:
+            import torch
+
+            self._tensor[: self.nbytes].copy_(torch.from_numpy(data))
+            torch.cuda.synchronize(self._tensor.device)
+
+
+@dataclass
+class ColdBuffer:
+    """``num_blobs`` blobs of ``blob_bytes`` at ``base``, with guards before and after."""
+
+    region: _Region
+    blob_bytes: int
+    num_blobs: int
+
+    @property
+    def base(self) -> int:
+        return self.region.address + GUARD_BYTES
+
+    def read_all(self) -> np.ndarray:
+        return self.region.read()
+
+    def blobs(self, raw: np.ndarray | None = None) -> np.ndarray:
+        raw = self.read_all() if raw is None else raw
+        return raw[GUARD_BYTES : GUARD_BYTES + self.num_blobs * self.blob_bytes].reshape(self.num_blobs, self.blob_bytes)
+
+
+def _canary(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(1, 256, size=n, dtype=np.uint8)
+
+
+def first_difference(a: np.ndarray, b: np.ndarray) -> str:
+    diff = np.flatnonzero(a != b)
+    i = int(diff[0])
+    return f"{diff.size} of {a.size} bytes differ, first at byte {i} (0x{int(a[i]):02x} expected, got 0x{int(b[i]):02x})"
+
+
+def describe_stray_write(op: str, before: np.ndarray, after: np.ndarray, allowed: np.ndarray,
+                         unit_bytes: int, unit: str, what: str) -> str | None:
+    """None, or a sentence locating the first byte changed outside the allowed units.
+
+    ``before``/``after`` cover guard + units + guard; ``allowed`` is a bool per unit.
+    """
+    changed = before != after
+    mask = np.ones_like(changed)
+    body = mask[GUARD_BYTES : GUARD_BYTES + allowed.size * unit_bytes].reshape(allowed.size, unit_bytes)
+    body[allowed] = False
+    stray = np.flatnonzero(changed & mask)
+    if stray.size == 0:
+        return None
+    first = int(stray[0])
+    offset = first - GUARD_BYTES
+    if offset < 0:
+        where = f"{-offset} byte(s) before the first {unit} of the {what}"
+    elif offset >= allowed.size * unit_bytes:
+        where = f"{offset - allowed.size * unit_bytes + 1} byte(s) after the last {unit} of the {what} (offset {offset})"
+    else:
+        k = offset // unit_bytes
+        dests = np.flatnonzero(allowed)
+        near = dests[np.argmin(np.abs(dests - k))] if dests.size else None
+        rel = ""
+        if near is not None and near < k:
+            rel = f", {offset - (near + 1) * unit_bytes + 1} byte(s) after destination {unit} {near} (which ends at offset {(near + 1) * unit_bytes})"
+        elif near is not None:
+            rel = f", {near * unit_bytes - offset} byte(s) before destination {unit} {near}"
+        where = f"{unit} {k} of the {what}, which is not a destination (offset {offset}{rel})"
+    return f"{op} wrote {stray.size} byte(s) outside its destination {unit}s: first in {where}"
+
+
+# -- the harness --------------------------------------------------------------------------------
+
+
+class Harness:
+    """One configured codec on one layout and device. See the module docstring."""
+
+    def __init__(self, spec: CodecSpec, params: Mapping[str, Any] | None, device: str, plan: LayoutPlan,
+                 seed: int = 0, configure: bool = True):
+        self.spec = spec
+        self.params = params
+        self.device = "cpu" if device == "cpu" else ("cuda:0" if device == "cuda" else device)
+        self.plan = plan
+        self.rng = np.random.default_rng(seed)
+        self.stream = None
+        if self.device != "cpu":
+            import torch
+
+            self.stream = torch.cuda.Stream(device=self.device)
+        self.codec = make_codec(spec, params, self.device)
+        self.native = self.codec._live()
+        # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
+        # that keeps a pointer past its call then fails a clause instead of corrupting the heap.
+        self._alive: list[Any] = []
+        self._pools: list[list[_Region]] = []
+        self.original: list[list[np.ndarray]] = []  # contents per group, pool: (slots, slot_bytes)
+        for group in plan.groups:
+            regions, contents = [], []
+            for p, pool in enumerate(group.pools):
+                buffers = [b for b in group.lifecycles[0].buffers if b.pool_index == p]
+                data = fill_page_bytes(self.rng, pool.slot_bytes, pool.num_slots, buffers)
+                region = _Region(pool.num_slots * pool.slot_bytes + 2 * GUARD_BYTES, self.device)
+                region.write(np.concatenate([_canary(self.rng, GUARD_BYTES), data.reshape(-1),
+                                             _canary(self.rng, GUARD_BYTES)]))
+                regions.append(region)
+                contents.append(data)
+            self._pools.append(regions)
+            self.original.append(contents)
+        self.groups = [
+            PoolGroupDesc([PoolDesc(r.address + GUARD_BYTES, p.slot_bytes, p.num_slots) for r, p in zip(regions, g.pools)],
+                          list(g.lifecycles))
+            for regions, g in zip(self._pools, plan.groups)
+        ]
+        if configure:
+            self.configure()
+
+    def close(self) -> None:
+        self.sync()
+        self.codec.close()
+        self._alive.clear()
+
+    # -- contract calls ------------------------------------------------------------------------
+
+    def configure(self, clause: str = "configure-once") -> None:
+        if not self.native.configure(to_native(self.groups)):
+            raise violated(clause, f"configure() rejected a valid layout ({self.plan.describe()}): "
+                                   f"{self.native.last_error() or 'no reason given'}")
+
+    def cold_bytes(self, lifecycle: int) -> int:
+        return int(self.native.query_cold_page_bytes(lifecycle))
+
+    def location(self, lifecycle: int) -> PageIndexLocation:
+        return PageIndexLocation(self.native.query_page_index_location(lifecycle))
+
+    def batching(self, lifecycle: int) -> int:
+        return int(self.native.get_batching_layer_group_id(lifecycle))
+
+    def index_array(self, lifecycle: int, dst: np.ndarray, src: np.ndarray) -> Any:
+        """The (dst, src) pairs where the lifecycle wants them: numpy on the host, a CUDA tensor
+        on the device."""
+        pairs = np.ascontiguousarray(np.stack([np.asarray(dst), np.asarray(src)], axis=1).astype(np.int32).reshape(-1, 2))
+        if self.location(lifecycle) == PageIndexLocation.DEVICE:
+            import torch
+
+            tensor = torch.from_numpy(pairs).to(self.device)
+            torch.cuda.synchronize(self.device)
+            self._alive.append(tensor)
+            return tensor
+        self._alive.append(pairs)
+        return pairs
+
+    @staticmethod
+    def _address(indices: Any) -> int:
+        if isinstance(indices, int):
+            return indices
+        if isinstance(indices, np.ndarray):
+            return indices.ctypes.data if indices.size else 0
+        return int(indices.data_ptr()) if indices.numel() else 0
+
+    def call(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
+             num_pages: int | None = None) -> bool:
+        """One encode/decode call; returns the codec's bool."""
+        n = len(indices) if num_pages is None else num_pages
+        stream = 0 if self.stream is None else int(self.stream.cuda_stream)
+        return bool(getattr(self.native, op)(lifecycle, base, self._address(indices), n, stream))
+
+    def must(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str) -> None:
+        if not self.call(op, lifecycle, base, indices, clause=clause):
+            raise violated(clause, f"{op}(lifecycle {lifecycle}, {len(indices)} pages) returned false on valid "
+                                   f"arguments: {self.native.last_error() or 'no reason given'}")
+
+    def sync(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def cold_buffer(self, lifecycle: int, num_blobs: int, *, clause: str) -> ColdBuffer:
+        size = self.cold_bytes(lifecycle)
+        if size == 0:
+            raise violated("cold-size-fixed" if clause == "cold-size-fixed" else clause,
+                           f"queryColdPageBytes({lifecycle}) is 0 for a configured lifecycle")
+        region = _Region(num_blobs * size + 2 * GUARD_BYTES, self.device, pinned=True)
+        region.write(_canary(self.rng, region.nbytes))
+        self._alive.append(region)
+        return ColdBuffer(region, size, num_blobs)
+
+    def hot_raw(self) -> list[list[np.ndarray]]:
+        """Every pool's bytes including guards, per group."""
+        return [[r.read() for r in regions] for regions in self._pools]
+
+    def hot_slots(self, raw: np.ndarray, g: int, p: int) -> np.ndarray:
+        pool = self.plan.groups[g].pools[p]
+        return raw[GUARD_BYTES : GUARD_BYTES + pool.num_slots * pool.slot_bytes].reshape(pool.num_slots, pool.slot_bytes)
+
+    def restore_hot(self) -> None:
+        """Rewrites every pool with its original contents (guards kept)."""
+        for g, regions in enumerate(self._pools):
+            for p, r in enumerate(regions):
+                raw = r.read()
+                self.hot_slots(raw, g, p)[:] = self.original[g][p]
+                r.write(raw)
+
+    def fill_hot_slots(self, g: int, slots: np.ndarray, value: int = 0xEE) -> None:
+        for p, r in enumerate(self._pools[g]):
+            raw = r.read()
+            self.hot_slots(raw, g, p)[np.asarray(slots)] = value
+            r.write(raw)
+
+    # -- page choice ---------------------------------------------------------------------------
+
+    def pages(self, lifecycle: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src, back): ``n`` odd hot slots to encode from and ``n`` even hot slots to decode into,
+        so every decode destination has non-destination neighbours."""
+        slots = self.plan.groups[self.plan.group_of(lifecycle)].num_slots
+        odd, even = np.arange(1, slots, 2), np.arange(0, slots, 2)
+        n = min(n, odd.size)
+        return self.rng.choice(odd, n, replace=False), self.rng.choice(even, n, replace=False)
+
+    def spread_blobs(self, n: int) -> np.ndarray:
+        """Cold destinations 1, 3, 5, ... in a shuffled order: every blob has canary neighbours."""
+        return self.rng.permutation(2 * np.arange(n) + 1)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check_decoded(self, lifecycle: int, src: np.ndarray, back: np.ndarray, *, clause: str, context: str,
+                      reference: list[list[np.ndarray]] | None = None) -> None:
+        """Hot slots ``back`` must hold the original pages ``src`` (byte-exact when lossless, else
+        within the codec's check_error bound; OTHER buffers byte-exact)."""
+        g = self.plan.group_of(lifecycle)
+        raw = self.hot_raw()[g]
+        original = self.original[g] if reference is None else reference[g]
+        if self.spec.lossless:
+            for p in range(len(raw)):
+                got = self.hot_slots(raw[p], g, p)[back]
+                want = original[p][src]
+                if np.array_equal(got, want):
+                    continue
+                for i in range(len(src)):
+                    if not np.array_equal(got[i], want[i]):
+                        raise violated(clause, f"{context}: lifecycle {lifecycle}, pool {p}: hot slot {int(back[i])} "
+                                               f"should hold the page encoded from slot {int(src[i])} byte for byte "
+                                               f"(the codec declares itself lossless) but "
+                                               f"{first_difference(want[i], got[i])}")
+            return
+        check = self.spec.check_error
+        if check is None:
+            raise violated(clause, f"codec {self.spec.name!r} is lossy ({self.spec.error_bound}) but its CodecSpec "
+                                   "declares no check_error, so its bound cannot be verified")
+        for b in self.plan.buffers_of(lifecycle):
+            got = self.hot_slots(raw[b.pool_index], g, b.pool_index)[back, b.byte_offset : b.byte_offset + b.bytes]
+            want = original[b.pool_index][src, b.byte_offset : b.byte_offset + b.bytes]
+            for i in range(len(src)):
+                if Role(b.role) == Role.OTHER:
+                    if not np.array_equal(got[i], want[i]):
+                        raise violated(clause, f"{context}: lifecycle {lifecycle}, OTHER buffer of layer {b.layer_id} "
+                                               f"in pool {b.pool_index}, hot slot {int(back[i])}: OTHER buffers must "
+                                               f"be restored exactly but {first_difference(want[i], got[i])}")
+                    continue
+                reason = check(want[i].copy(), got[i].copy(), b)
+                if reason:
+                    raise violated(clause, f"{context}: lifecycle {lifecycle}, {Role(b.role).name} buffer of layer "
+                                           f"{b.layer_id}, hot slot {int(back[i])} (encoded from slot {int(src[i])}) "
+                                           f"exceeds the declared bound ({self.spec.error_bound}): {reason}")
+
+    def round_trip(self, lifecycle: int, n: int, *, clause: str, context: str = "decode(encode(x))") -> None:
+        """Encode ``n`` pages into spread blobs, decode them into other slots, check the pages."""
+        src, back = self.pages(lifecycle, n)
+        cold = self.cold_buffer(lifecycle, 2 * len(src) + 1, clause=clause)
+        dst = self.spread_blobs(len(src))
+        self.must("encode", lifecycle, cold.base, self.index_array(lifecycle, dst, src), clause=clause)
+        self.sync()
+        self.must("decode", lifecycle, cold.base, self.index_array(lifecycle, back, dst), clause=clause)
+        self.sync()
+        self.check_decoded(lifecycle, src, back, clause=clause, context=context)
+        self.restore_hot()
+
+    # -- GPU stream blocking ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def blocked_stream(self) -> Iterator[Any]:
+        """Holds the harness stream at a wait on a host flag; released on exit."""
+        blocker = _native.StreamBlocker(int(self.stream.cuda_stream))
+        try:
+            yield blocker
+        finally:
+            blocker.release()
+            self.sync()
+
+    def call_with_timeout(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
+                          blocker: Any, timeout_s: float = NO_WAIT_TIMEOUT_S) -> None:
+        """Runs one call in a thread; fails the clause when it does not return in time while the
+        stream is blocked (it then releases the stream so the call can finish)."""
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["ok"] = self.call(op, lifecycle, base, indices, clause=clause)
+            except BaseException as exc:  # reported below
+                result["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        started = time.monotonic()
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            blocker.release()
+            worker.join(60)
+            raise violated(clause, f"{op}(lifecycle {lifecycle}, {len(indices)} pages) did not return within "
+                                   f"{timeout_s:.0f} s while earlier work on its stream was pending: it waits for the "
+                                   f"stream (or the device) instead of only enqueueing work")
+        if "error" in result:
+            raise result["error"]
+        if not result["ok"]:
+            raise violated(clause, f"{op}(lifecycle {lifecycle}) returned false on a blocked stream: "
+                                   f"{self.native.last_error() or 'no reason given'}")
+        self.last_call_seconds = time.monotonic() - started

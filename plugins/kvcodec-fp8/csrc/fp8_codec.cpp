@@ -1,0 +1,566 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The fp8 codec: a shared base (layout, blob plans, queries, argument checks), the CPU
+// reference and the CUDA implementation of blob format 1 (see fp8_format.h).
+#include "fp8_codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <xmmintrin.h>
+#define KVFP8_HAVE_MXCSR 1
+#endif
+
+#include "fp8_format.h"
+#include "fp8_kernel.h"
+#include "fp8_plan.h"
+#include "kvcodec/layout.h"
+
+namespace kvcodec::fp8 {
+namespace {
+
+class Fp8CodecBase : public IKvCacheColdPageCodec
+{
+public:
+    explicit Fp8CodecBase(Fp8Params params)
+        : params_(std::move(params))
+    {
+    }
+
+    bool configure(PoolGroupDesc const* gpuDescs, PoolGroupIndex numGpuDescs) noexcept override
+    {
+        try
+        {
+            if (configured_)
+            {
+                return fail("configure() was already called; a codec is configured exactly once");
+            }
+            std::string err = layout_.load(gpuDescs, numGpuDescs);
+            if (!err.empty())
+            {
+                return fail(err);
+            }
+            plans_.clear();
+            representative_.clear();
+            for (auto const& lc : layout_.lifeCycles())
+            {
+                LifeCyclePlan plan;
+                err = planLifeCycle(layout_, lc, params_, plan);
+                if (!err.empty())
+                {
+                    return fail(err);
+                }
+                for (auto const& b : plan.buffers)
+                {
+                    if (b.quantized && b.elems > uint64_t(INT32_MAX))
+                    {
+                        return fail("lifecycle " + std::to_string(lc.id) + " has a quantized buffer of "
+                            + std::to_string(b.elems) + " elements; at most 2^31 - 1 are supported");
+                    }
+                }
+                plans_[lc.id] = std::move(plan);
+            }
+            // Batching representative: the smallest lifecycle of the same hot pool group with an
+            // identical buffer list (parameters are codec-wide).
+            for (auto const& lc : layout_.lifeCycles())
+            {
+                LifeCycleId best = lc.id;
+                for (LifeCycleId other : layout_.groups()[lc.group].lifeCycles)
+                {
+                    if (other < best && sameBuffers(layout_.find(other)->buffers, lc.buffers))
+                    {
+                        best = other;
+                    }
+                }
+                representative_[lc.id] = best;
+            }
+            if (!configureBackend())
+            {
+                return false;
+            }
+            configured_ = true;
+            error_.clear();
+            return true;
+        }
+        catch (std::exception const& e)
+        {
+            return fail(std::string("configure() failed: ") + e.what());
+        }
+    }
+
+    size_t queryColdPageBytes(LayerGroupId id) const noexcept override
+    {
+        auto const* plan = find(id);
+        return plan ? plan->coldPageBytes : 0;
+    }
+
+    LayerGroupId getBatchingLayerGroupId(LayerGroupId id) const noexcept override
+    {
+        auto it = configured_ ? representative_.find(id) : representative_.end();
+        return it == representative_.end() ? -1 : it->second;
+    }
+
+    PageIndexLocation queryPageIndexLocation(LayerGroupId id) const noexcept override
+    {
+        return find(id) ? location() : PageIndexLocation::kBadLocation;
+    }
+
+    bool encode(LayerGroupId id, void* dstBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
+        cudaStream_t stream) noexcept override
+    {
+        return transform(id, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, numBasePages, stream, true);
+    }
+
+    bool decode(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
+        cudaStream_t stream) noexcept override
+    {
+        return transform(id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages, stream, false);
+    }
+
+    char const* lastError() const noexcept override
+    {
+        return error_.c_str();
+    }
+
+protected:
+    virtual bool configureBackend() = 0;
+    virtual PageIndexLocation location() const noexcept = 0;
+    virtual bool submit(HotLayout::LifeCycle const& lc, LifeCyclePlan const& plan, uintptr_t blob,
+        PageIndexPair const* pairs, size_t n, cudaStream_t stream, bool encode)
+        = 0;
+
+    LifeCyclePlan const* find(LayerGroupId id) const noexcept
+    {
+        if (!configured_)
+        {
+            return nullptr;
+        }
+        auto it = plans_.find(id);
+        return it == plans_.end() ? nullptr : &it->second;
+    }
+
+    bool fail(std::string message) const noexcept
+    {
+        try
+        {
+            error_ = std::move(message);
+        }
+        catch (...)
+        {
+        }
+        return false;
+    }
+
+    HotLayout layout_;
+    Fp8Params params_;
+    std::unordered_map<LifeCycleId, LifeCyclePlan> plans_;
+    std::unordered_map<LifeCycleId, LifeCycleId> representative_;
+    bool configured_ = false;
+    mutable std::string error_;
+
+private:
+    bool transform(LayerGroupId id, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
+        bool encode) noexcept
+    {
+        try
+        {
+            char const* op = encode ? "encode" : "decode";
+            if (!configured_)
+            {
+                return fail(std::string(op) + "() called before configure()");
+            }
+            auto const* lc = layout_.find(id);
+            if (lc == nullptr)
+            {
+                return fail(std::string(op) + "(): unknown lifecycle " + std::to_string(id));
+            }
+            if (n == 0)
+            {
+                return true;
+            }
+            if (blob == 0)
+            {
+                return fail(std::string(op) + "(): the cold base pointer is null with " + std::to_string(n) + " pages");
+            }
+            if (pairs == nullptr)
+            {
+                return fail(std::string(op) + "(): pageIndices is null with " + std::to_string(n) + " pages");
+            }
+            return submit(*lc, plans_.at(id), blob, pairs, n, stream, encode);
+        }
+        catch (std::exception const& e)
+        {
+            return fail(std::string("transform failed: ") + e.what());
+        }
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// CPU reference
+// ---------------------------------------------------------------------------------------------
+
+// Clears flush-to-zero / denormals-are-zero and selects round-to-nearest for the scope: the
+// reference must do IEEE arithmetic whatever a library loaded into the process set.
+class IeeeScope
+{
+public:
+    IeeeScope() noexcept
+    {
+#if KVFP8_HAVE_MXCSR
+        saved_ = _mm_getcsr();
+        _mm_setcsr(saved_ & ~0xE040u);
+#endif
+    }
+    ~IeeeScope()
+    {
+#if KVFP8_HAVE_MXCSR
+        _mm_setcsr(saved_);
+#endif
+    }
+
+private:
+    unsigned saved_ = 0;
+};
+
+float loadElem(char const* p, uint32_t dtype)
+{
+    if (dtype == uint32_t(DataType::kFloat32))
+    {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return dtype == uint32_t(DataType::kBFloat16) ? bf16ToFp32(h) : fp16ToFp32(h);
+}
+
+void storeElem(char* p, uint32_t dtype, uint8_t code, float value, Format f)
+{
+    bool const nan = fp8IsNan(code, f);
+    uint32_t const neg = code & 0x80u;
+    if (dtype == uint32_t(DataType::kFloat32))
+    {
+        uint32_t const u = nan ? fp32Nan(neg) : floatBits(value);
+        std::memcpy(p, &u, 4);
+        return;
+    }
+    uint16_t const h = dtype == uint32_t(DataType::kBFloat16) ? (nan ? bf16Nan(neg) : fp32ToBf16(value))
+                                                              : (nan ? fp16Nan(neg) : fp32ToFp16(value));
+    std::memcpy(p, &h, 2);
+}
+
+uint64_t elemOffset(BufferPlan const& b, uint64_t block, uint64_t e)
+{
+    uint64_t const row = e / b.rowElems;
+    return row * b.rowStride + block * b.blockStride + (e - row * b.rowElems);
+}
+
+void encodeBuffer(BufferPlan const& b, char const* hot, char* cold, Format f)
+{
+    if (!b.quantized)
+    {
+        std::memcpy(cold + b.dataOffset, hot, b.bytes);
+        std::memset(cold + b.dataEnd, 0, b.regionEnd - b.dataEnd);
+        return;
+    }
+    size_t const esize = dataTypeBytes(DataType(b.dtype));
+    for (uint64_t j = 0; j < b.numBlocks; ++j)
+    {
+        float amax = 0.0f;
+        for (uint64_t e = 0; e < b.blockElems; ++e)
+        {
+            float const x = loadElem(hot + elemOffset(b, j, e) * esize, b.dtype);
+            if (isFiniteBits(floatBits(x)) && std::fabs(x) > amax)
+            {
+                amax = std::fabs(x);
+            }
+        }
+        BlockScale const bs = blockScale(amax, f);
+        uint32_t const sb = floatBits(bs.scale);
+        uint8_t const le[4] = {uint8_t(sb), uint8_t(sb >> 8), uint8_t(sb >> 16), uint8_t(sb >> 24)};
+        std::memcpy(cold + b.scaleOffset + 4 * j, le, 4);
+        for (uint64_t e = 0; e < b.blockElems; ++e)
+        {
+            uint64_t const off = elemOffset(b, j, e);
+            float const x = loadElem(hot + off * esize, b.dtype);
+            uint32_t const bits = floatBits(x);
+            cold[b.dataOffset + off]
+                = char(isFiniteBits(bits) ? fp32ToFp8Sat(x * bs.reciprocal, f) : uint8_t(nonFiniteCode(bits, f)));
+        }
+    }
+    std::memset(cold + b.dataEnd, 0, b.scaleOffset - b.dataEnd);
+    std::memset(cold + b.scaleEnd, 0, b.regionEnd - b.scaleEnd);
+}
+
+void decodeBuffer(BufferPlan const& b, char* hot, char const* cold, Format f)
+{
+    if (!b.quantized)
+    {
+        std::memcpy(hot, cold + b.dataOffset, b.bytes);
+        return;
+    }
+    size_t const esize = dataTypeBytes(DataType(b.dtype));
+    for (uint64_t j = 0; j < b.numBlocks; ++j)
+    {
+        unsigned char le[4];
+        std::memcpy(le, cold + b.scaleOffset + 4 * j, 4);
+        float const s = bitsFloat(uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24);
+        for (uint64_t e = 0; e < b.blockElems; ++e)
+        {
+            uint64_t const off = elemOffset(b, j, e);
+            uint8_t const code = uint8_t(cold[b.dataOffset + off]);
+            storeElem(hot + off * esize, b.dtype, code, fp8ToFp32(code, f) * s, f);
+        }
+    }
+}
+
+class Fp8CodecCpu final : public Fp8CodecBase
+{
+public:
+    using Fp8CodecBase::Fp8CodecBase;
+
+private:
+    bool configureBackend() override
+    {
+        return true;
+    }
+
+    PageIndexLocation location() const noexcept override
+    {
+        return PageIndexLocation::kHost;
+    }
+
+    bool submit(HotLayout::LifeCycle const& lc, LifeCyclePlan const& plan, uintptr_t blob, PageIndexPair const* pairs,
+        size_t n, cudaStream_t, bool encode) override
+    {
+        auto const& group = layout_.groups()[lc.group];
+        for (size_t i = 0; i < n; ++i)
+        {
+            int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
+            int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
+            if (hot < 0 || uint64_t(hot) >= group.numSlots)
+            {
+                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "src" : "dst") + " is "
+                    + std::to_string(hot) + "; hot slot indices are 0.." + std::to_string(group.numSlots - 1));
+            }
+            if (cold < 0)
+            {
+                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "dst" : "src") + " is "
+                    + std::to_string(cold) + "; cold slot indices must be >= 0");
+            }
+        }
+        IeeeScope ieee;
+        for (size_t i = 0; i < n; ++i)
+        {
+            uint64_t const hotIdx = uint64_t(encode ? pairs[i].src : pairs[i].dst);
+            uint64_t const coldIdx = uint64_t(encode ? pairs[i].dst : pairs[i].src);
+            char* page = reinterpret_cast<char*>(blob + coldIdx * plan.coldPageBytes);
+            for (auto const& b : plan.buffers)
+            {
+                char* hot = reinterpret_cast<char*>(b.poolBase + hotIdx * b.slotBytes + b.hotOffset);
+                if (encode)
+                {
+                    encodeBuffer(b, hot, page, params_.format);
+                }
+                else
+                {
+                    decodeBuffer(b, hot, page, params_.format);
+                }
+            }
+        }
+        return true;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------------------------
+
+std::string cudaText(cudaError_t st)
+{
+    return std::string(cudaGetErrorName(st)) + " (" + cudaGetErrorString(st) + ")";
+}
+
+// Makes `device` current for the scope and restores the caller's device afterwards.
+class DeviceScope
+{
+public:
+    explicit DeviceScope(int device) noexcept
+    {
+        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        {
+            ok_ = cudaSetDevice(device) == cudaSuccess;
+            restore_ = ok_;
+        }
+    }
+    ~DeviceScope()
+    {
+        if (restore_)
+        {
+            cudaSetDevice(previous_);
+        }
+    }
+    [[nodiscard]] bool ok() const noexcept
+    {
+        return ok_;
+    }
+
+private:
+    int previous_ = -1;
+    bool ok_ = true;
+    bool restore_ = false;
+};
+
+class Fp8CodecCuda final : public Fp8CodecBase
+{
+public:
+    Fp8CodecCuda(Fp8Params params, int device, int numSms)
+        : Fp8CodecBase(std::move(params))
+        , device_(device)
+        , numSms_(numSms)
+    {
+    }
+
+    ~Fp8CodecCuda() override
+    {
+        DeviceScope scope(device_);
+        for (auto& [id, table] : tables_)
+        {
+            cudaFree(table);
+        }
+    }
+
+private:
+    bool configureBackend() override
+    {
+        DeviceScope scope(device_);
+        if (!scope.ok())
+        {
+            return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+        }
+        for (auto const& [id, plan] : plans_)
+        {
+            BufferPlan* table = nullptr;
+            size_t const bytes = plan.buffers.size() * sizeof(BufferPlan);
+            cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&table), bytes);
+            if (st == cudaSuccess)
+            {
+                tables_[id] = table;
+                st = cudaMemcpy(table, plan.buffers.data(), bytes, cudaMemcpyHostToDevice);
+            }
+            if (st != cudaSuccess)
+            {
+                return fail("allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st));
+            }
+        }
+        return true;
+    }
+
+    PageIndexLocation location() const noexcept override
+    {
+        return PageIndexLocation::kDevice;
+    }
+
+    bool submit(HotLayout::LifeCycle const& lc, LifeCyclePlan const& plan, uintptr_t blob, PageIndexPair const* pairs,
+        size_t n, cudaStream_t stream, bool encode) override
+    {
+        if (stream == nullptr || stream == cudaStreamLegacy)
+        {
+            return fail(std::string(encode ? "encode" : "decode")
+                + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
+        }
+        if (reinterpret_cast<uintptr_t>(pairs) % alignof(PageIndexPair) != 0)
+        {
+            return fail("pageIndices is not 8-byte aligned");
+        }
+        DeviceScope scope(device_);
+        if (!scope.ok())
+        {
+            return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+        }
+        KernelArgs args{};
+        args.buffers = tables_.at(lc.id);
+        args.numBuffers = uint32_t(plan.buffers.size());
+        args.encode = encode ? 1 : 0;
+        args.format = uint32_t(params_.format);
+        args.scalarOnly = (blob % kRegionAlign) != 0 ? 1 : 0;
+        args.unitsPerPage = plan.unitsPerPage;
+        args.coldPageBytes = plan.coldPageBytes;
+        args.numHotSlots = layout_.groups()[lc.group].numSlots;
+        args.pairs = pairs;
+        args.numPairs = n;
+        args.blob = blob;
+        cudaError_t const st = launchFp8(args, numSms_, stream);
+        return st == cudaSuccess ? true : fail("fp8 kernel launch failed: " + cudaText(st));
+    }
+
+    int device_;
+    int numSms_;
+    std::unordered_map<LifeCycleId, BufferPlan*> tables_;
+};
+
+IKvCacheColdPageCodec* createFp8(char const* paramsJson, int32_t device, char* errorMessage, size_t errorCapacity)
+{
+    try
+    {
+        Fp8Params params;
+        std::string error;
+        if (!parseFp8Params(paramsJson, params, error))
+        {
+            writeFactoryError(errorMessage, errorCapacity, error.c_str());
+            return nullptr;
+        }
+        if (device == KVCODEC_DEVICE_CPU)
+        {
+            return new Fp8CodecCpu(std::move(params));
+        }
+        if (device < 0)
+        {
+            writeFactoryError(errorMessage, errorCapacity,
+                ("device is " + std::to_string(device) + "; use -1 for the CPU reference or a CUDA device ordinal").c_str());
+            return nullptr;
+        }
+        int count = 0;
+        cudaError_t st = cudaGetDeviceCount(&count);
+        if (st != cudaSuccess || device >= count)
+        {
+            cudaGetLastError();
+            writeFactoryError(errorMessage, errorCapacity,
+                ("CUDA device " + std::to_string(device) + " is not available ("
+                    + (st == cudaSuccess ? std::to_string(count) + " devices" : cudaText(st)) + ")")
+                    .c_str());
+            return nullptr;
+        }
+        int numSms = 0;
+        cudaDeviceGetAttribute(&numSms, cudaDevAttrMultiProcessorCount, device);
+        return new Fp8CodecCuda(std::move(params), device, numSms);
+    }
+    catch (std::exception const& e)
+    {
+        writeFactoryError(errorMessage, errorCapacity, e.what());
+        return nullptr;
+    }
+}
+
+void destroyFp8(IKvCacheColdPageCodec* codec)
+{
+    delete codec;
+}
+
+KvcodecCodecFactory const kFactory{
+    KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), "fp8", kFormatVersion, 0, &createFp8, &destroyFp8};
+
+} // namespace
+
+KvcodecCodecFactory const* fp8CodecFactory() noexcept
+{
+    return &kFactory;
+}
+
+} // namespace kvcodec::fp8

@@ -1,0 +1,599 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The fp8 codec's CUDA kernel: one launch per encode/decode call covers every (page, buffer).
+//
+// Work is cut into warp units: a lossless buffer into kCopyUnitBytes pieces, a quantized buffer
+// into groups of scale blocks, each block handled by `groupLanes` lanes of one warp (the amax
+// is reduced with shuffles, no shared memory). Lanes move 16 elements at a time (two or four
+// 16-byte hot loads, one 16-byte code store) when the buffer allows it, one element otherwise.
+// Encode keeps up to 128 bytes of hot data per lane in registers between the amax and the
+// quantize pass; larger blocks are read twice (the second read is served by L1/L2).
+#include "fp8_kernel.h"
+
+#include <algorithm>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+namespace kvcodec::fp8 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr uint32_t kFull = 0xFFFFFFFFu;
+
+constexpr int kBf16 = int(DataType::kBFloat16);
+constexpr int kFp16 = int(DataType::kFloat16);
+constexpr int kFp32 = int(DataType::kFloat32);
+
+template <int DT>
+constexpr int elemBytes()
+{
+    return DT == kFp32 ? 4 : 2;
+}
+
+// Elements per lane access and the 32-bit words they occupy.
+template <int DT, bool VEC>
+struct Access
+{
+    static constexpr int kElems = VEC ? 16 : 1;
+    static constexpr int kWords = VEC ? 16 * elemBytes<DT>() / 4 : 1;
+    // Accesses kept in registers between the two encode passes: 128 bytes per lane for 2-byte
+    // types (a 16-token x 128-dim bf16 block), 64 for fp32; two resident blocks per SM.
+    static constexpr int kCached = VEC ? (kWords < 16 ? 32 / kWords : 1) : 4;
+};
+
+// fp32 bits of element i of a raw access.
+template <int DT>
+__device__ __forceinline__ uint32_t elemBits(uint32_t const* w, int i)
+{
+    if constexpr (DT == kFp32)
+    {
+        return w[i];
+    }
+    else
+    {
+        uint32_t const h = (w[i >> 1] >> ((i & 1) * 16)) & 0xFFFFu;
+        if constexpr (DT == kBf16)
+        {
+            return h << 16;
+        }
+        else
+        {
+            __half_raw r;
+            r.x = static_cast<unsigned short>(h);
+            return __float_as_uint(__half2float(__half(r)));
+        }
+    }
+}
+
+template <int DT, bool VEC>
+__device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
+{
+    if constexpr (VEC)
+    {
+        auto const* s = reinterpret_cast<uint4 const*>(p);
+#pragma unroll
+        for (int q = 0; q < Access<DT, VEC>::kWords / 4; ++q)
+        {
+            uint4 const v = s[q];
+            w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
+        }
+    }
+    else if constexpr (DT == kFp32)
+    {
+        w[0] = *reinterpret_cast<uint32_t const*>(p);
+    }
+    else
+    {
+        w[0] = *reinterpret_cast<uint16_t const*>(p);
+    }
+}
+
+template <int DT, bool VEC>
+__device__ __forceinline__ void storeRaw(char* p, uint32_t const* w)
+{
+    if constexpr (VEC)
+    {
+        auto* d = reinterpret_cast<uint4*>(p);
+#pragma unroll
+        for (int q = 0; q < Access<DT, VEC>::kWords / 4; ++q)
+        {
+            d[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+        }
+    }
+    else if constexpr (DT == kFp32)
+    {
+        *reinterpret_cast<uint32_t*>(p) = w[0];
+    }
+    else
+    {
+        *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w[0]);
+    }
+}
+
+// Largest |x| over the finite elements of an access, as fp32 bits (an unsigned max of
+// non-negative float bits is the float max).
+template <int DT, bool VEC>
+__device__ __forceinline__ uint32_t amaxBits(uint32_t const* w)
+{
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < Access<DT, VEC>::kElems; ++i)
+    {
+        uint32_t const a = elemBits<DT>(w, i) & 0x7FFFFFFFu;
+        m = max(m, a < 0x7F800000u ? a : 0u);
+    }
+    return m;
+}
+
+template <int FMT>
+__device__ __forceinline__ uint32_t cvtPair(float lo, float hi)
+{
+    constexpr __nv_fp8_interpretation_t kind = FMT == int(Format::kE4M3) ? __NV_E4M3 : __NV_E5M2;
+    return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, kind);
+}
+
+// Codes of one access (4 codes per word, element order).
+template <int DT, int FMT, bool VEC>
+__device__ __forceinline__ void quantize(uint32_t const* w, float r, uint32_t* codes)
+{
+    constexpr int n = Access<DT, VEC>::kElems;
+    if constexpr (n == 1)
+    {
+        uint32_t const b = elemBits<DT>(w, 0);
+        uint32_t c = cvtPair<FMT>(__fmul_rn(__uint_as_float(b), r), 0.0f) & 0xFFu;
+        codes[0] = isFiniteBits(b) ? c : nonFiniteCode(b, Format(FMT));
+    }
+    else
+    {
+#pragma unroll
+        for (int q = 0; q < n / 4; ++q)
+        {
+            uint32_t word = 0;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+            {
+                uint32_t const b0 = elemBits<DT>(w, 4 * q + 2 * h);
+                uint32_t const b1 = elemBits<DT>(w, 4 * q + 2 * h + 1);
+                uint32_t pair = cvtPair<FMT>(__fmul_rn(__uint_as_float(b0), r), __fmul_rn(__uint_as_float(b1), r));
+                uint32_t c0 = pair & 0xFFu;
+                uint32_t c1 = pair >> 8;
+                c0 = isFiniteBits(b0) ? c0 : nonFiniteCode(b0, Format(FMT));
+                c1 = isFiniteBits(b1) ? c1 : nonFiniteCode(b1, Format(FMT));
+                word |= (c0 | (c1 << 8)) << (16 * h);
+            }
+            codes[q] = word;
+        }
+    }
+}
+
+// Hot dtype bits of a decoded value (NaN codes become the canonical NaN).
+template <int DT, int FMT>
+__device__ __forceinline__ uint32_t decodeValue(uint32_t code, float v, float s)
+{
+    bool const nan = fp8IsNan(code, Format(FMT));
+    uint32_t const neg = code & 0x80u;
+    float const y = __fmul_rn(v, s);
+    if constexpr (DT == kBf16)
+    {
+        return nan ? bf16Nan(neg) : fp32ToBf16(y);
+    }
+    else if constexpr (DT == kFp16)
+    {
+        return nan ? fp16Nan(neg) : fp32ToFp16(y);
+    }
+    else
+    {
+        return nan ? fp32Nan(neg) : __float_as_uint(y);
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ float2 codesToFloat2(uint32_t pair)
+{
+    constexpr __nv_fp8_interpretation_t kind = FMT == int(Format::kE4M3) ? __NV_E4M3 : __NV_E5M2;
+    __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), kind);
+    return __half22float2(__half2(h));
+}
+
+// Hot words of one access from its codes.
+template <int DT, int FMT, bool VEC>
+__device__ __forceinline__ void dequantize(uint32_t const* codes, float s, uint32_t* w)
+{
+    constexpr int n = Access<DT, VEC>::kElems;
+    if constexpr (n == 1)
+    {
+        uint32_t const c = codes[0] & 0xFFu;
+        w[0] = decodeValue<DT, FMT>(c, codesToFloat2<FMT>(c).x, s);
+    }
+    else
+    {
+#pragma unroll
+        for (int p = 0; p < n / 2; ++p)
+        {
+            uint32_t const pair = (codes[p >> 1] >> (16 * (p & 1))) & 0xFFFFu;
+            float2 const f = codesToFloat2<FMT>(pair);
+            uint32_t const y0 = decodeValue<DT, FMT>(pair & 0xFFu, f.x, s);
+            uint32_t const y1 = decodeValue<DT, FMT>(pair >> 8, f.y, s);
+            if constexpr (DT == kFp32)
+            {
+                w[2 * p] = y0, w[2 * p + 1] = y1;
+            }
+            else
+            {
+                w[p] = y0 | (y1 << 16);
+            }
+        }
+    }
+}
+
+struct Tile
+{
+    char* hot;         // the page's buffer in the hot slot
+    char* cold;        // the page's blob
+    uint64_t block;    // scale block index
+    bool active;
+    uint32_t sub;      // lane inside the block's group
+    uint32_t lanes;    // lanes of the group
+};
+
+// Element offset (inside the buffer) of access k of a block.
+template <int N>
+__device__ __forceinline__ uint64_t elemOffset(BufferPlan const& b, uint64_t block, uint32_t k)
+{
+    uint32_t const e = k * N;
+    uint32_t const rowElems = static_cast<uint32_t>(b.rowElems);
+    uint32_t const row = e / rowElems;
+    return uint64_t(row) * b.rowStride + block * b.blockStride + (e - row * rowElems);
+}
+
+__device__ __forceinline__ void storeScale(char* p, float s, bool aligned)
+{
+    if (aligned)
+    {
+        *reinterpret_cast<float*>(p) = s;
+        return;
+    }
+    uint32_t const u = __float_as_uint(s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+    {
+        p[i] = static_cast<char>((u >> (8 * i)) & 0xFFu);
+    }
+}
+
+__device__ __forceinline__ float loadScale(char const* p, bool aligned)
+{
+    if (aligned)
+    {
+        return *reinterpret_cast<float const*>(p);
+    }
+    uint32_t u = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+    {
+        u |= uint32_t(static_cast<unsigned char>(p[i])) << (8 * i);
+    }
+    return __uint_as_float(u);
+}
+
+__device__ __forceinline__ void storeCodes(char* p, uint32_t const* codes, int n)
+{
+    if (n == 16)
+    {
+        *reinterpret_cast<uint4*>(p) = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+    }
+    else
+    {
+        *p = static_cast<char>(codes[0]);
+    }
+}
+
+template <int DT, int FMT, bool VEC>
+__device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
+{
+    using A = Access<DT, VEC>;
+    constexpr int N = A::kElems;
+    constexpr int E = elemBytes<DT>();
+    uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
+    bool const cached = nv <= uint32_t(A::kCached) * t.lanes;
+    uint32_t cache[A::kCached][A::kWords];
+    uint32_t amax = 0;
+    if (t.active)
+    {
+        if (cached)
+        {
+#pragma unroll
+            for (int c = 0; c < A::kCached; ++c)
+            {
+                uint32_t const k = t.sub + c * t.lanes;
+                if (k < nv)
+                {
+                    loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < A::kCached; ++c)
+            {
+                if (t.sub + c * t.lanes < nv)
+                {
+                    amax = max(amax, amaxBits<DT, VEC>(cache[c]));
+                }
+            }
+        }
+        else
+        {
+            for (uint32_t k = t.sub; k < nv; k += t.lanes)
+            {
+                uint32_t w[A::kWords];
+                loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                amax = max(amax, amaxBits<DT, VEC>(w));
+            }
+        }
+    }
+    for (uint32_t o = t.lanes / 2; o >= 1; o /= 2)
+    {
+        amax = max(amax, __shfl_xor_sync(kFull, amax, o));
+    }
+    if (!t.active)
+    {
+        return;
+    }
+    BlockScale const bs = blockScale(__uint_as_float(amax), Format(FMT));
+    if (t.sub == 0)
+    {
+        storeScale(t.cold + b.scaleOffset + 4 * t.block, bs.scale, alignedCold);
+    }
+    char* codesBase = t.cold + b.dataOffset;
+    if (cached)
+    {
+#pragma unroll
+        for (int c = 0; c < A::kCached; ++c)
+        {
+            uint32_t const k = t.sub + c * t.lanes;
+            if (k < nv)
+            {
+                uint32_t codes[N == 16 ? 4 : 1];
+                quantize<DT, FMT, VEC>(cache[c], bs.reciprocal, codes);
+                storeCodes(codesBase + elemOffset<N>(b, t.block, k), codes, N);
+            }
+        }
+    }
+    else
+    {
+        for (uint32_t k = t.sub; k < nv; k += t.lanes)
+        {
+            uint32_t w[A::kWords];
+            uint64_t const off = elemOffset<N>(b, t.block, k);
+            loadRaw<DT, VEC>(t.hot + off * E, w);
+            uint32_t codes[N == 16 ? 4 : 1];
+            quantize<DT, FMT, VEC>(w, bs.reciprocal, codes);
+            storeCodes(codesBase + off, codes, N);
+        }
+    }
+    if (t.block == 0)
+    {
+        // Zero padding, so blobs are fully determined by the hot data.
+        for (uint64_t p = b.dataEnd + t.sub; p < b.scaleOffset; p += t.lanes)
+        {
+            t.cold[p] = 0;
+        }
+        for (uint64_t p = b.scaleEnd + t.sub; p < b.regionEnd; p += t.lanes)
+        {
+            t.cold[p] = 0;
+        }
+    }
+}
+
+template <int DT, int FMT, bool VEC>
+__device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
+{
+    using A = Access<DT, VEC>;
+    constexpr int N = A::kElems;
+    constexpr int E = elemBytes<DT>();
+    constexpr int kBatch = 4; // code loads in flight per lane before the first store
+    if (!t.active)
+    {
+        return;
+    }
+    uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
+    float const s = loadScale(t.cold + b.scaleOffset + 4 * t.block, alignedCold);
+    char const* codesBase = t.cold + b.dataOffset;
+    for (uint32_t k0 = t.sub; k0 < nv; k0 += kBatch * t.lanes)
+    {
+        uint32_t codes[kBatch][N == 16 ? 4 : 1];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+        {
+            uint32_t const k = k0 + u * t.lanes;
+            if (k < nv)
+            {
+                char const* p = codesBase + elemOffset<N>(b, t.block, k);
+                if constexpr (N == 16)
+                {
+                    uint4 const v = *reinterpret_cast<uint4 const*>(p);
+                    codes[u][0] = v.x, codes[u][1] = v.y, codes[u][2] = v.z, codes[u][3] = v.w;
+                }
+                else
+                {
+                    codes[u][0] = static_cast<unsigned char>(*p);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+        {
+            uint32_t const k = k0 + u * t.lanes;
+            if (k < nv)
+            {
+                uint32_t w[A::kWords];
+                dequantize<DT, FMT, VEC>(codes[u], s, w);
+                storeRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+            }
+        }
+    }
+}
+
+template <int DT, int FMT, bool ENC>
+__device__ void quantizedUnit(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold)
+{
+    if constexpr (ENC)
+    {
+        vec ? encodeTile<DT, FMT, true>(b, t, alignedCold) : encodeTile<DT, FMT, false>(b, t, alignedCold);
+    }
+    else
+    {
+        vec ? decodeTile<DT, FMT, true>(b, t, alignedCold) : decodeTile<DT, FMT, false>(b, t, alignedCold);
+    }
+}
+
+template <int FMT, bool ENC>
+__device__ void quantizedUnitFmt(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold)
+{
+    switch (b.dtype)
+    {
+    case kBf16: quantizedUnit<kBf16, FMT, ENC>(b, t, vec, alignedCold); break;
+    case kFp16: quantizedUnit<kFp16, FMT, ENC>(b, t, vec, alignedCold); break;
+    default: quantizedUnit<kFp32, FMT, ENC>(b, t, vec, alignedCold); break;
+    }
+}
+
+// One lossless piece: the warp copies up to kCopyUnitBytes with the widest aligned access.
+__device__ void copyUnit(BufferPlan const& b, char* hot, char* cold, uint64_t unit, uint32_t lane, bool encode)
+{
+    uint64_t const off = unit * kCopyUnitBytes;
+    uint64_t const len = min(kCopyUnitBytes, b.bytes - off);
+    char* h = hot + off;
+    char* c = cold + b.dataOffset + off;
+    char* dst = encode ? c : h;
+    char const* src = encode ? h : c;
+    if (((reinterpret_cast<uint64_t>(dst) | reinterpret_cast<uint64_t>(src) | len) & 15) == 0)
+    {
+        auto* d = reinterpret_cast<uint4*>(dst);
+        auto const* s = reinterpret_cast<uint4 const*>(src);
+        constexpr uint32_t kWordsPerUnit = kCopyUnitBytes / 16;
+        uint4 v[kWordsPerUnit / 32];
+#pragma unroll
+        for (uint32_t i = 0; i < kWordsPerUnit / 32; ++i)
+        {
+            uint64_t const k = lane + 32 * i;
+            if (k < len / 16)
+            {
+                v[i] = s[k];
+            }
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < kWordsPerUnit / 32; ++i)
+        {
+            uint64_t const k = lane + 32 * i;
+            if (k < len / 16)
+            {
+                d[k] = v[i];
+            }
+        }
+    }
+    else
+    {
+        for (uint64_t k = lane; k < len; k += 32)
+        {
+            dst[k] = src[k];
+        }
+    }
+    if (encode && unit == 0)
+    {
+        for (uint64_t p = b.dataEnd + lane; p < b.regionEnd; p += 32)
+        {
+            cold[p] = 0;
+        }
+    }
+}
+
+// Encode and decode are separate instantiations so each gets its own register budget.
+template <bool ENC>
+__global__ void __launch_bounds__(kThreads, 2) fp8Kernel(KernelArgs a)
+{
+    uint32_t const lane = threadIdx.x & 31;
+    uint64_t const total = a.numPairs * a.unitsPerPage;
+    uint64_t const stride = uint64_t(gridDim.x) * kWarpsPerBlock;
+    for (uint64_t w = uint64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; w < total; w += stride)
+    {
+        uint64_t const page = w / a.unitsPerPage;
+        uint64_t const r = w - page * a.unitsPerPage;
+        // The buffer owning unit r: the last whose firstUnit <= r.
+        uint32_t lo = 0, hi = a.numBuffers - 1;
+        while (lo < hi)
+        {
+            uint32_t const mid = (lo + hi + 1) / 2;
+            if (a.buffers[mid].firstUnit <= r) lo = mid;
+            else hi = mid - 1;
+        }
+        BufferPlan const& b = a.buffers[lo];
+        // One aligned 64-bit load fetches both indices.
+        long long const packed = __ldg(reinterpret_cast<long long const*>(a.pairs) + page);
+        int32_t const dstIdx = static_cast<int32_t>(packed & 0xffffffffll);
+        int32_t const srcIdx = static_cast<int32_t>(packed >> 32);
+        int32_t const hotIdx = ENC ? srcIdx : dstIdx;
+        int32_t const coldIdx = ENC ? dstIdx : srcIdx;
+        if (hotIdx < 0 || uint64_t(hotIdx) >= a.numHotSlots || coldIdx < 0)
+        {
+            continue; // warp-uniform
+        }
+        char* hot = reinterpret_cast<char*>(b.poolBase + uint64_t(hotIdx) * b.slotBytes + b.hotOffset);
+        char* cold = reinterpret_cast<char*>(a.blob + uint64_t(coldIdx) * a.coldPageBytes);
+        uint64_t const unit = r - b.firstUnit;
+        if (!b.quantized)
+        {
+            copyUnit(b, hot, cold, unit, lane, ENC);
+            continue;
+        }
+        uint32_t const group = lane / b.groupLanes;
+        Tile t;
+        t.hot = hot;
+        t.cold = cold;
+        t.block = unit * (32 / b.groupLanes) + group;
+        t.active = t.block < b.numBlocks;
+        t.sub = lane % b.groupLanes;
+        t.lanes = b.groupLanes;
+        bool const vec = b.vector && !a.scalarOnly;
+        if (a.format == uint32_t(Format::kE4M3))
+        {
+            quantizedUnitFmt<int(Format::kE4M3), ENC>(b, t, vec, !a.scalarOnly);
+        }
+        else
+        {
+            quantizedUnitFmt<int(Format::kE5M2), ENC>(b, t, vec, !a.scalarOnly);
+        }
+    }
+}
+
+} // namespace
+
+cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
+{
+    uint64_t const total = args.numPairs * args.unitsPerPage;
+    if (total == 0)
+    {
+        return cudaSuccess;
+    }
+    static int const residentBlocks = [] {
+        int e = 0, d = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e, fp8Kernel<true>, kThreads, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, fp8Kernel<false>, kThreads, 0);
+        return std::max(std::min(e, d), 1);
+    }();
+    uint64_t const wanted = (total + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    uint64_t const blocks = std::min<uint64_t>(wanted, uint64_t(std::max(numSms, 1)) * residentBlocks);
+    if (args.encode)
+    {
+        fp8Kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    }
+    else
+    {
+        fp8Kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    }
+    return cudaGetLastError();
+}
+
+} // namespace kvcodec::fp8

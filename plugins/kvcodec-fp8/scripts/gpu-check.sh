@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds and installs the fp8 plugin on a GPU host (the SDK must be installed already), runs its
+# GPU tests, a memcheck pass and the benchmark, and writes every log and result into OUT_DIR.
+#
+#   plugins/kvcodec-fp8/scripts/gpu-check.sh [OUT_DIR]     (default: ./gpu-results-fp8)
+#
+# Needs torch with CUDA, ml_dtypes, pytest, scikit-build-core, pybind11, cmake and nvcc.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+OUT_DIR=${1:-gpu-results-fp8}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+export PYTHONUNBUFFERED=1
+export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
+status=0
+step() { echo "== fp8: $* ($(date +%T))"; }
+
+step "build"
+if ! KVCODEC_FP8_PTXAS_VERBOSE=ON python3 -m pip install --no-build-isolation --no-deps -v "$HERE" \
+     > "$OUT_DIR/build.log" 2>&1; then
+  tail -40 "$OUT_DIR/build.log"; echo "fp8 build failed"; exit 1
+fi
+# Registers and spills of the kernel (ptxas -v), for the record.
+grep -E "fp8Kernel|registers|spill" "$OUT_DIR/build.log" | grep -B1 -A1 "registers" | tail -8 | tee "$OUT_DIR/ptxas.txt"
+
+step "pytest -m gpu"
+# From outside the source tree, so the installed package is what gets tested.
+(cd "$OUT_DIR" && python3 -m pytest -m gpu -v -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
+   "$HERE/tests" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
+tail -15 "$OUT_DIR/pytest-gpu.log"
+
+step "compute-sanitizer memcheck"
+if command -v compute-sanitizer > /dev/null; then
+  (cd "$OUT_DIR" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+     python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
+     "$HERE/tests/test_fp8_gpu.py" -k "mixed and pinned and e4m3 or scalar_path or out_of_range") \
+     > "$OUT_DIR/memcheck.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
+fi
+
+step "benchmark"
+(cd "$OUT_DIR" && python3 "$HERE/bench/bench_fp8.py" --out-dir "$OUT_DIR") > "$OUT_DIR/bench.log" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench.log"
+
+step "done (status $status)"
+exit $status

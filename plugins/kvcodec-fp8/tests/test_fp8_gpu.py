@@ -1,0 +1,188 @@
+"""The fp8 codec's CUDA implementation: blobs bit-identical to the CPU reference, device page
+indices, hot pools in device memory with blobs in pinned host or device memory, the scalar
+fallbacks, stream ordering and argument checks.
+
+Every test carries the ``gpu`` marker and skips cleanly without a CUDA device and torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import kvcodec_sdk as kv
+from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role, _native
+
+from fp8_helpers import MIXED, build_layout, pairs
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
+        reason="needs a CUDA device and torch with CUDA",
+    ),
+]
+
+ALL_PARAMS = [{"format": f, "granularity": g}
+              for f, g in itertools.product(("e4m3", "e5m2"), ("page_head", "token_head", "page"))]
+IDS = [f"{p['format']}-{p['granularity']}" for p in ALL_PARAMS]
+
+LARGE = [  # 64-token pages (blocks too large for the register cache), 16-token pages, fp16/fp32
+    [(0, Role.KEY, DType.BFLOAT16, (64, 8, 128)), (0, Role.VALUE, DType.BFLOAT16, (64, 8, 128))],
+    [(1, Role.KEY, DType.BFLOAT16, (16, 8, 128)), (1, Role.VALUE, DType.FLOAT16, (16, 8, 128)),
+     (2, Role.KEY, DType.FLOAT32, (16, 2, 64)), (2, Role.OTHER, DType.UINT8, 4096 + 3)],
+]
+
+
+@pytest.fixture
+def stream():
+    return torch.cuda.Stream()
+
+
+class Mirror:
+    """A host layout (for the CPU reference) and the same bytes in device pools."""
+
+    def __init__(self, host, lifecycles=(0,)):
+        self.host = host
+        self.dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
+        self.groups = [PoolGroupDesc([PoolDesc(d.data_ptr(), d.shape[1], d.shape[0]) for d in self.dev],
+                                     [LifeCycleDesc(i, tuple(host.buffers)) for i in lifecycles])]
+
+
+def cpu_blobs(host, params, src, num_cold, dst):
+    codec = kv.create_codec("fp8", params, device="cpu")
+    codec.configure(host.groups)
+    cold = np.zeros((num_cold, codec.cold_page_bytes(0)), np.uint8)
+    codec.encode(0, cold, pairs(dst, src))
+    codec.close()
+    return cold
+
+
+def gpu_codec(mirror, params):
+    codec = kv.create_codec("fp8", params, device="cuda")
+    codec.configure(mirror.groups)
+    assert codec.page_index_location(0) == kv.PageIndexLocation.DEVICE
+    return codec
+
+
+def dev_pairs(dst, src):
+    return torch.from_numpy(pairs(dst, src)).cuda()
+
+
+@pytest.mark.parametrize("params", ALL_PARAMS, ids=IDS)
+@pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
+@pytest.mark.parametrize("cold_kind", ["pinned", "device"])
+def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kind, stream):
+    rng = np.random.default_rng(11)
+    slots, pages = 12, 9
+    host = build_layout(rng, spec, num_slots=slots, special=True)
+    mirror = Mirror(host)
+    src = rng.permutation(slots)[:pages]
+    dst = rng.permutation(pages + 2)[:pages]
+    want = cpu_blobs(host, params, src, pages + 2, dst)
+    codec = gpu_codec(mirror, params)
+    size = codec.cold_page_bytes(0)
+    cold = torch.full((pages + 2, size), 0xC3, dtype=torch.uint8)
+    cold = cold.pin_memory() if cold_kind == "pinned" else cold.cuda()
+    codec.encode(0, cold, dev_pairs(dst, src), stream=stream)
+    stream.synchronize()
+    got = cold.cpu().numpy()
+    for d in dst:
+        if not np.array_equal(got[d], want[d]):
+            i = int(np.flatnonzero(got[d] != want[d])[0])
+            pytest.fail(f"cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
+    untouched = sorted(set(range(pages + 2)) - set(dst.tolist()))
+    assert (got[untouched] == 0xC3).all(), "encode wrote outside its destination blobs"
+
+    # Decode the same blobs on both sides into other slots: identical hot bytes.
+    back = rng.permutation(slots)[:pages]
+    cpu = kv.create_codec("fp8", params, device="cpu")
+    cpu.configure(host.groups)
+    cpu.decode(0, want, pairs(back, dst))
+    before = [d.clone() for d in mirror.dev]
+    codec.decode(0, cold, dev_pairs(back, dst), stream=stream)
+    stream.synchronize()
+    for p, (d, h) in enumerate(zip(mirror.dev, host.pools)):
+        assert np.array_equal(d.cpu().numpy()[back], h[back]), f"pool {p}: GPU decode differs from CPU decode"
+        others = sorted(set(range(slots)) - set(back.tolist()))
+        assert torch.equal(d[others], before[p][others]), "decode wrote outside its destination slots"
+    codec.close()
+    cpu.close()
+
+
+@pytest.mark.parametrize("params", ALL_PARAMS[:3], ids=IDS[:3])
+def test_unaligned_cold_base_and_odd_shapes_use_the_scalar_path(params, stream):
+    rng = np.random.default_rng(12)
+    spec = [[(0, Role.KEY, DType.BFLOAT16, (5, 3, 24)), (0, Role.VALUE, DType.FLOAT16, (3, 2, 7)),
+             (0, Role.OTHER, DType.UINT8, 13)]]
+    host = build_layout(rng, spec, num_slots=6, special=True)
+    mirror = Mirror(host)
+    src, dst = [5, 1, 3], [0, 2, 1]
+    want = cpu_blobs(host, params, src, 3, dst)
+    codec = gpu_codec(mirror, params)
+    size = codec.cold_page_bytes(0)
+    backing = torch.zeros(3 * size + 16, dtype=torch.uint8).pin_memory()
+    base = backing.data_ptr() + 3  # not 16-byte aligned
+    codec.encode(0, base, dev_pairs(dst, src), stream=stream)
+    stream.synchronize()
+    got = backing[3:3 + 3 * size].numpy().reshape(3, size)
+    assert np.array_equal(got, want)
+    codec.close()
+
+
+def test_page_indices_out_of_range_are_skipped_and_legacy_stream_refused(stream):
+    rng = np.random.default_rng(13)
+    host = build_layout(rng, MIXED, num_slots=4)
+    mirror = Mirror(host)
+    codec = gpu_codec(mirror, {})
+    size = codec.cold_page_bytes(0)
+    cold = torch.full((2, size), 0x5A, dtype=torch.uint8, device="cuda")
+    codec.encode(0, cold, dev_pairs([0, 1], [7, -1]), stream=stream)  # invalid hot slots: no work
+    stream.synchronize()
+    assert bool((cold == 0x5A).all())
+    with pytest.raises(kv.CodecCallError, match="legacy"):
+        codec.encode(0, cold, dev_pairs([0], [0]), stream=0)
+    codec.encode(0, 0, 0, num_pages=0, stream=0)
+    with pytest.raises(ValueError, match="host"):
+        codec.encode(0, cold, pairs([0], [0]), stream=stream)  # host indices for a device lifecycle
+    codec.close()
+
+
+def test_encode_reads_data_written_just_before_on_the_stream(stream):
+    rng = np.random.default_rng(14)
+    host = build_layout(rng, LARGE[:1], num_slots=8)
+    mirror = Mirror(host)
+    fresh = torch.from_numpy(build_layout(np.random.default_rng(15), LARGE[:1], num_slots=8).pools[0]).cuda()
+    codec = gpu_codec(mirror, {})
+    cold = torch.empty((8, codec.cold_page_bytes(0)), dtype=torch.uint8).pin_memory()
+    idx = dev_pairs(range(8), range(8))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)
+        mirror.dev[0].copy_(fresh)
+        codec.encode(0, cold, idx, stream=stream)
+    stream.synchronize()
+    host.pools[0][:] = fresh.cpu().numpy()
+    assert np.array_equal(cold.numpy(), cpu_blobs(host, {}, list(range(8)), 8, list(range(8))))
+    codec.close()
+
+
+def test_many_pages_one_call(stream):
+    rng = np.random.default_rng(16)
+    slots, pages = 4096, 3000
+    spec = [[(0, Role.KEY, DType.BFLOAT16, (16, 2, 64)), (0, Role.VALUE, DType.BFLOAT16, (16, 2, 64))]]
+    host = build_layout(rng, spec, num_slots=slots)
+    mirror = Mirror(host)
+    src = rng.permutation(slots)[:pages]
+    dst = rng.permutation(pages)
+    want = cpu_blobs(host, {}, src, pages, dst)
+    codec = gpu_codec(mirror, {})
+    cold = torch.empty((pages, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
+    codec.encode(0, cold, dev_pairs(dst, src), stream=stream)
+    stream.synchronize()
+    assert np.array_equal(cold.cpu().numpy(), want)
+    codec.close()

@@ -1,0 +1,46 @@
+"""Fixtures of the SDK's own tests; helpers live in sdk_helpers.py (a unique module name, so
+they never collide with another test tree's conftest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcodec_sdk
+from kvcodec_sdk.registry import _reset_default_registry
+
+from sdk_helpers import HotLayout, random_hot_layout
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20240611)
+
+
+@pytest.fixture
+def layout(rng) -> HotLayout:
+    return random_hot_layout(rng)
+
+
+@pytest.fixture
+def codec():
+    """A fresh, unconfigured CPU concat codec, closed after the test."""
+    c = kvcodec_sdk.create_codec("concat", device="cpu")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def configured(codec, layout):
+    """(codec, layout) with the codec configured on the layout."""
+    codec.configure(layout.groups)
+    return codec, layout
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_registry(monkeypatch):
+    """Every test starts and ends with a fresh process-wide registry and no disabled plugins."""
+    monkeypatch.delenv("KVCODEC_DISABLE_PLUGINS", raising=False)
+    _reset_default_registry()
+    yield
+    _reset_default_registry()

@@ -1,0 +1,31 @@
+"""The engine-like example (examples/engine_demo.py) runs byte-exact on the CPU and on a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcodec_sdk import _native
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "engine_demo.py"
+
+
+def run_demo(device: str) -> str:
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, str(DEMO), "--device", device, "--pages", "16"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_engine_demo_on_the_cpu():
+    assert "16 pages evicted and onboarded byte-exact on cpu" in run_demo("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_native.driver_info()["device_count"] == 0, reason="needs a CUDA device")
+def test_engine_demo_on_the_gpu():
+    assert "byte-exact on cuda:0" in run_demo("cuda:0")
