@@ -65,5 +65,9 @@ step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
 
+step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
+(cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
+
 step "done (status $status)"
 exit $status

@@ -21,6 +21,7 @@ using namespace kvcodec;
 
 void bindTesting(py::module_& m); // testing.cpp
 void bindKvcm(py::module_& m); // bindings/kvcm.cpp
+void bindDisk(py::module_& m); // bindings/disk.cpp
 
 namespace {
 
@@ -212,4 +213,5 @@ PYBIND11_MODULE(_native, m)
 
     bindTesting(m);
     bindKvcm(m);
+    bindDisk(m);
 }

@@ -13,7 +13,7 @@ HELP = "benchmark a codec against the copy ceiling and a baseline"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("codec", help="what to benchmark: concat (the codec) or kvcm (the KV-cache manager)")
+    p.add_argument("codec", help="what to benchmark: concat (the codec), kvcm (the KV-cache manager) or disk (the disk tier)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
     p.add_argument("--pools", type=int, default=3, help="hot pools per page (default 3)")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",")],
@@ -24,6 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--pages", type=int, default=10_000, help="kvcm: scattered pages per migrate call (default 10000)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
+    disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
+    disk.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
+    disk.add_argument("--io-threads", type=int, default=8, help="store I/O threads (default 8)")
+    disk.add_argument("--depth", type=int, default=256, help="pages in flight (default 256)")
+    disk.add_argument("--recovery-slots", type=int, default=1 << 20, help="slots of the recovery test (default 1M)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
         from ..bench.concat import DEFAULT_SIZES
 
         args.sizes = list(DEFAULT_SIZES)
+    if args.codec == "disk":
+        return _run_disk(args)
     if args.codec != "concat":
-        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm", file=sys.stderr)
+        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm, disk", file=sys.stderr)
         return 2
     from ..bench import concat
 
@@ -58,3 +66,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_disk(args: argparse.Namespace) -> int:
+    from ..bench import disk
+
+    report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=args.bytes or 512 * 1024 * 1024,
+                      io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
+                      progress=not args.quiet)
+    print(disk.format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

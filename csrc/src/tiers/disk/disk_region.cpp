@@ -1,0 +1,1484 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tiers/disk/disk_region.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <set>
+#include <stdexcept>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "tiers/disk/crc32c_fast.h"
+
+namespace kvcodec::disk {
+namespace {
+
+// Slots are padded to this in the files so that O_DIRECT (which needs offsets and sizes aligned to
+// the device's logical block, 512 B or 4 KiB) can address every slot; fixing it (rather than
+// probing the device) keeps a region's layout identical on every file system it is copied to.
+constexpr uint64_t kAlign = 4096;
+constexpr size_t kMaxKeyBytes = 255;
+constexpr char const* kJournal = "index.log";
+constexpr char const* kJournalOld = "index.log.1";
+constexpr char const* kSnapshot = "index.snapshot";
+constexpr char const* kSnapshotBak = "index.snapshot.bak";
+constexpr char const* kSnapshotTmp = "index.snapshot.tmp";
+constexpr char const* kRegionFile = "region.json";
+
+std::string errnoText(int err)
+{
+    return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
+
+bool exists(std::string const& p)
+{
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0;
+}
+
+bool readWholeFile(std::string const& p, std::string& out, int& err)
+{
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+    {
+        err = errno;
+        return false;
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0)
+    {
+        err = errno;
+        ::close(fd);
+        return false;
+    }
+    out.resize(size_t(st.st_size));
+    size_t got = 0;
+    while (got < out.size())
+    {
+        ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += size_t(n);
+    }
+    out.resize(got);
+    ::close(fd);
+    return true;
+}
+
+void mkdirs(std::string const& dir)
+{
+    std::string cur;
+    size_t pos = 0;
+    while (pos != std::string::npos)
+    {
+        pos = dir.find('/', pos + 1);
+        cur = dir.substr(0, pos);
+        if (cur.empty())
+            continue;
+        if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+        {
+            throw std::runtime_error("cannot create disk region directory '" + cur + "': " + errnoText(errno));
+        }
+    }
+}
+
+uint64_t roundUp(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+std::string quoted(std::string const& s)
+{
+    return "'" + s + "'";
+}
+
+struct AlignedBuffer
+{
+    void* p = nullptr;
+    explicit AlignedBuffer(size_t bytes)
+    {
+        if (posix_memalign(&p, kAlign, std::max<size_t>(bytes, kAlign)) != 0)
+            throw std::bad_alloc();
+        std::memset(p, 0, std::max<size_t>(bytes, kAlign));
+    }
+    ~AlignedBuffer()
+    {
+        std::free(p);
+    }
+    AlignedBuffer(AlignedBuffer const&) = delete;
+    AlignedBuffer& operator=(AlignedBuffer const&) = delete;
+};
+
+} // namespace
+
+char const* statusName(StatusCode c) noexcept
+{
+    switch (c)
+    {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kPending: return "pending";
+    case StatusCode::kNotFound: return "not_found";
+    case StatusCode::kChecksumMismatch: return "checksum_mismatch";
+    case StatusCode::kFull: return "full";
+    case StatusCode::kNoSpace: return "no_space";
+    case StatusCode::kIoError: return "io_error";
+    case StatusCode::kInvalidArgument: return "invalid_argument";
+    case StatusCode::kClosed: return "closed";
+    }
+    return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening and recovery
+// ---------------------------------------------------------------------------------------------
+
+FlatJson DiskRegion::readRegionFile(std::string const& dir)
+{
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0)
+        throw std::runtime_error("disk region directory " + quoted(dir) + " does not exist");
+    if (!S_ISDIR(st.st_mode))
+        throw std::runtime_error("disk region path " + quoted(dir) + " is not a directory");
+    std::string text, why;
+    int err = 0;
+    std::string p = dir + "/" + kRegionFile;
+    if (!readWholeFile(p, text, err))
+        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(err));
+    FlatJson obj;
+    if (!parseFlatJson(text, obj, why))
+        throw std::runtime_error(quoted(p) + " is damaged: " + why);
+    return obj;
+}
+
+DiskRegion::DiskRegion(std::string dir, RegionConfig cfg)
+    : dir_(std::move(dir))
+    , cfg_(std::move(cfg))
+{
+    while (dir_.size() > 1 && dir_.back() == '/')
+        dir_.pop_back();
+    io_ = cfg_.fileIo ? cfg_.fileIo : posixFileIo();
+}
+
+std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfig cfg)
+{
+    if (dir.empty())
+        throw std::invalid_argument("disk region directory is empty; give the path of a directory");
+    if (cfg.readOnly)
+    {
+        FlatJson rec = readRegionFile(dir);
+        auto num = [&](char const* k) -> uint64_t {
+            auto it = rec.find(k);
+            if (it == rec.end())
+                throw std::runtime_error(quoted(dir + "/" + kRegionFile) + " lacks field " + quoted(k));
+            return std::strtoull(it->second.c_str(), nullptr, 10);
+        };
+        cfg.name = rec["name"];
+        cfg.slotBytes = num("slot_bytes");
+        cfg.containerBytes = num("container_bytes");
+        cfg.maxBytes = num("containers") * cfg.containerBytes;
+        cfg.codec.name = rec["codec_name"];
+        cfg.codec.formatVersion = uint32_t(num("codec_format_version"));
+        cfg.codec.paramHash = rec["codec_param_hash"];
+        cfg.codec.paramsJson = rec["codec_params"];
+        cfg.layoutJson = rec["layout"];
+    }
+    if (cfg.slotBytes == 0)
+        throw std::invalid_argument("slot_bytes is 0; it must be the cold pool group's page size (> 0)");
+    uint64_t stride = roundUp(cfg.slotBytes, kAlign);
+    if (cfg.containerBytes < stride)
+        throw std::invalid_argument("container_bytes is " + std::to_string(cfg.containerBytes)
+            + "; it must hold at least one slot of " + std::to_string(stride) + " bytes (slot_bytes "
+            + std::to_string(cfg.slotBytes) + " padded to " + std::to_string(kAlign) + ")");
+    if (cfg.maxBytes < cfg.containerBytes)
+        throw std::invalid_argument("max_bytes is " + std::to_string(cfg.maxBytes)
+            + "; it must be >= container_bytes (" + std::to_string(cfg.containerBytes) + ")");
+    if (cfg.ioThreads == 0 || cfg.ioThreads > 256)
+        throw std::invalid_argument("io_threads is " + std::to_string(cfg.ioThreads) + "; valid: 1..256");
+    if (cfg.maxBatchRecords == 0)
+        throw std::invalid_argument("max_batch_records is 0; it must be >= 1");
+    if (cfg.codec.name.empty())
+        throw std::invalid_argument("codec name is empty; a region records the codec whose blobs it holds");
+    uint64_t spc = cfg.containerBytes / stride;
+    uint64_t containers = cfg.maxBytes / cfg.containerBytes;
+    if (spc * containers > 0x7FFFFFFFull)
+        throw std::invalid_argument("max_bytes " + std::to_string(cfg.maxBytes) + " gives "
+            + std::to_string(spc * containers) + " slots; at most 2^31-1 are supported");
+    if (containers > 9999)
+        throw std::invalid_argument("max_bytes / container_bytes is " + std::to_string(containers)
+            + "; at most 9999 container files: raise container_bytes");
+
+    std::unique_ptr<DiskRegion> r(new DiskRegion(dir, std::move(cfg)));
+    r->stride_ = stride;
+    r->slotsPerContainer_ = uint32_t(spc);
+    r->numContainers_ = uint32_t(containers);
+    r->numSlots_ = uint32_t(spc * containers);
+    r->openFiles();
+    r->recover();
+    r->startThreads();
+    return r;
+}
+
+std::string DiskRegion::path(std::string const& leaf) const
+{
+    return dir_ + "/" + leaf;
+}
+
+void DiskRegion::syncDir()
+{
+    int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0)
+    {
+        ::fsync(fd);
+        ::close(fd);
+    }
+}
+
+std::string DiskRegion::identityLine() const
+{
+    // What must match for recorded blobs and slot numbers to mean the same thing.
+    return "{\"codec\":" + jsonQuote(cfg_.codec.name) + ",\"format_version\":" + std::to_string(cfg_.codec.formatVersion)
+        + ",\"param_hash\":" + jsonQuote(cfg_.codec.paramHash) + ",\"slot_bytes\":" + std::to_string(cfg_.slotBytes)
+        + ",\"slot_stride\":" + std::to_string(stride_) + ",\"slots_per_container\":"
+        + std::to_string(slotsPerContainer_) + ",\"containers\":" + std::to_string(numContainers_) + "}";
+}
+
+void DiskRegion::openFiles()
+{
+    bool const ro = cfg_.readOnly;
+    if (!ro)
+    {
+        mkdirs(dir_);
+        lockFd_ = ::open(path("lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (lockFd_ < 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot create its lock file: " + errnoText(errno));
+        if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + " is already open for writing in another process");
+    }
+
+    FlatJson expected;
+    expected["format"] = "1";
+    expected["name"] = cfg_.name;
+    expected["slot_bytes"] = std::to_string(cfg_.slotBytes);
+    expected["slot_stride"] = std::to_string(stride_);
+    expected["container_bytes"] = std::to_string(stride_ * slotsPerContainer_);
+    expected["slots_per_container"] = std::to_string(slotsPerContainer_);
+    expected["containers"] = std::to_string(numContainers_);
+    expected["codec_name"] = cfg_.codec.name;
+    expected["codec_format_version"] = std::to_string(cfg_.codec.formatVersion);
+    expected["codec_param_hash"] = cfg_.codec.paramHash;
+    expected["codec_params"] = cfg_.codec.paramsJson;
+    expected["layout"] = cfg_.layoutJson;
+    static std::vector<std::string> const numeric = {"format", "slot_bytes", "slot_stride", "container_bytes",
+        "slots_per_container", "containers", "codec_format_version"};
+
+    std::string const regionPath = path(kRegionFile);
+    bool fresh = !exists(regionPath);
+    if (!fresh && !ro)
+    {
+        std::string text, why;
+        int err = 0;
+        FlatJson rec;
+        std::vector<std::string> diffs;
+        if (!readWholeFile(regionPath, text, err) || !parseFlatJson(text, rec, why))
+        {
+            diffs.push_back(kRegionFile + std::string(" is unreadable (") + (why.empty() ? errnoText(err) : why) + ")");
+        }
+        else
+        {
+            for (char const* k : {"format", "codec_name", "codec_format_version", "codec_param_hash", "slot_bytes",
+                     "slot_stride", "slots_per_container", "containers"})
+            {
+                if (rec[k] != expected[k])
+                    diffs.push_back(std::string(k) + " " + quoted(rec[k]) + " -> " + quoted(expected[k]));
+            }
+        }
+        if (!diffs.empty())
+        {
+            std::string msg = "disk region " + quoted(dir_) + " was written with another codec or geometry (";
+            for (size_t i = 0; i < diffs.size(); ++i)
+                msg += (i ? ", " : "") + diffs[i];
+            msg += "): its pages are invalidated and the region is reinitialized";
+            recovery_.warnings.push_back(msg);
+            recovery_.invalidated = true;
+            fresh = true;
+        }
+        else if (rec["codec_params"] != expected["codec_params"] || rec["layout"] != expected["layout"]
+            || rec["name"] != expected["name"])
+        {
+            // Same identity, new descriptive fields (e.g. a renamed region): keep the pages.
+            fresh = false;
+            std::string tmp = regionPath + ".tmp";
+            FILE* f = std::fopen(tmp.c_str(), "w");
+            if (f != nullptr)
+            {
+                std::string body = formatFlatJson(expected, numeric);
+                std::fwrite(body.data(), 1, body.size(), f);
+                std::fflush(f);
+                ::fsync(fileno(f));
+                std::fclose(f);
+                std::rename(tmp.c_str(), regionPath.c_str());
+            }
+        }
+    }
+    if (fresh)
+    {
+        if (ro)
+            throw std::runtime_error(quoted(dir_) + " holds no disk region (no " + kRegionFile + ")");
+        recovery_.created = true;
+        for (char const* leaf : {kJournal, kJournalOld, kSnapshot, kSnapshotBak, kSnapshotTmp})
+            ::unlink(path(leaf).c_str());
+        // Containers beyond the new geometry would only waste space.
+        for (uint32_t c = numContainers_; c < 10000; ++c)
+        {
+            char leaf[32];
+            std::snprintf(leaf, sizeof(leaf), "containers/%04u.bin", c);
+            if (::unlink(path(leaf).c_str()) != 0)
+                break;
+        }
+        std::string tmp = regionPath + ".tmp";
+        std::string body = formatFlatJson(expected, numeric);
+        int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": " + errnoText(errno));
+        int rc = writeFully(*posixFileIo(), fd, body.data(), body.size(), 0);
+        if (rc == 0)
+            rc = ::fsync(fd) == 0 ? 0 : -errno;
+        ::close(fd);
+        if (rc != 0 || std::rename(tmp.c_str(), regionPath.c_str()) != 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": "
+                + errnoText(rc != 0 ? -rc : errno));
+    }
+
+    // Containers: preallocated so a full region never hits ENOSPC on a data write.
+    std::string cdir = path("containers");
+    if (!ro)
+        mkdirs(cdir);
+    uint64_t const fileBytes = stride_ * slotsPerContainer_;
+    // A region that never recorded a page (e.g. an earlier open failed while preallocating) has
+    // nothing to lose in a short container: no warning then.
+    bool const hasState = exists(path(kJournal)) || exists(path(kJournalOld)) || exists(path(kSnapshot))
+        || exists(path(kSnapshotBak));
+    freshContainers_.assign(numContainers_, false);
+    std::vector<std::string> paths(numContainers_);
+    for (uint32_t c = 0; c < numContainers_; ++c)
+    {
+        char leaf[32];
+        std::snprintf(leaf, sizeof(leaf), "/%04u.bin", c);
+        paths[c] = cdir + leaf;
+        struct stat st;
+        bool present = ::stat(paths[c].c_str(), &st) == 0;
+        uint64_t size = present ? uint64_t(st.st_size) : 0;
+        if (size >= fileBytes)
+            continue;
+        if (!recovery_.created)
+            freshContainers_[c] = true;
+        if (!recovery_.created && hasState)
+        {
+            recovery_.warnings.push_back("disk region " + quoted(dir_) + ": container " + paths[c]
+                + (present ? " is shorter than expected (" + std::to_string(size) + " of " + std::to_string(fileBytes)
+                        + " bytes)"
+                           : " is missing")
+                + "; pages recorded in it are dropped");
+        }
+        if (ro)
+            continue;
+        int fd = io_->open(paths[c], O_RDWR | O_CREAT, 0644);
+        if (fd < 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot create container " + quoted(paths[c])
+                + ": " + errnoText(-fd));
+        int rc = io_->fallocate(fd, 0, off_t(fileBytes));
+        if (rc == -EOPNOTSUPP)
+        {
+            // The file system cannot reserve blocks (e.g. some network file systems): size the file
+            // and accept that a later write may fail with ENOSPC (it then surfaces as an error).
+            rc = io_->ftruncate(fd, off_t(fileBytes));
+            recovery_.warnings.push_back("disk region " + quoted(dir_)
+                + ": the file system cannot preallocate; containers are sparse and a write may fail when it fills");
+        }
+        io_->close(fd);
+        if (rc != 0)
+        {
+            struct statvfs vfs;
+            std::string freeText;
+            if (::statvfs(dir_.c_str(), &vfs) == 0)
+                freeText = "; " + std::to_string(uint64_t(vfs.f_bavail) * vfs.f_frsize) + " bytes are free";
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot preallocate container " + quoted(paths[c])
+                + " (" + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + freeText
+                + "; lower max_bytes or free space");
+        }
+    }
+    syncDir();
+
+    // Direct I/O probe: open and read one aligned block with O_DIRECT; some file systems (tmpfs,
+    // some FUSE and network file systems) refuse either.
+    int const accessFlags = ro ? O_RDONLY : O_RDWR;
+    direct_ = false;
+    if (cfg_.ioMode != IoMode::kBuffered && !(ro && freshContainers_[0]))
+    {
+        int fd = io_->open(paths[0], accessFlags | O_DIRECT, 0);
+        int err = fd < 0 ? -fd : 0;
+        if (fd >= 0)
+        {
+            AlignedBuffer probe(kAlign);
+            ssize_t n = io_->pread(fd, probe.p, kAlign, 0);
+            if (n < 0)
+                err = int(-n);
+            io_->close(fd);
+        }
+        direct_ = err == 0;
+        if (!direct_ && cfg_.ioMode == IoMode::kDirect)
+            throw std::runtime_error("io_mode is 'direct' but the file system under " + quoted(dir_)
+                + " refuses O_DIRECT: " + errnoText(err) + "; use io_mode 'auto' or 'buffered'");
+    }
+    containerFds_.assign(numContainers_, -1);
+    for (uint32_t c = 0; c < numContainers_; ++c)
+    {
+        if (ro && freshContainers_[c])
+            continue;
+        int fd = io_->open(paths[c], accessFlags | (direct_ ? O_DIRECT : 0), 0);
+        if (fd < 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot open container " + quoted(paths[c]) + ": "
+                + errnoText(-fd));
+        containerFds_[c] = fd;
+    }
+}
+
+void DiskRegion::applyRecord(JournalRecord const& r)
+{
+    Slot& s = slots_[r.slot];
+    if (r.put)
+    {
+        if (s.state == kLive && slotKeys_[r.slot] != r.key)
+        {
+            // Only damage (a lost retirement record) puts two keys in one slot: the later wins.
+            index_.erase(slotKeys_[r.slot]);
+            ++recovery_.droppedEntries;
+        }
+        auto it = index_.find(r.key);
+        if (it != index_.end() && it->second != r.slot)
+        {
+            slots_[it->second].state = kFree;
+            slotKeys_[it->second].clear();
+        }
+        if (it != index_.end())
+            it->second = r.slot;
+        else
+            index_.emplace(r.key, r.slot);
+        s.state = kLive;
+        s.crc = r.crc;
+        s.tag = r.tag;
+        s.seq = r.seq;
+        slotKeys_[r.slot] = r.key;
+    }
+    else
+    {
+        auto it = index_.find(r.key);
+        if (it != index_.end() && it->second == r.slot)
+        {
+            index_.erase(it);
+            s.state = kFree;
+            slotKeys_[r.slot].clear();
+        }
+    }
+}
+
+void DiskRegion::recover()
+{
+    auto t0 = std::chrono::steady_clock::now();
+    bool const ro = cfg_.readOnly;
+    std::string const identity = identityLine();
+    slots_.assign(numSlots_, Slot{});
+    slotKeys_.assign(numSlots_, std::string());
+    index_.reserve(numSlots_);
+    uint64_t snapSeq = 0;
+    bool damaged = false;
+
+    if (!recovery_.created)
+    {
+        // 1. The newest intact snapshot.
+        std::vector<SnapshotEntry> entries;
+        bool anySnapshot = false;
+        for (char const* leaf : {kSnapshot, kSnapshotBak})
+        {
+            std::string text, why;
+            int err = 0;
+            if (!exists(path(leaf)))
+                continue;
+            anySnapshot = true;
+            if (!readWholeFile(path(leaf), text, err))
+                why = errnoText(err);
+            else if (parseSnapshot(text, identity, slotsPerContainer_, numSlots_, snapSeq, entries, why))
+            {
+                recovery_.snapshotUsed = leaf;
+                mainSnapshotGood_ = std::string(leaf) == kSnapshot;
+                break;
+            }
+            damaged = true;
+            recovery_.warnings.push_back("disk region " + quoted(dir_) + ": snapshot " + leaf + " is damaged (" + why
+                + ")" + (std::string(leaf) == kSnapshot ? "; falling back to the backup" : ""));
+            snapSeq = 0;
+        }
+        if (anySnapshot && recovery_.snapshotUsed.empty())
+            recovery_.warnings.push_back("disk region " + quoted(dir_)
+                + ": no intact snapshot; recovering from the journal alone (pages recorded only in the "
+                  "snapshots are lost and read as misses)");
+        recovery_.snapshotSeq = snapSeq;
+        recovery_.snapshotEntries = entries.size();
+        for (auto& e : entries)
+        {
+            JournalRecord r;
+            r.put = true;
+            r.seq = e.seq;
+            r.key = std::move(e.key); // the entries are discarded next: no copy per page
+            r.slot = e.slot;
+            r.crc = e.crc;
+            r.tag = e.tag;
+            applyRecord(r);
+        }
+        entries.clear();
+        entries.shrink_to_fit();
+
+        // 2. The journal tail: the previous generation, then the current one.
+        uint64_t lastSeq = snapSeq;
+        std::string const header = "{\"kvcodec_disk_journal\":1,\"identity\":" + jsonQuote(identity) + "}";
+        for (char const* leaf : {kJournalOld, kJournal})
+        {
+            std::string text;
+            int err = 0;
+            if (!exists(path(leaf)))
+                continue;
+            if (!readWholeFile(path(leaf), text, err))
+            {
+                recovery_.warnings.push_back("disk region " + quoted(dir_) + ": cannot read journal " + leaf + ": "
+                    + errnoText(err));
+                continue;
+            }
+            size_t nl = text.find('\n');
+            if (nl == std::string::npos || text.compare(0, nl, header) != 0)
+            {
+                if (!text.empty())
+                {
+                    damaged = true;
+                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf
+                        + " has a damaged or foreign header; its records are ignored");
+                }
+                if (std::string(leaf) == kJournal)
+                    journalSize_ = 0; // rewritten below
+                continue;
+            }
+            size_t pos = nl + 1;
+            size_t good = pos;
+            bool const current = std::string(leaf) == kJournal;
+            if (!current && text.size() > pos + 1 && text.back() == '\n')
+            {
+                // Records are appended in sequence order: when the last one is already in the
+                // snapshot, so is the whole generation (the common case after a rotation).
+                size_t lastStart = text.rfind('\n', text.size() - 2) + 1;
+                JournalRecord last;
+                std::string why;
+                if (lastStart > nl && parseRecord(std::string_view(text).substr(lastStart, text.size() - 1 - lastStart),
+                        slotsPerContainer_, numSlots_, last, why)
+                    && last.seq <= lastSeq)
+                    continue;
+            }
+            while (pos < text.size())
+            {
+                size_t end = text.find('\n', pos);
+                if (end == std::string::npos)
+                    break; // an incomplete last line
+                std::string_view line(text.data() + pos, end - pos);
+                JournalRecord r;
+                std::string why;
+                if (parseRecord(line, slotsPerContainer_, numSlots_, r, why))
+                {
+                    if (r.seq > lastSeq)
+                    {
+                        applyRecord(r);
+                        lastSeq = r.seq;
+                        ++recovery_.journalRecordsReplayed;
+                    }
+                    good = end + 1;
+                }
+                else if (text.find('\n', end + 1) != std::string::npos)
+                {
+                    // Damage inside the journal (not a torn append): skip the line, keep the rest;
+                    // the per-slot checksums still guard every page it might have described.
+                    ++recovery_.journalCorruptLines;
+                    damaged = true;
+                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf + " line at byte "
+                        + std::to_string(pos) + " is corrupt (" + why + "); skipped");
+                    good = end + 1;
+                }
+                else
+                {
+                    break; // a damaged last line: a torn append
+                }
+                pos = end + 1;
+            }
+            if (good < text.size())
+            {
+                uint64_t dropped = text.size() - good;
+                recovery_.truncatedTailBytes += dropped;
+                damaged = true;
+                recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf
+                    + " ends with a truncated or torn record (" + std::to_string(dropped) + " bytes at byte "
+                    + std::to_string(good) + "); it was never acknowledged and is dropped");
+                if (!ro && current)
+                {
+                    int fd = ::open(path(leaf).c_str(), O_WRONLY | O_CLOEXEC);
+                    if (fd < 0 || ::ftruncate(fd, off_t(good)) != 0 || ::fdatasync(fd) != 0)
+                        throw std::runtime_error("disk region " + quoted(dir_) + ": cannot truncate the torn tail of "
+                            + leaf + ": " + errnoText(errno));
+                    ::close(fd);
+                }
+            }
+            if (current)
+                journalSize_ = good;
+        }
+        lastSeq_ = lastSeq;
+
+        // 3. Pages in containers that were missing or short are gone.
+        for (auto it = index_.begin(); it != index_.end();)
+        {
+            if (freshContainers_[it->second / slotsPerContainer_])
+            {
+                slots_[it->second].state = kFree;
+                slotKeys_[it->second].clear();
+                it = index_.erase(it);
+                ++recovery_.droppedEntries;
+            }
+            else
+                ++it;
+        }
+    }
+
+    // Free bitset and eviction order.
+    freeBits_.assign((numSlots_ + 63) / 64, 0);
+    freeCount_ = 0;
+    std::vector<std::pair<uint64_t, uint32_t>> order;
+    order.reserve(index_.size());
+    for (uint32_t s = 0; s < numSlots_; ++s)
+    {
+        if (slots_[s].state == kFree)
+        {
+            freeBits_[s / 64] |= 1ull << (s % 64);
+            ++freeCount_;
+        }
+        else
+            order.emplace_back(slots_[s].seq, s);
+    }
+    std::sort(order.begin(), order.end());
+    fifo_.assign(order.begin(), order.end());
+
+    // The current journal: (re)created with its header when missing or damaged.
+    if (!ro)
+    {
+        std::string const header = "{\"kvcodec_disk_journal\":1,\"identity\":" + jsonQuote(identity) + "}\n";
+        bool rewrite = journalSize_ == 0;
+        journalFd_ = io_->open(path(kJournal), O_RDWR | O_CREAT, 0644);
+        if (journalFd_ < 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot open the journal: " + errnoText(-journalFd_));
+        if (rewrite)
+        {
+            int rc = io_->ftruncate(journalFd_, 0);
+            if (rc == 0)
+                rc = writeFully(*io_, journalFd_, header.data(), header.size(), 0);
+            if (rc == 0)
+                rc = io_->fdatasync(journalFd_);
+            if (rc != 0)
+                throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write the journal header: " + errnoText(-rc));
+            journalSize_ = header.size();
+            syncDir();
+        }
+    }
+    recordsSinceSnapshot_ = recovery_.journalRecordsReplayed;
+    st_.slotsTotal = numSlots_;
+    st_.directIo = direct_;
+    st_.journalBytes = journalSize_;
+    recovery_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // Restore redundancy at once after damage, so a second failure cannot compound the first.
+    if (!ro && damaged)
+    {
+        std::lock_guard<std::mutex> cm(commitMu_);
+        writeSnapshotLocked();
+    }
+}
+
+void DiskRegion::startThreads()
+{
+    for (uint32_t i = 0; i < cfg_.ioThreads; ++i)
+        workers_.emplace_back([this] { workerLoop(); });
+    if (!cfg_.readOnly)
+        committer_ = std::thread([this] { committerLoop(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Submission
+// ---------------------------------------------------------------------------------------------
+
+Ticket DiskRegion::newTicketLocked()
+{
+    Ticket t = nextTicket_++;
+    ++inflight_;
+    return t;
+}
+
+void DiskRegion::completeLocked(Ticket t, Status s)
+{
+    done_[t] = std::move(s);
+    --inflight_;
+    doneCv_.notify_all();
+}
+
+void DiskRegion::enqueueTask(Task t)
+{
+    {
+        std::lock_guard<std::mutex> lock(taskMu_);
+        tasks_.push_back(std::move(t));
+    }
+    taskCv_.notify_one();
+}
+
+void DiskRegion::enqueueCommit(CommitItem item)
+{
+    {
+        std::lock_guard<std::mutex> lock(commitQMu_);
+        commitQ_.push_back(std::move(item));
+    }
+    commitCv_.notify_one();
+}
+
+int64_t DiskRegion::allocateSlotLocked()
+{
+    if (freeCount_ == 0)
+        return -1;
+    size_t const words = freeBits_.size();
+    size_t w = cursor_ / 64;
+    for (size_t n = 0; n <= words; ++n, w = (w + 1) % words)
+    {
+        uint64_t bits = freeBits_[w];
+        if (n == 0)
+            bits &= ~0ull << (cursor_ % 64); // continue after the cursor: slots fill sequentially
+        if (bits == 0)
+            continue;
+        uint32_t s = uint32_t(w * 64 + uint32_t(__builtin_ctzll(bits)));
+        freeBits_[w] &= ~(1ull << (s % 64));
+        --freeCount_;
+        cursor_ = (s + 1) % numSlots_;
+        return s;
+    }
+    return -1;
+}
+
+void DiskRegion::freeSlotLocked(uint32_t slot)
+{
+    Slot& s = slots_[slot];
+    s.state = kFree;
+    s.retireDurable = false;
+    slotKeys_[slot].clear();
+    freeBits_[slot / 64] |= 1ull << (slot % 64);
+    ++freeCount_;
+}
+
+void DiskRegion::maybeReleaseLocked(uint32_t slot)
+{
+    Slot& s = slots_[slot];
+    if (s.state == kRetiring && s.retireDurable && s.pins == 0)
+        freeSlotLocked(slot);
+}
+
+namespace {
+void checkKey(std::string const& key)
+{
+    if (key.empty() || key.size() > kMaxKeyBytes)
+        throw std::invalid_argument(
+            "key is " + std::to_string(key.size()) + " bytes; keys must be 1.." + std::to_string(kMaxKeyBytes) + " bytes");
+}
+} // namespace
+
+Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t bytes, uint32_t tag)
+{
+    checkKey(key);
+    if (src == nullptr)
+        throw std::invalid_argument("src is null; pass a host buffer of slot_bytes bytes");
+    if (bytes != cfg_.slotBytes)
+        throw std::invalid_argument("page is " + std::to_string(bytes) + " bytes; disk region " + quoted(dir_)
+            + " holds pages of exactly slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes"
+            + (bytes > cfg_.slotBytes ? " (too large for its slots)" : ""));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_ || stopping_)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    if (cfg_.readOnly)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; writes are refused");
+    Ticket t = newTicketLocked();
+    if (failed_)
+    {
+        ++st_.putErrors;
+        completeLocked(t, {StatusCode::kIoError, failReason_, 0});
+        return t;
+    }
+    Task task{Task::kWrite, t, key, 0, tag, 0, src, nullptr};
+    int64_t slot = allocateSlotLocked();
+    if (slot < 0 && cfg_.whenFull == FullPolicy::kEvictOldest)
+    {
+        // Retire the oldest published page that no read pins; its slot is reused only once the
+        // retirement is durable, so a crash can never pair the victim's key with new data.
+        size_t budget = fifo_.size();
+        while (!fifo_.empty() && budget-- > 0)
+        {
+            auto [seq, s] = fifo_.front();
+            fifo_.pop_front();
+            Slot& v = slots_[s];
+            if (v.state != kLive || v.seq != seq)
+                continue;
+            if (v.pins > 0)
+            {
+                fifo_.emplace_back(seq, s);
+                continue;
+            }
+            std::string victim = slotKeys_[s];
+            index_.erase(victim);
+            v.state = kRetiring;
+            v.retireDurable = false;
+            ++st_.evictions;
+            task.slot = s;
+            CommitItem item{false, 0, std::move(victim), s, v.crc, v.tag, std::move(task)};
+            lock.unlock();
+            enqueueCommit(std::move(item));
+            return t;
+        }
+    }
+    if (slot < 0)
+    {
+        ++st_.putsRefusedFull;
+        completeLocked(t, {StatusCode::kFull,
+                              "disk region " + quoted(dir_) + " is full (" + std::to_string(numSlots_ - freeCount_)
+                                  + " of " + std::to_string(numSlots_) + " slots in use, none evictable; policy "
+                                  + (cfg_.whenFull == FullPolicy::kRefuse ? "'refuse'" : "'evict'") + ")",
+                              0});
+        return t;
+    }
+    slots_[slot].state = kReserved;
+    task.slot = uint32_t(slot);
+    lock.unlock();
+    enqueueTask(std::move(task));
+    return t;
+}
+
+Ticket DiskRegion::submitRead(std::string const& key, void* dst, size_t bytes)
+{
+    checkKey(key);
+    if (dst == nullptr)
+        throw std::invalid_argument("dst is null; pass a writable host buffer of slot_bytes bytes");
+    if (bytes < cfg_.slotBytes)
+        throw std::invalid_argument("destination is " + std::to_string(bytes) + " bytes; a page of disk region "
+            + quoted(dir_) + " needs slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes");
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_ || stopping_)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    Ticket t = newTicketLocked();
+    ++st_.reads;
+    auto it = index_.find(key);
+    if (it == index_.end())
+    {
+        ++st_.misses;
+        completeLocked(t, {StatusCode::kNotFound, "", 0});
+        return t;
+    }
+    uint32_t slot = it->second;
+    Slot& s = slots_[slot];
+    ++s.pins;
+    Task task{Task::kRead, t, key, slot, s.tag, s.crc, nullptr, dst};
+    lock.unlock();
+    enqueueTask(std::move(task));
+    return t;
+}
+
+Ticket DiskRegion::submitErase(std::string const& key)
+{
+    checkKey(key);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_ || stopping_)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    if (cfg_.readOnly)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; erase is refused");
+    Ticket t = newTicketLocked();
+    auto it = index_.find(key);
+    if (it == index_.end())
+    {
+        completeLocked(t, {StatusCode::kNotFound, "", 0});
+        return t;
+    }
+    uint32_t slot = it->second;
+    index_.erase(it);
+    Slot& s = slots_[slot];
+    s.state = kRetiring;
+    s.retireDurable = false;
+    ++st_.erases;
+    CommitItem item{false, t, key, slot, s.crc, s.tag, std::nullopt};
+    lock.unlock();
+    enqueueCommit(std::move(item));
+    return t;
+}
+
+std::optional<Status> DiskRegion::poll(Ticket t)
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = done_.find(t);
+    if (it == done_.end())
+    {
+        if (t == 0 || t >= nextTicket_)
+            throw std::invalid_argument("ticket " + std::to_string(t) + " was never issued by this region");
+        return std::nullopt;
+    }
+    Status s = std::move(it->second);
+    done_.erase(it);
+    return s;
+}
+
+Status DiskRegion::wait(Ticket t, double timeoutSeconds)
+{
+    std::unique_lock<std::mutex> lock(mu_);
+    if (t == 0 || t >= nextTicket_)
+        throw std::invalid_argument("ticket " + std::to_string(t) + " was never issued by this region");
+    auto ready = [&] { return done_.count(t) != 0 || inflight_ == 0; };
+    if (timeoutSeconds < 0)
+        doneCv_.wait(lock, ready);
+    else if (!doneCv_.wait_for(lock, std::chrono::duration<double>(timeoutSeconds), ready))
+        return {StatusCode::kPending, "", 0};
+    auto it = done_.find(t);
+    if (it == done_.end())
+        throw std::invalid_argument("ticket " + std::to_string(t) + " was already collected");
+    Status s = std::move(it->second);
+    done_.erase(it);
+    return s;
+}
+
+std::vector<std::string> DiskRegion::drainEvents()
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    out.swap(events_);
+    return out;
+}
+
+void DiskRegion::flush()
+{
+    std::unique_lock<std::mutex> lock(mu_);
+    doneCv_.wait(lock, [&] { return inflight_ == 0; });
+}
+
+bool DiskRegion::contains(std::string const& key) const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    return index_.count(key) != 0;
+}
+
+std::optional<PageInfo> DiskRegion::lookup(std::string const& key) const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end())
+        return std::nullopt;
+    Slot const& s = slots_[it->second];
+    return PageInfo{key, it->second / slotsPerContainer_, it->second % slotsPerContainer_, s.tag, s.crc, s.seq};
+}
+
+std::vector<PageInfo> DiskRegion::pages() const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<PageInfo> out;
+    out.reserve(index_.size());
+    for (auto const& [seq, slot] : fifo_)
+    {
+        Slot const& s = slots_[slot];
+        if (s.state == kLive && s.seq == seq)
+            out.push_back({slotKeys_[slot], slot / slotsPerContainer_, slot % slotsPerContainer_, s.tag, s.crc, s.seq});
+    }
+    return out;
+}
+
+RegionStats DiskRegion::stats() const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    RegionStats s = st_;
+    s.slotsLive = index_.size();
+    s.slotsFree = freeCount_;
+    s.lastSeq = lastSeq_;
+    s.failed = failed_;
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+Status ioFailure(std::string const& dir, std::string const& what, int negErrno)
+{
+    int err = -negErrno;
+    StatusCode code = (err == ENOSPC || err == EDQUOT) ? StatusCode::kNoSpace : StatusCode::kIoError;
+    return {code, "disk region '" + dir + "': " + what + ": " + errnoText(err), 0};
+}
+} // namespace
+
+void DiskRegion::workerLoop()
+{
+    AlignedBuffer bounce(stride_);
+    for (;;)
+    {
+        Task t;
+        {
+            std::unique_lock<std::mutex> lock(taskMu_);
+            taskCv_.wait(lock, [&] { return !tasks_.empty() || stopping_; });
+            if (tasks_.empty())
+                return;
+            t = std::move(tasks_.front());
+            tasks_.pop_front();
+        }
+        runTask(t, bounce.p);
+    }
+}
+
+void DiskRegion::runTask(Task& t, void* bounce)
+{
+    uint32_t const container = t.slot / slotsPerContainer_;
+    off_t const offset = off_t(uint64_t(t.slot % slotsPerContainer_) * stride_);
+    int const fd = containerFds_[container];
+    // O_DIRECT needs aligned memory and whole blocks: go through the bounce buffer otherwise.
+    size_t const ioBytes = direct_ ? stride_ : cfg_.slotBytes;
+    std::string where = "container " + std::to_string(container) + " slot " + std::to_string(t.slot % slotsPerContainer_);
+
+    if (t.kind == Task::kWrite)
+    {
+        uint32_t crc = crc32cFast(t.src, cfg_.slotBytes);
+        void const* buf = t.src;
+        if (direct_ && (reinterpret_cast<uintptr_t>(t.src) % kAlign != 0 || cfg_.slotBytes != stride_))
+        {
+            std::memcpy(bounce, t.src, cfg_.slotBytes);
+            std::memset(static_cast<char*>(bounce) + cfg_.slotBytes, 0, stride_ - cfg_.slotBytes);
+            buf = bounce;
+        }
+        int rc = writeFully(*io_, fd, buf, ioBytes, offset);
+        if (rc != 0)
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            freeSlotLocked(t.slot);
+            ++st_.putErrors;
+            completeLocked(t.ticket, ioFailure(dir_, "writing " + where, rc));
+            return;
+        }
+        enqueueCommit(CommitItem{true, t.ticket, std::move(t.key), t.slot, crc, t.tag, std::nullopt});
+        return;
+    }
+
+    void* buf = t.dst;
+    bool const viaBounce = direct_ && (reinterpret_cast<uintptr_t>(t.dst) % kAlign != 0 || cfg_.slotBytes != stride_);
+    if (viaBounce)
+        buf = bounce;
+    int rc = readFully(*io_, fd, buf, ioBytes, offset);
+    Status status;
+    bool mismatch = false;
+    if (rc != 0)
+        status = ioFailure(dir_, "reading " + where, rc);
+    else
+    {
+        uint32_t crc = crc32cFast(buf, cfg_.slotBytes);
+        if (crc != t.crc)
+        {
+            mismatch = true;
+            char text[160];
+            std::snprintf(text, sizeof(text), " (recorded crc %08x, read %08x); served as a miss", t.crc, crc);
+            status = {StatusCode::kChecksumMismatch,
+                "disk region '" + dir_ + "': checksum mismatch for key " + toHex(t.key) + " in " + where + text, 0};
+        }
+        else
+        {
+            if (viaBounce)
+                std::memcpy(t.dst, bounce, cfg_.slotBytes);
+            status = {StatusCode::kOk, "", t.tag};
+        }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    --slots_[t.slot].pins;
+    maybeReleaseLocked(t.slot);
+    if (status.code == StatusCode::kOk)
+    {
+        ++st_.hits;
+        st_.bytesRead += cfg_.slotBytes;
+    }
+    else if (mismatch)
+    {
+        ++st_.misses;
+        ++st_.checksumFailures;
+    }
+    else
+        ++st_.readErrors;
+    completeLocked(t.ticket, std::move(status));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group commit
+// ---------------------------------------------------------------------------------------------
+
+void DiskRegion::committerLoop()
+{
+    for (;;)
+    {
+        std::vector<CommitItem> batch;
+        {
+            std::unique_lock<std::mutex> lock(commitQMu_);
+            commitCv_.wait(lock, [&] { return !commitQ_.empty() || stopping_; });
+            if (commitQ_.empty())
+                return;
+            if (commitQ_.size() <= cfg_.maxBatchRecords)
+                batch.swap(commitQ_);
+            else
+            {
+                batch.assign(std::make_move_iterator(commitQ_.begin()),
+                    std::make_move_iterator(commitQ_.begin() + cfg_.maxBatchRecords));
+                commitQ_.erase(commitQ_.begin(), commitQ_.begin() + cfg_.maxBatchRecords);
+            }
+        }
+        std::lock_guard<std::mutex> cm(commitMu_);
+        commitBatch(batch);
+        if (cfg_.snapshotEveryRecords != 0 && recordsSinceSnapshot_ >= cfg_.snapshotEveryRecords)
+            writeSnapshotLocked();
+    }
+}
+
+void DiskRegion::failRegion(std::string const& why)
+{
+    failed_ = true;
+    failReason_ = "disk region " + quoted(dir_) + " refuses writes until it is reopened: " + why;
+    events_.push_back(failReason_);
+}
+
+void DiskRegion::commitBatch(std::vector<CommitItem>& batch)
+{
+    // 1. Data durability: one fdatasync per container touched by the batch.
+    std::set<uint32_t> touched;
+    for (auto const& item : batch)
+        if (item.put)
+            touched.insert(item.slot / slotsPerContainer_);
+    std::vector<int> syncErr(numContainers_, 0);
+    for (uint32_t c : touched)
+        syncErr[c] = io_->fdatasync(containerFds_[c]);
+
+    std::vector<CommitItem*> ok;
+    ok.reserve(batch.size());
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& item : batch)
+        {
+            int err = item.put ? syncErr[item.slot / slotsPerContainer_] : 0;
+            if (err != 0)
+            {
+                freeSlotLocked(item.slot);
+                ++st_.putErrors;
+                completeLocked(item.ticket,
+                    ioFailure(dir_, "syncing container " + std::to_string(item.slot / slotsPerContainer_), err));
+            }
+            else if (failed_)
+            {
+                if (item.put)
+                {
+                    freeSlotLocked(item.slot);
+                    ++st_.putErrors;
+                }
+                Status s{StatusCode::kIoError, failReason_, 0};
+                if (item.ticket != 0)
+                    completeLocked(item.ticket, s);
+                if (item.then)
+                    completeLocked(item.then->ticket, s);
+            }
+            else
+                ok.push_back(&item);
+        }
+    }
+    if (ok.empty())
+        return;
+
+    // 2. One journal append and one fdatasync for the whole batch.
+    uint64_t seq = lastSeq_;
+    std::string text;
+    text.reserve(ok.size() * 150);
+    for (CommitItem* item : ok)
+    {
+        JournalRecord r;
+        r.seq = ++seq;
+        r.put = item->put;
+        r.key = item->key;
+        r.slot = item->slot;
+        r.crc = item->crc;
+        r.tag = item->tag;
+        text += formatRecord(r, slotsPerContainer_);
+    }
+    int rc = writeFully(*io_, journalFd_, text.data(), text.size(), off_t(journalSize_));
+    char const* stage = "appending to the journal";
+    if (rc == 0)
+    {
+        rc = io_->fdatasync(journalFd_);
+        stage = "syncing the journal";
+    }
+
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rc != 0)
+    {
+        // Nothing of this batch is acknowledged: cut the journal back to its last durable record
+        // so no partial line survives, and roll every item back.
+        int cut = io_->ftruncate(journalFd_, off_t(journalSize_));
+        if (cut == 0)
+            cut = io_->fdatasync(journalFd_);
+        if (cut != 0)
+            failRegion("the journal could not be cut back after a failed append (" + errnoText(-cut) + ")");
+        Status s = ioFailure(dir_, stage, rc);
+        for (CommitItem* item : ok)
+        {
+            if (item->put)
+            {
+                freeSlotLocked(item->slot);
+                ++st_.putErrors;
+                completeLocked(item->ticket, s);
+                continue;
+            }
+            // A failed retirement: the page is still recorded live, so serve it again.
+            Slot& v = slots_[item->slot];
+            if (index_.count(item->key) == 0 && v.pins == 0)
+            {
+                index_[item->key] = item->slot;
+                v.state = kLive;
+                fifo_.emplace_front(v.seq, item->slot);
+            }
+            else
+            {
+                v.retireDurable = false; // superseded meanwhile; keep the slot out of use until restart
+            }
+            if (item->ticket != 0)
+                completeLocked(item->ticket, s);
+            if (item->then)
+            {
+                ++st_.putErrors;
+                completeLocked(item->then->ticket, s);
+            }
+        }
+        return;
+    }
+
+    journalSize_ += text.size();
+    lastSeq_ = seq;
+    st_.journalRecords += ok.size();
+    st_.journalBatches += 1;
+    st_.journalBytes = journalSize_;
+    recordsSinceSnapshot_ += ok.size();
+    seq -= ok.size();
+    for (CommitItem* item : ok)
+    {
+        ++seq;
+        Slot& s = slots_[item->slot];
+        if (item->put)
+        {
+            auto it = index_.find(item->key);
+            if (it != index_.end())
+            {
+                // The new record supersedes the old page durably.
+                Slot& old = slots_[it->second];
+                old.state = kRetiring;
+                old.retireDurable = true;
+                maybeReleaseLocked(it->second);
+                it->second = item->slot;
+            }
+            else
+                index_.emplace(item->key, item->slot);
+            s.state = kLive;
+            s.crc = item->crc;
+            s.tag = item->tag;
+            s.seq = seq;
+            slotKeys_[item->slot] = item->key;
+            fifo_.emplace_back(seq, item->slot);
+            ++st_.puts;
+            st_.bytesWritten += cfg_.slotBytes;
+            completeLocked(item->ticket, {StatusCode::kOk, "", item->tag});
+            continue;
+        }
+        s.retireDurable = true;
+        if (item->ticket != 0)
+            completeLocked(item->ticket, {StatusCode::kOk, "", 0});
+        if (item->then)
+        {
+            // The evicted slot goes straight to the waiting write.
+            s.state = kReserved;
+            s.retireDurable = false;
+            slotKeys_[item->slot].clear();
+            enqueueTask(std::move(*item->then));
+        }
+        else
+            maybeReleaseLocked(item->slot);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshot
+// ---------------------------------------------------------------------------------------------
+
+void DiskRegion::writeSnapshotLocked()
+{
+    std::vector<SnapshotEntry> entries;
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        seq = lastSeq_;
+        entries.reserve(index_.size());
+        for (auto const& [sq, slot] : fifo_)
+        {
+            Slot const& s = slots_[slot];
+            if (s.state == kLive && s.seq == sq)
+                entries.push_back({slotKeys_[slot], slot, s.crc, s.tag, s.seq});
+        }
+        // Drop stale eviction-order pairs while we are here.
+        std::deque<std::pair<uint64_t, uint32_t>> live;
+        for (auto const& e : entries)
+            live.emplace_back(e.seq, e.slot);
+        fifo_.swap(live);
+    }
+    std::string text = formatSnapshot(identityLine(), seq, entries, slotsPerContainer_);
+    entries.clear();
+
+    std::string const tmp = path(kSnapshotTmp);
+    int fd = io_->open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = fd < 0 ? fd : writeFully(*io_, fd, text.data(), text.size(), 0);
+    if (rc == 0)
+        rc = io_->fdatasync(fd);
+    if (fd >= 0)
+        io_->close(fd);
+    if (rc != 0)
+    {
+        // The journal still holds everything: a failed snapshot costs only replay time.
+        ::unlink(tmp.c_str());
+        std::lock_guard<std::mutex> lock(mu_);
+        events_.push_back("disk region " + quoted(dir_) + ": snapshot failed: " + errnoText(-rc));
+        return;
+    }
+    // Keep the previous snapshot as the backup (it plus index.log.1 recovers everything).
+    // A damaged snapshot is discarded instead, so it never replaces a good backup.
+    std::string const main = path(kSnapshot);
+    if (exists(main) && (!mainSnapshotGood_ || std::rename(main.c_str(), path(kSnapshotBak).c_str()) != 0))
+        ::unlink(main.c_str());
+    std::rename(tmp.c_str(), main.c_str());
+    syncDir();
+    mainSnapshotGood_ = true;
+
+    // Rotate the journal: index.log becomes index.log.1, which covers the backup's gap.
+    std::string const header = "{\"kvcodec_disk_journal\":1,\"identity\":" + jsonQuote(identityLine()) + "}\n";
+    std::string const jtmp = path("index.log.tmp");
+    int nfd = io_->open(jtmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    rc = nfd < 0 ? nfd : writeFully(*io_, nfd, header.data(), header.size(), 0);
+    if (rc == 0)
+        rc = io_->fdatasync(nfd);
+    if (rc != 0)
+    {
+        if (nfd >= 0)
+            io_->close(nfd);
+        ::unlink(jtmp.c_str());
+        std::lock_guard<std::mutex> lock(mu_);
+        events_.push_back("disk region " + quoted(dir_) + ": journal rotation failed: " + errnoText(-rc));
+        return;
+    }
+    std::rename(path(kJournal).c_str(), path(kJournalOld).c_str());
+    std::rename(jtmp.c_str(), path(kJournal).c_str());
+    syncDir();
+    io_->close(journalFd_);
+    journalFd_ = nfd;
+    journalSize_ = header.size();
+    recordsSinceSnapshot_ = 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    st_.snapshots += 1;
+    st_.journalBytes = journalSize_;
+}
+
+void DiskRegion::snapshot()
+{
+    if (cfg_.readOnly)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; no snapshot");
+    std::lock_guard<std::mutex> cm(commitMu_);
+    if (closed_)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    writeSnapshotLocked();
+}
+
+void DiskRegion::close()
+{
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_ || stopping_)
+            return;
+    }
+    flush();
+    {
+        std::lock_guard<std::mutex> l1(mu_);
+        std::lock_guard<std::mutex> l2(taskMu_);
+        std::lock_guard<std::mutex> l3(commitQMu_);
+        stopping_ = true;
+    }
+    taskCv_.notify_all();
+    commitCv_.notify_all();
+    for (auto& w : workers_)
+        w.join();
+    workers_.clear();
+    if (committer_.joinable())
+        committer_.join();
+    if (!cfg_.readOnly && journalFd_ >= 0 && !failed_)
+    {
+        std::lock_guard<std::mutex> cm(commitMu_);
+        writeSnapshotLocked();
+    }
+    for (int& fd : containerFds_)
+        if (fd >= 0)
+        {
+            io_->close(fd);
+            fd = -1;
+        }
+    if (journalFd_ >= 0)
+    {
+        io_->close(journalFd_);
+        journalFd_ = -1;
+    }
+    if (lockFd_ >= 0)
+    {
+        ::close(lockFd_);
+        lockFd_ = -1;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+}
+
+DiskRegion::~DiskRegion()
+{
+    try
+    {
+        if (!workers_.empty() || committer_.joinable())
+            close();
+    }
+    catch (...)
+    {
+    }
+    for (int fd : containerFds_)
+        if (fd >= 0)
+            io_->close(fd);
+    if (journalFd_ >= 0)
+        io_->close(journalFd_);
+    if (lockFd_ >= 0)
+        ::close(lockFd_);
+}
+
+} // namespace kvcodec::disk

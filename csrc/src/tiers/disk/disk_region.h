@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The disk cold tier: one crash-safe tablespace region per cold pool group.
+//
+// A region is a directory holding a constant number of preallocated container files
+// (max_bytes / container_bytes), each carved into fixed slots of the group's cold-page size
+// (padded to 4 KiB in the file so O_DIRECT can address every slot), a human-readable journal
+// (index.log) and a periodic atomic snapshot of the index (index.snapshot, with a backup).
+// In RAM: a free-slot bitset and the key -> slot index.
+//
+// Write order (what makes a crash harmless): reserve slot -> write data -> fdatasync data ->
+// append journal record -> fdatasync journal -> publish in the index. Journal appends are group
+// committed (one fdatasync per batch); nothing is visible before its record is durable. A crash
+// between data and journal leaves the slot free on restart, never a phantom page.
+//
+// Threads: the submitting thread only validates and enqueues. A pool of I/O workers does the
+// pwrite/pread and checksums; one committer thread does the data and journal fdatasyncs, the
+// journal appends and the snapshots. The store never touches CUDA: it moves host buffers (the
+// manager hands it slices of its pinned page ring).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "tiers/disk/file_io.h"
+#include "tiers/disk/journal.h"
+
+namespace kvcodec::disk {
+
+enum class IoMode : int32_t
+{
+    kAuto = 0,     ///< O_DIRECT where the file system accepts it, buffered otherwise.
+    kDirect = 1,   ///< O_DIRECT or fail to open.
+    kBuffered = 2, ///< Page cache + fdatasync.
+};
+
+/// What a write does when every slot is live.
+enum class FullPolicy : int32_t
+{
+    kRefuse = 0,      ///< The write completes with kFull; nothing changes.
+    kEvictOldest = 1, ///< The oldest published page (not being read) is retired durably first.
+};
+
+/// The codec whose blobs a region holds. Reopening with a different identity invalidates the
+/// region (with a warning) instead of decoding foreign blobs.
+struct CodecIdentity
+{
+    std::string name;
+    uint32_t formatVersion = 0;
+    std::string paramHash;  ///< Hash of the codec parameters (and whatever else shapes the blob).
+    std::string paramsJson; ///< The parameters themselves, so tools can recreate the codec.
+};
+
+struct RegionConfig
+{
+    std::string name;            ///< Region (cold pool group) name; informational.
+    uint64_t slotBytes = 0;      ///< Cold-page payload size.
+    uint64_t maxBytes = 0;       ///< Total container bytes of the region.
+    uint64_t containerBytes = 0; ///< Bytes per container file (rounded down to whole slots).
+    CodecIdentity codec;
+    IoMode ioMode = IoMode::kAuto;
+    FullPolicy whenFull = FullPolicy::kRefuse;
+    uint32_t ioThreads = 4;
+    uint64_t snapshotEveryRecords = 1u << 20; ///< Journal records between snapshots; 0 = only on close.
+    uint32_t maxBatchRecords = 4096;          ///< Group-commit batch limit.
+    std::string layoutJson;                   ///< Opaque description of the blob layout (for tools).
+    bool readOnly = false;                    ///< Recover and serve reads; never modify a file.
+    std::shared_ptr<FileIo> fileIo;           ///< Null = POSIX (tests substitute a faulty one).
+};
+
+enum class StatusCode : int32_t
+{
+    kOk = 0,
+    kPending = 1,
+    kNotFound = 2,         ///< Unknown key (a miss).
+    kChecksumMismatch = 3, ///< The slot's CRC-32C failed (a miss; counted and reported).
+    kFull = 4,             ///< No free slot and the policy is kRefuse.
+    kNoSpace = 5,          ///< ENOSPC from the file system.
+    kIoError = 6,          ///< Any other I/O error (errno in the message).
+    kInvalidArgument = 7,
+    kClosed = 8,
+};
+
+struct Status
+{
+    StatusCode code = StatusCode::kOk;
+    std::string message;
+    uint32_t tag = 0; ///< For a successful read: the tag given to the write.
+};
+
+using Ticket = uint64_t;
+
+/// What open() found and repaired.
+struct RecoveryReport
+{
+    std::string snapshotUsed; ///< "index.snapshot", "index.snapshot.bak" or "" (none).
+    uint64_t snapshotSeq = 0;
+    uint64_t snapshotEntries = 0;
+    uint64_t journalRecordsReplayed = 0;
+    uint64_t journalCorruptLines = 0;
+    uint64_t truncatedTailBytes = 0;
+    uint64_t droppedEntries = 0; ///< Entries lost to damage (missing container, ...).
+    bool created = false;        ///< The region was created (or recreated after invalidation).
+    bool invalidated = false;    ///< A previous region with another identity or geometry was dropped.
+    double seconds = 0.0;
+    std::vector<std::string> warnings;
+};
+
+struct RegionStats
+{
+    uint64_t slotsTotal = 0;
+    uint64_t slotsLive = 0;
+    uint64_t slotsFree = 0;
+    uint64_t puts = 0;
+    uint64_t putErrors = 0;
+    uint64_t putsRefusedFull = 0;
+    uint64_t reads = 0;
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t checksumFailures = 0;
+    uint64_t readErrors = 0;
+    uint64_t erases = 0;
+    uint64_t evictions = 0;
+    uint64_t journalRecords = 0; ///< Appended since open.
+    uint64_t journalBatches = 0;
+    uint64_t journalBytes = 0;   ///< Current size of index.log.
+    uint64_t snapshots = 0;
+    uint64_t lastSeq = 0;
+    uint64_t bytesWritten = 0;
+    uint64_t bytesRead = 0;
+    bool directIo = false;
+    bool failed = false; ///< A journal repair failed: the region refuses writes until reopened.
+};
+
+/// One live page, for enumeration (onboarding after a restart, tools).
+struct PageInfo
+{
+    std::string key;
+    uint32_t container;
+    uint32_t slot;
+    uint32_t tag;
+    uint32_t crc;
+    uint64_t seq;
+};
+
+class DiskRegion
+{
+public:
+    /// Opens (creating, recovering or invalidating) the region in directory `dir`. Throws
+    /// std::invalid_argument naming the offending field for a bad config, std::runtime_error for
+    /// a region that cannot be opened (missing directory in read-only mode, ENOSPC while
+    /// preallocating, locked by another process, ...).
+    static std::unique_ptr<DiskRegion> open(std::string const& dir, RegionConfig config);
+
+    /// Reads region.json of `dir` (throws std::runtime_error when missing or damaged).
+    static FlatJson readRegionFile(std::string const& dir);
+
+    ~DiskRegion();
+    DiskRegion(DiskRegion const&) = delete;
+    DiskRegion& operator=(DiskRegion const&) = delete;
+
+    /// Enqueues a write of the page at `src` (`bytes` must equal slotBytes: cold pages are fixed
+    /// size) under `key` (any bytes, 1..255) with a caller tag (e.g. the lifecycle). `src` must
+    /// stay valid and unchanged until the ticket completes. Overwriting a key is allowed: the new
+    /// page replaces the old one when its record is durable.
+    Ticket submitWrite(std::string const& key, void const* src, size_t bytes, uint32_t tag = 0);
+    /// Enqueues a read of `key` into `dst` (capacity `bytes` >= slotBytes). Unknown key:
+    /// completes kNotFound.
+    Ticket submitRead(std::string const& key, void* dst, size_t bytes);
+    /// Retires `key` (no longer served from now on); the ticket completes when the retirement is
+    /// durable. Unknown key: completes kNotFound.
+    Ticket submitErase(std::string const& key);
+
+    /// The ticket's status, or nullopt while it is pending. A completed status is returned once.
+    std::optional<Status> poll(Ticket t);
+    /// Blocks until the ticket completes (timeoutSeconds < 0: forever; on timeout: kPending).
+    Status wait(Ticket t, double timeoutSeconds = -1.0);
+    /// Blocks until every submitted operation has completed.
+    void flush();
+
+    [[nodiscard]] bool contains(std::string const& key) const;
+    [[nodiscard]] std::optional<PageInfo> lookup(std::string const& key) const;
+    [[nodiscard]] std::vector<PageInfo> pages() const;
+    [[nodiscard]] RegionStats stats() const;
+    [[nodiscard]] RecoveryReport const& recovery() const noexcept
+    {
+        return recovery_;
+    }
+
+    /// Messages about events that no ticket reports (a failed snapshot, the region failing);
+    /// returned once. Checksum mismatches are reported through the read's Status.
+    std::vector<std::string> drainEvents();
+
+    /// Writes a snapshot now and rotates the journal (blocks commits meanwhile).
+    void snapshot();
+    /// Flushes, snapshots, stops the threads and closes the files. Idempotent.
+    void close();
+
+    [[nodiscard]] uint64_t slotBytes() const noexcept
+    {
+        return cfg_.slotBytes;
+    }
+    [[nodiscard]] uint64_t slotStride() const noexcept
+    {
+        return stride_;
+    }
+    [[nodiscard]] uint32_t slotsPerContainer() const noexcept
+    {
+        return slotsPerContainer_;
+    }
+    [[nodiscard]] uint32_t numContainers() const noexcept
+    {
+        return numContainers_;
+    }
+    [[nodiscard]] RegionConfig const& config() const noexcept
+    {
+        return cfg_;
+    }
+    [[nodiscard]] std::string const& dir() const noexcept
+    {
+        return dir_;
+    }
+
+private:
+    enum SlotState : uint8_t
+    {
+        kFree = 0,
+        kReserved = 1, ///< A write is in flight.
+        kLive = 2,     ///< Published.
+        kRetiring = 3, ///< Unpublished; reusable once its retirement is durable and no read pins it.
+    };
+
+    struct Slot
+    {
+        uint32_t crc = 0;
+        uint32_t tag = 0;
+        uint64_t seq = 0;
+        uint16_t pins = 0;
+        uint8_t state = kFree;
+        bool retireDurable = false;
+    };
+
+    struct Task
+    {
+        enum Kind : uint8_t
+        {
+            kWrite,
+            kRead,
+        } kind;
+        Ticket ticket;
+        std::string key;
+        uint32_t slot;
+        uint32_t tag;
+        uint32_t crc;
+        void const* src;
+        void* dst;
+    };
+
+    struct CommitItem
+    {
+        bool put;
+        Ticket ticket; ///< 0 for an eviction's retirement.
+        std::string key;
+        uint32_t slot;
+        uint32_t crc;
+        uint32_t tag;
+        std::optional<Task> then; ///< A write waiting for this retirement (eviction).
+    };
+
+    DiskRegion(std::string dir, RegionConfig cfg);
+    void openFiles();
+    void recover();
+    void startThreads();
+    void workerLoop();
+    void committerLoop();
+    void runTask(Task& t, void* bounce);
+    void commitBatch(std::vector<CommitItem>& batch);
+    void writeSnapshotLocked(); // commitMu_ held
+    void applyRecord(JournalRecord const& r);
+    int64_t allocateSlotLocked();
+    void freeSlotLocked(uint32_t slot);
+    void maybeReleaseLocked(uint32_t slot);
+    Ticket newTicketLocked();
+    void completeLocked(Ticket t, Status s);
+    void enqueueTask(Task t);
+    void enqueueCommit(CommitItem item);
+    std::string identityLine() const;
+    std::string path(std::string const& leaf) const;
+    void syncDir();
+    void failRegion(std::string const& why);
+
+    std::string dir_;
+    RegionConfig cfg_;
+    std::shared_ptr<FileIo> io_;
+    uint64_t stride_ = 0;
+    uint32_t slotsPerContainer_ = 0;
+    uint32_t numContainers_ = 0;
+    uint32_t numSlots_ = 0;
+    bool direct_ = false;
+    std::vector<int> containerFds_;
+    int journalFd_ = -1;
+    int lockFd_ = -1;
+    uint64_t journalSize_ = 0;
+    RecoveryReport recovery_;
+    std::vector<bool> freshContainers_;
+
+    // Index and slots (mu_).
+    mutable std::mutex mu_;
+    std::condition_variable doneCv_;
+    std::unordered_map<std::string, uint32_t> index_;
+    std::vector<Slot> slots_;
+    std::vector<std::string> slotKeys_;
+    std::vector<uint64_t> freeBits_;
+    uint32_t freeCount_ = 0;
+    uint32_t cursor_ = 0;
+    std::deque<std::pair<uint64_t, uint32_t>> fifo_; ///< (seq, slot) in publish order; stale pairs skipped.
+    std::unordered_map<Ticket, Status> done_;
+    Ticket nextTicket_ = 1;
+    uint64_t inflight_ = 0;
+    uint64_t lastSeq_ = 0;
+    RegionStats st_;
+    bool failed_ = false;
+    std::vector<std::string> events_;
+    std::string failReason_;
+
+    // Worker queue.
+    std::mutex taskMu_;
+    std::condition_variable taskCv_;
+    std::deque<Task> tasks_;
+    // Commit queue.
+    std::mutex commitQMu_;
+    std::condition_variable commitCv_;
+    std::vector<CommitItem> commitQ_;
+    // Held by the committer while appending and by snapshot(): one writer of the journal.
+    std::mutex commitMu_;
+    uint64_t recordsSinceSnapshot_ = 0;
+    bool mainSnapshotGood_ = false; ///< index.snapshot was loaded intact or written by us.
+
+    bool stopping_ = false;
+    bool closed_ = false;
+    std::vector<std::thread> workers_;
+    std::thread committer_;
+};
+
+/// "ok", "not_found", ... (stable names used by the Python facade).
+char const* statusName(StatusCode c) noexcept;
+
+} // namespace kvcodec::disk

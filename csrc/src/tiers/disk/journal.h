@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// Text formats of the disk tier: the journal (one JSON record per line, each with its own
+// CRC-32C so a torn or corrupt line is recognized), the index snapshot (a JSON header line, one
+// entry per line, a JSON trailer with the entry count and CRC) and the flat region.json.
+// All are human-readable on purpose: `cat index.log` shows the operation history.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvcodec::disk {
+
+/// One journal record. A put makes `key` live in global slot `slot` (container = slot /
+/// slotsPerContainer) with payload checksum `crc` and caller tag `tag`; it also retires whatever
+/// the slot or the key held before. A del retires `key` if it still lives in `slot`.
+struct JournalRecord
+{
+    uint64_t seq = 0;
+    bool put = true;
+    std::string key; ///< Raw key bytes (hex in the text).
+    uint32_t slot = 0;
+    uint32_t crc = 0;
+    uint32_t tag = 0;
+};
+
+/// The record as one line, newline included.
+std::string formatRecord(JournalRecord const& r, uint32_t slotsPerContainer);
+
+/// Parses one line (without its newline). False with `why` set when the line is not a record this
+/// code wrote intact (bad syntax, bad line checksum, slot out of range).
+bool parseRecord(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out,
+    std::string& why);
+
+std::string toHex(std::string_view bytes);
+/// False when `hex` has odd length or a non-hex digit.
+bool fromHex(std::string_view hex, std::string& out);
+
+/// One snapshot entry (in FIFO order, oldest first).
+struct SnapshotEntry
+{
+    std::string key;
+    uint32_t slot;
+    uint32_t crc;
+    uint32_t tag;
+    uint64_t seq;
+};
+
+/// Serializes a snapshot covering every journal record with seq <= `seq`.
+std::string formatSnapshot(std::string const& identityLine, uint64_t seq, std::vector<SnapshotEntry> const& entries,
+    uint32_t slotsPerContainer);
+
+/// Parses a snapshot. False with `why` on any damage (the caller then falls back to the backup).
+/// `identityLine` must equal the recorded one.
+bool parseSnapshot(std::string_view text, std::string const& identityLine, uint32_t slotsPerContainer,
+    uint32_t numSlots, uint64_t& seq, std::vector<SnapshotEntry>& entries, std::string& why);
+
+/// A flat JSON object of string and integer values (region.json).
+using FlatJson = std::map<std::string, std::string>;
+
+/// Serializes with sorted keys; values listed in `numeric` are written unquoted.
+std::string formatFlatJson(FlatJson const& obj, std::vector<std::string> const& numeric);
+/// Parses a flat object of strings and integers. False with `why` on anything else.
+bool parseFlatJson(std::string_view text, FlatJson& out, std::string& why);
+/// JSON string literal (quoted, escaped).
+std::string jsonQuote(std::string_view s);
+
+} // namespace kvcodec::disk

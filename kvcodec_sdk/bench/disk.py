@@ -1,0 +1,272 @@
+"""``kvcodec bench disk``: the disk tier's throughput against the file system's own ceiling.
+
+Everything runs in one temporary directory on the file system under test, in one run:
+  * ceiling: raw sequential throughput of one file written (then read) in large 8 MiB chunks
+    with one fdatasync at the end: the better of O_DIRECT (where accepted) and buffered I/O;
+  * baseline: one synchronous pwrite (pread) per page on the calling thread, the pattern of a
+    disk tier driven from a stream callback; its durable variant adds an fdatasync per page;
+  * store: DiskRegion with pages submitted asynchronously (``depth`` in flight), every write
+    acknowledged durable (data and journal record synced) before it counts;
+  * recovery: reopening a region of ``recovery_slots`` slots, from the snapshot and from the
+    journal alone.
+Reported: GB/s and ratios store/ceiling (target >= 0.8) and store/baseline; recovery seconds
+(target <= 2 s for 1M slots). Every page read back is compared with what was written.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..disk import DiskRegion
+
+KiB = 1024
+MiB = 1024 * KiB
+TARGET_RATIO = 0.8
+TARGET_RECOVERY_S = 2.0
+
+
+@dataclass
+class Report:
+    dir: str
+    io: str
+    slot_bytes: int
+    total_bytes: int
+    io_threads: int
+    depth: int
+    gbps: dict = field(default_factory=dict)
+    ratios: dict = field(default_factory=dict)
+    recovery: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """Page-aligned buffer (O_DIRECT needs aligned memory)."""
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+
+
+def _drop_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _sequential(path: str, total: int, direct: bool, chunk: int = 8 * MiB) -> tuple[float, float]:
+    """Raw sequential write and read GB/s of one file (the physical ceiling in this run)."""
+    buf = _aligned(chunk)
+    buf[:] = np.random.default_rng(0).integers(0, 256, chunk, dtype=np.uint8)
+    flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, total)
+        os.fsync(fd)
+        t0 = time.perf_counter()
+        for off in range(0, total, chunk):
+            os.pwritev(fd, [memoryview(buf)[: min(chunk, total - off)]], off)
+        os.fdatasync(fd)
+        write_s = time.perf_counter() - t0
+        if not direct:
+            _drop_cache(path)
+        t0 = time.perf_counter()
+        for off in range(0, total, chunk):
+            os.preadv(fd, [memoryview(buf)[: min(chunk, total - off)]], off)
+        read_s = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return total / write_s / 1e9, total / read_s / 1e9
+
+
+def _baseline(path: str, pages: np.ndarray, slot: int, durable: bool) -> tuple[float, float]:
+    """One synchronous pwrite (+ fdatasync when durable) and pread per page, buffered."""
+    n = pages.shape[0]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, n * slot)
+        t0 = time.perf_counter()
+        for i in range(n):
+            os.pwrite(fd, pages[i], i * slot)
+            if durable:
+                os.fdatasync(fd)
+        os.fdatasync(fd)
+        write_s = time.perf_counter() - t0
+        _drop_cache(path)
+        out = bytearray(slot)
+        t0 = time.perf_counter()
+        for i in range(n):
+            os.preadv(fd, [out], i * slot)
+        read_s = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    nbytes = n * slot
+    return nbytes / write_s / 1e9, nbytes / read_s / 1e9
+
+
+def _store(path: str, pages: np.ndarray, slot: int, io_threads: int, depth: int) -> tuple[float, float, dict]:
+    n = pages.shape[0]
+    kw = dict(slot_bytes=slot, max_bytes=n * max(slot, 4096) * 2, container_bytes=256 * MiB,
+              io_threads=io_threads)
+    kw["container_bytes"] = min(kw["container_bytes"], kw["max_bytes"])
+    keys = [i.to_bytes(16, "little") for i in range(n)]
+    with DiskRegion(path, **kw) as r:
+        inflight: list[int] = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            inflight.append(r.submit_write(keys[i], pages[i]))
+            if len(inflight) >= depth:
+                r.wait(inflight.pop(0))
+        for t in inflight:
+            r.wait(t)
+        write_s = time.perf_counter() - t0
+        stats = r.stats()
+    if not stats["direct_io"]:
+        for f in os.listdir(os.path.join(path, "containers")):
+            _drop_cache(os.path.join(path, "containers", f))
+    out = _aligned(depth * slot).reshape(depth, slot)
+    errors = 0
+    with DiskRegion(path, **kw) as r:
+        inflight = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            inflight.append((i, r.submit_read(keys[i], out[i % depth])))
+            if len(inflight) >= depth:
+                j, t = inflight.pop(0)
+                errors += not r.wait(t).ok or not np.array_equal(out[j % depth], pages[j])
+        for j, t in inflight:
+            errors += not r.wait(t).ok or not np.array_equal(out[j % depth], pages[j])
+        read_s = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{errors} pages read back differ from what was written")
+    nbytes = n * slot
+    info = {"journal_batches": stats["journal_batches"], "pages": n,
+            "pages_per_batch": n / max(1, stats["journal_batches"]), "direct_io": stats["direct_io"]}
+    return nbytes / write_s / 1e9, nbytes / read_s / 1e9, info
+
+
+def _recovery(path: str, slots: int, progress: bool) -> dict:
+    """Recovery time of a region holding ``slots`` live pages (small buffered slots: what is
+    measured is the index, not the data). Both reopenings are read-only, so neither writes a
+    snapshot of its own."""
+    slot = 64
+    kw = dict(slot_bytes=slot, max_bytes=slots * 4096, container_bytes=min(slots * 4096, 1 << 30),
+              io_mode="buffered", io_threads=4, snapshot_every=0, max_batch=16384)
+    data = bytes(slot)
+    journal_only = path + "-journal"
+    with DiskRegion(path, **kw) as r:
+        window: list[int] = []
+        t0 = time.perf_counter()
+        for i in range(slots):
+            window.append(r.submit_write(i.to_bytes(16, "little"), data))
+            if len(window) >= 8192:
+                for t in window:
+                    r.wait(t)
+                window.clear()
+                if progress and i % (1 << 18) < 8192:
+                    print(f"[bench] recovery: populated {i + 1}/{slots} slots", file=sys.stderr)
+        for t in window:
+            r.wait(t)
+        populate_s = time.perf_counter() - t0
+        # What a crash before the first snapshot leaves: the journal alone (containers linked).
+        os.makedirs(os.path.join(journal_only, "containers"))
+        for f in os.listdir(os.path.join(path, "containers")):
+            os.link(os.path.join(path, "containers", f), os.path.join(journal_only, "containers", f))
+        for leaf in ("region.json", "index.log"):
+            shutil.copyfile(os.path.join(path, leaf), os.path.join(journal_only, leaf))
+    t0 = time.perf_counter()
+    with DiskRegion.open_read_only(path) as r:
+        from_snapshot = time.perf_counter() - t0
+        rec = r.recovery()
+        assert len(r) == slots and rec["snapshot_entries"] == slots
+    t0 = time.perf_counter()
+    with DiskRegion.open_read_only(journal_only) as r:
+        from_journal = time.perf_counter() - t0
+        rec_j = r.recovery()
+        assert len(r) == slots and rec_j["journal_records_replayed"] == slots
+    shutil.rmtree(journal_only)
+    return {"slots": slots, "snapshot_s": from_snapshot, "snapshot_recover_s": rec["seconds"],
+            "journal_s": from_journal, "journal_recover_s": rec_j["seconds"], "populate_s": populate_s,
+            "target_s": TARGET_RECOVERY_S}
+
+
+def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes: int = 512 * MiB,
+        io_threads: int = 8, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True) -> Report:
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[bench] {msg}", file=sys.stderr)
+
+    work = tempfile.mkdtemp(prefix="kvcodec-bench-disk-", dir=directory)
+    try:
+        n = max(1, total_bytes // slot_bytes)
+        pages = _aligned(n * slot_bytes).reshape(n, slot_bytes)
+        rng = np.random.default_rng(1)
+        for i in range(0, n, 256):
+            pages[i: i + 256] = rng.integers(0, 256, pages[i: i + 256].shape, dtype=np.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe = DiskRegion(os.path.join(work, "probe"), slot_bytes=4096, max_bytes=4096, container_bytes=4096)
+            direct = probe.stats()["direct_io"]
+            probe.close()
+        shutil.rmtree(os.path.join(work, "probe"))
+        rep = Report(work, "direct" if direct else "buffered", slot_bytes, n * slot_bytes, io_threads, depth)
+        say(f"ceiling: sequential {n * slot_bytes // MiB} MiB ({rep.io})")
+        # The ceiling is the better of direct and buffered sequential I/O on this file system.
+        seq = [_sequential(os.path.join(work, "seq"), n * slot_bytes, mode) for mode in ({direct, False})]
+        rep.gbps["ceiling_write"] = max(w for w, _ in seq)
+        rep.gbps["ceiling_read"] = max(r for _, r in seq)
+        say("baseline: one synchronous pwrite/pread per page")
+        rep.gbps["baseline_write"], rep.gbps["baseline_read"] = _baseline(os.path.join(work, "base"), pages,
+                                                                          slot_bytes, durable=False)
+        nd = max(1, min(n, 2048))
+        rep.gbps["baseline_durable_write"], _ = _baseline(os.path.join(work, "base2"), pages[:nd], slot_bytes,
+                                                          durable=True)
+        say(f"store: {n} pages, {io_threads} I/O threads, depth {depth}")
+        rep.gbps["store_write"], rep.gbps["store_read"], rep.info["store"] = _store(
+            os.path.join(work, "store"), pages, slot_bytes, io_threads, depth)
+        shutil.rmtree(os.path.join(work, "store"))
+        for d in ("write", "read"):
+            rep.ratios[f"{d}_vs_ceiling"] = rep.gbps[f"store_{d}"] / rep.gbps[f"ceiling_{d}"]
+            rep.ratios[f"{d}_vs_baseline"] = rep.gbps[f"store_{d}"] / rep.gbps[f"baseline_{d}"]
+        rep.ratios["write_vs_durable_baseline"] = rep.gbps["store_write"] / rep.gbps["baseline_durable_write"]
+        rep.ratios["target"] = TARGET_RATIO
+        if recovery_slots:
+            say(f"recovery: populating {recovery_slots} slots")
+            rep.recovery = _recovery(os.path.join(work, "recovery"), recovery_slots, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rep
+
+
+def format_table(rep: Report) -> str:
+    g, r = rep.gbps, rep.ratios
+    lines = [
+        f"disk tier benchmark: {rep.total_bytes // MiB} MiB of {rep.slot_bytes // KiB} KiB pages, {rep.io} I/O, "
+        f"{rep.io_threads} I/O threads, depth {rep.depth}",
+        f"{'':10}{'store GB/s':>12}{'ceiling':>10}{'baseline':>10}{'x ceiling':>11}{'x baseline':>12}",
+    ]
+    for d in ("write", "read"):
+        ok = "ok" if r[f"{d}_vs_ceiling"] >= TARGET_RATIO else f"below target {TARGET_RATIO}"
+        lines.append(f"{d:10}{g[f'store_{d}']:12.2f}{g[f'ceiling_{d}']:10.2f}{g[f'baseline_{d}']:10.2f}"
+                     f"{r[f'{d}_vs_ceiling']:11.2f}{r[f'{d}_vs_baseline']:12.2f}  {ok}")
+    lines.append(f"durable baseline (fdatasync per page) write {g['baseline_durable_write']:.3f} GB/s: store is "
+                 f"{r['write_vs_durable_baseline']:.1f}x; {rep.info['store']['pages_per_batch']:.1f} pages per "
+                 "journal group commit")
+    if rep.recovery:
+        rc = rep.recovery
+        verdict = "ok" if max(rc["snapshot_s"], rc["journal_s"]) <= TARGET_RECOVERY_S else "above target"
+        lines.append(f"recovery of {rc['slots']} slots: {rc['snapshot_s']:.2f} s from the snapshot, "
+                     f"{rc['journal_s']:.2f} s from the journal alone (target <= {TARGET_RECOVERY_S} s: {verdict})")
+    return "\n".join(lines)

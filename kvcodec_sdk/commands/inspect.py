@@ -1,0 +1,217 @@
+"""``kvcodec inspect DIR``: the disk-tier regions under DIR — codec identity, slot usage and
+journal state — and, with ``--key``, one page located, checksum-verified and decoded on the CPU
+with the recorded codec. Opens regions read-only: no file is changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+NAME = "inspect"
+HELP = "inspect disk-tier regions (codec, slots, journal) and decode a page by key"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="a region directory, or a directory whose subdirectories are regions")
+    p.add_argument("--key", help="a page key, in hex (as the journal shows it)")
+    p.add_argument("--key-text", help="a page key as UTF-8 text")
+    p.add_argument("--region", help="with several regions: the one holding the key (directory name)")
+    p.add_argument("--dump", metavar="PATH", help="with --key: also write the raw blob to PATH")
+    p.add_argument("--pages", type=int, default=0, metavar="N", help="list the N oldest pages of each region")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def find_regions(root: str) -> list[str]:
+    """``root`` itself when it is a region, else its subdirectories that are (sorted)."""
+    if not os.path.exists(root):
+        raise FileNotFoundError(f"{root!r} does not exist")
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"{root!r} is not a directory")
+    if os.path.isfile(os.path.join(root, "region.json")):
+        return [root]
+    found = sorted(os.path.join(root, d) for d in os.listdir(root)
+                   if os.path.isfile(os.path.join(root, d, "region.json")))
+    if not found:
+        raise FileNotFoundError(f"no disk region under {root!r}: neither it nor a subdirectory holds region.json")
+    return found
+
+
+def describe(path: str, pages: int) -> tuple[dict, Any]:
+    from ..disk import DiskRegion
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        region = DiskRegion.open_read_only(path)
+    stats, rec = region.stats(), region.recovery()
+    files = {leaf: os.path.getsize(os.path.join(path, leaf)) if os.path.exists(os.path.join(path, leaf)) else None
+             for leaf in ("index.log", "index.log.1", "index.snapshot", "index.snapshot.bak")}
+    info = {
+        "path": path,
+        "name": region._native.name,
+        "codec": region.codec,
+        "slot_bytes": region.slot_bytes,
+        "slot_stride": region._native.slot_stride,
+        "containers": region._native.num_containers,
+        "slots_per_container": region._native.slots_per_container,
+        "slots_total": stats["slots_total"],
+        "slots_live": stats["slots_live"],
+        "io": "direct" if stats["direct_io"] else "buffered",
+        "layout_recorded": region.layout is not None,
+        "journal": {
+            "files": files,
+            "snapshot_used": rec["snapshot_used"] or None,
+            "snapshot_seq": rec["snapshot_seq"],
+            "snapshot_entries": rec["snapshot_entries"],
+            "records_after_snapshot": rec["journal_records_replayed"],
+            "last_seq": stats["last_seq"],
+            "truncated_tail_bytes": rec["truncated_tail_bytes"],
+            "corrupt_lines": rec["journal_corrupt_lines"],
+            "recovery_seconds": rec["seconds"],
+        },
+        "warnings": [str(w.message) for w in caught],
+    }
+    if pages:
+        info["pages"] = [dict(p, key=p["key"].hex()) for p in region.pages()[:pages]]
+    return info, region
+
+
+def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
+    """Reads ``key`` (checksum-verified) and decodes it on the CPU with the recorded codec."""
+    import numpy as np
+
+    from ..disk import group_from_layout
+    from ..registry import create_codec
+
+    loc = region.lookup(key)
+    if loc is None:
+        known = [p["key"].hex() for p in region.pages()[:5]]
+        raise LookupError(f"key {key.hex()} is not in region {region._native.dir!r}; some keys: {known}")
+    blob = np.zeros(region.slot_bytes, dtype=np.uint8)
+    done = region.wait(region.submit_read(key, blob))
+    out: dict[str, Any] = {"key": key.hex(), "container": loc["container"], "slot": loc["slot"], "tag": loc["tag"],
+                           "crc": "%08x" % loc["crc"], "checksum": done.status}
+    if not done.ok:
+        out["error"] = done.message
+        return out
+    if dump:
+        blob.tofile(dump)
+        out["dumped_to"] = dump
+    layout, ident = region.layout, region.codec
+    if layout is None:
+        out["decoded"] = None
+        out["note"] = "no layout recorded with the region: the blob cannot be decoded (use --dump for raw bytes)"
+        return out
+    pools = [np.zeros(p["slot_bytes"], dtype=np.uint8) for p in layout["pools"]]
+    group = group_from_layout(layout, [p.ctypes.data for p in pools])
+    with create_codec(ident["name"], ident["params"], device="cpu") as codec:
+        if codec.spec.format_version != ident["format_version"]:
+            raise ValueError(f"the installed codec {ident['name']!r} has format {codec.spec.format_version}; the "
+                             f"region was written with format {ident['format_version']}")
+        codec.configure([group])
+        lifecycle = loc["tag"]
+        pairs = np.array([[0, 0]], dtype=np.int32)  # (hot slot 0, cold slot 0)
+        codec.decode(lifecycle, blob.ctypes.data, pairs)
+    out["decoded"] = summarize(layout, pools, loc["tag"])
+    return out
+
+
+_NP_DTYPES = {0: "uint8", 1: "int8", 2: "float16", 4: "float32", 7: "int32"}
+
+
+def summarize(layout: dict, pools: list, lifecycle: int) -> list[dict]:
+    import numpy as np
+
+    from ..disk import crc32c
+
+    rows = []
+    for i, p in enumerate(pools):
+        rows.append({"pool": i, "bytes": int(p.size), "crc32c": "%08x" % crc32c(p), "head": p[:16].tobytes().hex()})
+    for lc in layout["lifecycles"]:
+        if lc["lifecycle_id"] != lifecycle:
+            continue
+        for b in lc["buffers"]:
+            raw = pools[b["pool_index"]][b["byte_offset"]: b["byte_offset"] + b["bytes"]]
+            row = {"layer": b["layer_id"], "role": ("K", "V", "other")[b["role"]], "pool": b["pool_index"],
+                   "bytes": b["bytes"]}
+            if b["dtype"] == 3:  # bfloat16: the high half of a float32
+                vals = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            elif b["dtype"] in _NP_DTYPES:
+                vals = raw.view(_NP_DTYPES[b["dtype"]])
+            else:
+                vals = None
+            if vals is not None and vals.size:
+                with np.errstate(invalid="ignore"):
+                    v = vals.astype(np.float64)
+                finite = v[np.isfinite(v)]
+                row["non_finite"] = int(v.size - finite.size)
+                if finite.size:
+                    row.update(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()))
+            rows.append(row)
+    return rows
+
+
+def _print_region(info: dict) -> None:
+    c, j = info["codec"], info["journal"]
+    pct = 100.0 * info["slots_live"] / max(1, info["slots_total"])
+    print(f"region {info['name']!r} at {info['path']}")
+    print(f"  codec      {c['name']} format {c['format_version']} param_hash {c['param_hash']} params {json.dumps(c['params'])}")
+    print(f"  slots      {info['slots_live']} / {info['slots_total']} live ({pct:.1f}%), {info['slot_bytes']} B "
+          f"(stride {info['slot_stride']}), {info['containers']} containers x {info['slots_per_container']} slots, "
+          f"{info['io']} I/O")
+    snap = f"{j['snapshot_used']} (seq {j['snapshot_seq']}, {j['snapshot_entries']} pages)" if j["snapshot_used"] else "none"
+    print(f"  snapshot   {snap}; backup {'present' if j['files']['index.snapshot.bak'] is not None else 'absent'}")
+    print(f"  journal    {j['records_after_snapshot']} records after the snapshot, last seq {j['last_seq']}, "
+          f"index.log {j['files']['index.log']} B, torn tail {j['truncated_tail_bytes']} B, "
+          f"corrupt lines {j['corrupt_lines']}, recovered in {j['recovery_seconds'] * 1e3:.1f} ms")
+    print(f"  layout     {'recorded (pages can be decoded)' if info['layout_recorded'] else 'not recorded'}")
+    for w in info["warnings"]:
+        print(f"  warning    {w}")
+    for p in info.get("pages", []):
+        print(f"  page       {p['key']} container {p['container']} slot {p['slot']} tag {p['tag']} seq {p['seq']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.key and args.key_text:
+        raise ValueError("give --key (hex) or --key-text, not both")
+    key = None
+    if args.key:
+        try:
+            key = bytes.fromhex(args.key)
+        except ValueError:
+            raise ValueError(f"--key {args.key!r} is not hex; use --key-text for a text key") from None
+    elif args.key_text:
+        key = args.key_text.encode()
+    report: dict[str, Any] = {"regions": []}
+    for path in find_regions(args.dir):
+        info, region = describe(path, args.pages)
+        try:
+            wanted = args.region is None or os.path.basename(path.rstrip("/")) == args.region
+            if key is not None and wanted and region.lookup(key) is not None:
+                report["page"] = decode_page(region, key, args.dump)
+                report["page"]["region"] = path
+        finally:
+            region.close()
+        report["regions"].append(info)
+    if key is not None and "page" not in report:
+        raise LookupError(f"key {key.hex()} is in no region under {args.dir!r}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for info in report["regions"]:
+        _print_region(info)
+    page = report.get("page")
+    if page:
+        print(f"page {page['key']} in {page['region']}: container {page['container']} slot {page['slot']} "
+              f"tag {page['tag']} crc {page['crc']} checksum {page['checksum']}")
+        if "error" in page:
+            print(f"  {page['error']}")
+            return 1
+        if page.get("decoded") is None:
+            print(f"  {page['note']}")
+        for row in page.get("decoded") or []:
+            print("  " + "  ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    return 0
