@@ -69,5 +69,14 @@ step "kvcodec bench disk (host-only: disk tier vs the file system's sequential c
 (cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
 
+step "template: kvcodec new -> build -> kvcodec check (CPU and CUDA)"
+if python3 -c 'import cookiecutter' 2> /dev/null; then
+  (cd "$OUT_DIR" && python3 -m pytest -q -s -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
+     "$OLDPWD/tests/test_template.py") > "$OUT_DIR/template.log" 2>&1 || status=1
+  grep -E "kvcodec new ->|passed|failed" "$OUT_DIR/template.log"
+else
+  echo "cookiecutter is not installed: template step skipped"
+fi
+
 step "done (status $status)"
 exit $status
