@@ -54,6 +54,18 @@ def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -
 # -- memory -------------------------------------------------------------------------------------
 
 
+def upload_to_device(array: np.ndarray, device: str) -> Any:
+    """A device copy of a host array, made on a private stream that alone is synchronized: it
+    never waits for the codec's (possibly blocked) stream or for the whole device."""
+    import torch
+
+    side = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(side):
+        tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    side.synchronize()
+    return tensor
+
+
 class _Region:
     """Bytes at ``address``: host (numpy) or device (torch) memory."""
 
@@ -96,8 +108,10 @@ class _Region:
         else:
             import torch
 
-            self._tensor[: self.nbytes].copy_(torch.from_numpy(data))
-            torch.cuda.synchronize(self._tensor.device)
+            side = torch.cuda.Stream(device=self._tensor.device)
+            with torch.cuda.stream(side):
+                self._tensor[: self.nbytes].copy_(torch.from_numpy(data))
+            side.synchronize()
 
 
 @dataclass
@@ -233,10 +247,7 @@ class Harness:
         on the device."""
         pairs = np.ascontiguousarray(np.stack([np.asarray(dst), np.asarray(src)], axis=1).astype(np.int32).reshape(-1, 2))
         if self.location(lifecycle) == PageIndexLocation.DEVICE:
-            import torch
-
-            tensor = torch.from_numpy(pairs).to(self.device)
-            torch.cuda.synchronize(self.device)
+            tensor = upload_to_device(pairs, self.device)
             self._alive.append(tensor)
             return tensor
         self._alive.append(pairs)

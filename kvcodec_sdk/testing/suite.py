@@ -466,8 +466,10 @@ def _poison(h: Harness, indices: Any, valid_dst: np.ndarray, valid_src: np.ndarr
         return
     import torch
 
-    replacement = torch.from_numpy(wrong).to(indices.device)
-    torch.cuda.synchronize(indices.device)  # the copy source is ready before the stream reads it
+    from .harness import upload_to_device
+
+    # Uploaded on a private stream: a device-wide sync here would wait for the blocked stream.
+    replacement = upload_to_device(wrong, str(indices.device))
     with torch.cuda.stream(h.stream):
         indices.copy_(replacement, non_blocking=True)
     h._keep = getattr(h, "_keep", []) + [replacement]
