@@ -120,10 +120,11 @@ bool NvcompCodecBase::configure(PoolGroupDesc const* gpuDescs, PoolGroupIndex nu
 {
     try
     {
-        if (configured_)
+        if (configureCalled_)
         {
             return fail("configure() was already called; a codec is configured exactly once");
         }
+        configureCalled_ = true; // Final even when the layout is rejected.
         std::string err = layout_.load(gpuDescs, numGpuDescs);
         if (!err.empty())
         {

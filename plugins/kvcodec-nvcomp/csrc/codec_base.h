@@ -34,7 +34,7 @@ struct CodecOptions
     uint32_t elementBytes = 1; ///< data_type: 1 (uint8), 2 (uint16), 4 (uint32).
     bool bitshuffle = false;
     double slotRatio = 0; ///< 0: the worst-case bound.
-    uint64_t maxBatchBytes = 128ull << 20;
+    uint64_t maxBatchBytes = 64ull << 20; ///< Per lane (two lanes per direction).
 };
 
 /// Parses and checks the factory's JSON parameters. Returns false with `error` set.
@@ -89,6 +89,7 @@ protected:
     HotLayout layout_;
     std::vector<GroupPlan> plans_;
     bool configured_ = false;
+    bool configureCalled_ = false;
     mutable std::string error_;
 };
 

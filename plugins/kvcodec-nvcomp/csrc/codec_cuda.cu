@@ -14,9 +14,11 @@
 //           fixed) -> nvCOMP batched decompress -> scatter kernel (raw chunks, un-shuffle,
 //           writes only pages whose every chunk decoded).
 //
-// Workspaces (one per direction) are allocated at configure time for the largest batch
-// (max_batch_bytes); larger calls are cut into batches on the same stream. A call on another
-// stream than the previous one of the same direction waits for it through an event.
+// Workspaces are allocated at configure time for the largest batch (max_batch_bytes), two per
+// direction ("lanes", each with its own internal stream). A call is cut into batches that
+// alternate between the lanes, so one batch's PCIe transfer overlaps the next one's
+// (de)compression; the lanes wait for the caller's stream through an event and the caller's
+// stream waits for both lanes, so the call is ordered on the caller's stream as if enqueued there.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -590,12 +592,64 @@ public:
     ~NvcompCodecCuda() override
     {
         DeviceScope scope(device_);
-        if (encodeEvent_) cudaEventDestroy(encodeEvent_);
-        if (decodeEvent_) cudaEventDestroy(decodeEvent_);
+        if (encodeFork_) cudaEventDestroy(encodeFork_);
+        if (decodeFork_) cudaEventDestroy(decodeFork_);
+        for (int l = 0; l < kLanes; ++l)
+        {
+            for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
+            {
+                if (lane->stream) cudaStreamSynchronize(lane->stream);
+                if (lane->done) cudaEventDestroy(lane->done);
+                if (lane->stream) cudaStreamDestroy(lane->stream);
+            }
+        }
         arena_.reset();
     }
 
 private:
+    struct EncodeWorkspace
+    {
+        void const** inPtrs = nullptr;
+        size_t* inBytes = nullptr;
+        void** outPtrs = nullptr;
+        size_t* outBytes = nullptr;
+        nvcompStatus_t* statuses = nullptr;
+        uint32_t* entries = nullptr;
+        uint64_t* offsets = nullptr;
+        uint8_t* compStaging = nullptr;
+        uint8_t* inStaging = nullptr;
+        uint8_t* blobStaging = nullptr;
+        uint8_t* temp = nullptr;
+        size_t tempBytes = 0;
+    };
+
+    struct DecodeWorkspace
+    {
+        void const** inPtrs = nullptr;
+        size_t* inBytes = nullptr;
+        size_t* capacity = nullptr;
+        size_t* actual = nullptr;
+        void** outPtrs = nullptr;
+        nvcompStatus_t* statuses = nullptr;
+        uint8_t* kinds = nullptr;
+        uint64_t* offsets = nullptr;
+        uint8_t* outStaging = nullptr;
+        uint8_t* dummyOut = nullptr;
+        uint8_t* blobStaging = nullptr;
+        uint8_t* temp = nullptr;
+        size_t tempBytes = 0;
+    };
+
+    struct Lane
+    {
+        EncodeWorkspace enc;
+        DecodeWorkspace dec;
+        cudaStream_t stream = nullptr;
+        cudaEvent_t done = nullptr;
+    };
+
+    static constexpr int kLanes = 2;
+
     struct GroupState
     {
         DevChunk* chunks = nullptr;
@@ -659,46 +713,60 @@ private:
             zeroChunk_ = arena_->alloc<uint8_t>(chunkStride_, "the zero chunk");
             check(cudaMemset(zeroChunk_, 0, chunkStride_), "clearing the zero chunk");
 
-            // Encode workspace.
-            enc_.inPtrs = arena_->alloc<void const*>(maxChunks, "encode tables");
-            enc_.inBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
-            enc_.outPtrs = arena_->alloc<void*>(maxChunks, "encode tables");
-            enc_.outBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
-            enc_.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "encode tables");
-            enc_.entries = arena_->alloc<uint32_t>(maxChunks, "encode tables");
-            enc_.offsets = arena_->alloc<uint64_t>(maxChunks, "encode tables");
-            enc_.compStaging = arena_->alloc<uint8_t>(maxChunks * compStride_, "compressed-chunk staging");
-            enc_.inStaging = encodeStaging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "shuffle staging") : nullptr;
-            enc_.blobStaging = arena_->alloc<uint8_t>(maxBlob, "encode blob staging");
-            check(ops_->compressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &enc_.tempBytes, nullptr),
-                "nvCOMP compress temp-size query");
-            enc_.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(enc_.tempBytes, 1), "nvCOMP compress workspace");
-
-            // Decode workspace.
-            dec_.inPtrs = arena_->alloc<void const*>(maxChunks, "decode tables");
-            dec_.inBytes = arena_->alloc<size_t>(maxChunks, "decode tables");
-            dec_.capacity = arena_->alloc<size_t>(maxChunks, "decode tables");
-            dec_.actual = arena_->alloc<size_t>(maxChunks, "decode tables");
-            dec_.outPtrs = arena_->alloc<void*>(maxChunks, "decode tables");
-            dec_.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "decode tables");
-            dec_.kinds = arena_->alloc<uint8_t>(maxChunks, "decode tables");
-            dec_.offsets = arena_->alloc<uint64_t>(maxChunks, "decode tables");
-            dec_.outStaging = decodeStaging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "decompression staging") : nullptr;
-            dec_.dummyOut = arena_->alloc<uint8_t>(maxChunks * kDummyRawBytes, "dummy outputs");
-            dec_.blobStaging = arena_->alloc<uint8_t>(maxBlob, "decode blob staging");
-            check(ops_->decompressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &dec_.tempBytes, nullptr),
-                "nvCOMP decompress temp-size query");
-            dec_.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(dec_.tempBytes, 1), "nvCOMP decompress workspace");
-
+            for (int l = 0; l < kLanes; ++l)
+            {
+                allocEncode(encLanes_[l].enc, maxChunks, maxBlob, encodeStaging);
+                allocDecode(decLanes_[l].dec, maxChunks, maxBlob, decodeStaging);
+                for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
+                {
+                    check(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking), "creating a codec stream");
+                    check(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming), "creating a codec event");
+                }
+            }
             makeDummyChunk();
-            check(cudaEventCreateWithFlags(&encodeEvent_, cudaEventDisableTiming), "creating the encode event");
-            check(cudaEventCreateWithFlags(&decodeEvent_, cudaEventDisableTiming), "creating the decode event");
+            check(cudaEventCreateWithFlags(&encodeFork_, cudaEventDisableTiming), "creating the encode event");
+            check(cudaEventCreateWithFlags(&decodeFork_, cudaEventDisableTiming), "creating the decode event");
             return true;
         }
         catch (std::exception const& e)
         {
             return fail(std::string("configure(): ") + e.what());
         }
+    }
+
+    void allocEncode(EncodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    {
+        w.inPtrs = arena_->alloc<void const*>(maxChunks, "encode tables");
+        w.inBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
+        w.outPtrs = arena_->alloc<void*>(maxChunks, "encode tables");
+        w.outBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "encode tables");
+        w.entries = arena_->alloc<uint32_t>(maxChunks, "encode tables");
+        w.offsets = arena_->alloc<uint64_t>(maxChunks, "encode tables");
+        w.compStaging = arena_->alloc<uint8_t>(maxChunks * compStride_, "compressed-chunk staging");
+        w.inStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "shuffle staging") : nullptr;
+        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "encode blob staging");
+        check(ops_->compressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
+            "nvCOMP compress temp-size query");
+        w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP compress workspace");
+    }
+
+    void allocDecode(DecodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    {
+        w.inPtrs = arena_->alloc<void const*>(maxChunks, "decode tables");
+        w.inBytes = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.capacity = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.actual = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.outPtrs = arena_->alloc<void*>(maxChunks, "decode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "decode tables");
+        w.kinds = arena_->alloc<uint8_t>(maxChunks, "decode tables");
+        w.offsets = arena_->alloc<uint64_t>(maxChunks, "decode tables");
+        w.outStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "decompression staging") : nullptr;
+        w.dummyOut = arena_->alloc<uint8_t>(maxChunks * kDummyRawBytes, "dummy outputs");
+        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "decode blob staging");
+        check(ops_->decompressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
+            "nvCOMP decompress temp-size query");
+        w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP decompress workspace");
     }
 
     // A small valid compressed chunk that decoding hands to nvCOMP in place of chunks it must
@@ -747,36 +815,51 @@ private:
         }
         DeviceScope scope(device_);
         if (!scope.ok()) return fail("cannot make CUDA device " + std::to_string(device_) + " current");
-        cudaEvent_t ev = encode ? encodeEvent_ : decodeEvent_;
-        // The workspace of this direction may still be in use by a call on another stream.
-        cudaError_t st = cudaStreamWaitEvent(stream, ev, 0);
+        // Fork: the lanes wait for the caller's stream; batches alternate between the two lanes
+        // so one batch's transfer overlaps the next one's (de)compression; join: the caller's
+        // stream waits for both. A lane's own stream orders its workspace across calls.
+        Lane* lanes = encode ? encLanes_ : decLanes_;
+        cudaEvent_t fork = encode ? encodeFork_ : decodeFork_;
+        cudaError_t st = cudaEventRecord(fork, stream);
+        for (int l = 0; st == cudaSuccess && l < kLanes; ++l)
+        {
+            st = cudaStreamWaitEvent(lanes[l].stream, fork, 0);
+        }
         if (st != cudaSuccess)
         {
             cudaGetLastError();
-            return fail(std::string(op) + "(): cudaStreamWaitEvent failed: " + cudaText(st));
+            return fail(std::string(op) + "(): forking onto the codec's streams failed: " + cudaText(st));
         }
         auto const& plan = plans_[g];
-        for (size_t first = 0; first < n; first += plan.maxPagesPerBatch)
+        auto const& group = layout_.groups()[g];
+        // At least four batches when the call is large enough, none under ~8 MiB of raw data.
+        uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
+        uint64_t const batch = std::min<uint64_t>(plan.maxPagesPerBatch, std::max<uint64_t>(minPages, (n + 3) / 4));
+        std::string err;
+        int b = 0;
+        for (size_t first = 0; first < n && err.empty(); first += batch, ++b)
         {
-            size_t const m = std::min<size_t>(plan.maxPagesPerBatch, n - first);
-            std::string err = encode ? encodeBatch(g, blob, pairs + first, m, stream) : decodeBatch(g, blob, pairs + first, m, stream);
-            if (!err.empty())
+            size_t const m = std::min<size_t>(batch, n - first);
+            Lane& lane = lanes[b % kLanes];
+            err = encode ? encodeBatch(g, blob, pairs + first, m, lane) : decodeBatch(g, blob, pairs + first, m, lane);
+        }
+        for (int l = 0; l < kLanes; ++l)
+        {
+            cudaError_t e = cudaEventRecord(lanes[l].done, lanes[l].stream);
+            if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, lanes[l].done, 0);
+            if (e != cudaSuccess && err.empty())
             {
-                cudaEventRecord(ev, stream);
-                return fail(std::string(op) + "(): " + err);
+                cudaGetLastError();
+                err = "joining the codec's streams failed: " + cudaText(e);
             }
         }
-        st = cudaEventRecord(ev, stream);
-        if (st != cudaSuccess)
-        {
-            cudaGetLastError();
-            return fail(std::string(op) + "(): cudaEventRecord failed: " + cudaText(st));
-        }
-        return true;
+        return err.empty() ? true : fail(std::string(op) + "(): " + err);
     }
 
-    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, cudaStream_t stream)
+    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
     {
+        EncodeWorkspace& enc_ = lane.enc;
+        cudaStream_t const stream = lane.stream;
         auto const& group = layout_.groups()[g];
         auto const& plan = plans_[g];
         uint32_t const numChunks = uint32_t(plan.chunks.size());
@@ -797,8 +880,10 @@ private:
         return st == cudaSuccess ? std::string() : "finish kernel launch failed: " + cudaText(st);
     }
 
-    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, cudaStream_t stream)
+    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
     {
+        DecodeWorkspace& dec_ = lane.dec;
+        cudaStream_t const stream = lane.stream;
         auto const& group = layout_.groups()[g];
         auto const& plan = plans_[g];
         uint32_t const numChunks = uint32_t(plan.chunks.size());
@@ -820,45 +905,13 @@ private:
         return st == cudaSuccess ? std::string() : "scatter kernel launch failed: " + cudaText(st);
     }
 
-    struct EncodeWorkspace
-    {
-        void const** inPtrs = nullptr;
-        size_t* inBytes = nullptr;
-        void** outPtrs = nullptr;
-        size_t* outBytes = nullptr;
-        nvcompStatus_t* statuses = nullptr;
-        uint32_t* entries = nullptr;
-        uint64_t* offsets = nullptr;
-        uint8_t* compStaging = nullptr;
-        uint8_t* inStaging = nullptr;
-        uint8_t* blobStaging = nullptr;
-        uint8_t* temp = nullptr;
-        size_t tempBytes = 0;
-    };
-
-    struct DecodeWorkspace
-    {
-        void const** inPtrs = nullptr;
-        size_t* inBytes = nullptr;
-        size_t* capacity = nullptr;
-        size_t* actual = nullptr;
-        void** outPtrs = nullptr;
-        nvcompStatus_t* statuses = nullptr;
-        uint8_t* kinds = nullptr;
-        uint64_t* offsets = nullptr;
-        uint8_t* outStaging = nullptr;
-        uint8_t* dummyOut = nullptr;
-        uint8_t* blobStaging = nullptr;
-        uint8_t* temp = nullptr;
-        size_t tempBytes = 0;
-    };
 
     int device_;
     std::unique_ptr<NvcompOps> ops_;
     std::unique_ptr<DeviceArena> arena_;
     std::vector<GroupState> groups_;
-    EncodeWorkspace enc_;
-    DecodeWorkspace dec_;
+    Lane encLanes_[kLanes];
+    Lane decLanes_[kLanes];
     size_t maxCompressed_ = 0;
     uint64_t chunkStride_ = 0;
     uint64_t compStride_ = 0;
@@ -867,8 +920,8 @@ private:
     uint8_t* zeroChunk_ = nullptr;
     uint8_t* dummyIn_ = nullptr;
     uint64_t dummyInBytes_ = 0;
-    cudaEvent_t encodeEvent_ = nullptr;
-    cudaEvent_t decodeEvent_ = nullptr;
+    cudaEvent_t encodeFork_ = nullptr;
+    cudaEvent_t decodeFork_ = nullptr;
 };
 
 __global__ void cutChunks(uint8_t* base, uint64_t bytes, uint64_t chunkBytes, uint64_t chunks, void** inPtrs,

@@ -49,9 +49,10 @@ def _params(max_chunk: int) -> tuple[ParamSpec, ...]:
         ParamSpec(
             "max_batch_bytes",
             int,
-            128 << 20,
-            "Raw bytes of the largest batch the GPU workspace is allocated for at configure time; larger "
-            "calls are cut into batches on the same stream.",
+            64 << 20,
+            "Raw bytes of the largest batch one GPU workspace holds; two workspaces per direction are "
+            "allocated at configure time. Calls are cut into batches (at least four for large calls) that "
+            "alternate between the two, so transfers overlap (de)compression.",
             minimum=1,
         ),
     )
