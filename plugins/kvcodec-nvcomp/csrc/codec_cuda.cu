@@ -60,10 +60,27 @@ __device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
 {
     if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0)
     {
+        // Four independent 16-byte loads per thread in flight: reads from pinned host memory
+        // cross PCIe, and one outstanding load per thread would leave the link idle.
+        auto* d = reinterpret_cast<uint4*>(dst);
+        auto const* s = reinterpret_cast<uint4 const*>(src);
         uint64_t const vecs = bytes / 16;
-        for (uint64_t v = threadIdx.x; v < vecs; v += blockDim.x)
+        uint64_t const step = blockDim.x;
+        uint64_t v = threadIdx.x;
+        for (; v + 3 * step < vecs; v += 4 * step)
         {
-            reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<uint4 const*>(src)[v];
+            uint4 const a = s[v];
+            uint4 const b = s[v + step];
+            uint4 const c = s[v + 2 * step];
+            uint4 const e = s[v + 3 * step];
+            d[v] = a;
+            d[v + step] = b;
+            d[v + 2 * step] = c;
+            d[v + 3 * step] = e;
+        }
+        for (; v < vecs; v += step)
+        {
+            d[v] = s[v];
         }
         for (uint64_t b = vecs * 16 + threadIdx.x; b < bytes; b += blockDim.x)
         {
@@ -391,16 +408,17 @@ __global__ void decodeFetch(DecodeArgs a)
     auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + (indicesOk ? uint64_t(pair.src) * a.coldBytes : 0));
     uint8_t* stage = a.blobStaging + i * a.blobStride;
     loadCrcTable(table);
+    if (indicesOk && threadIdx.x < 32)
+    {
+        reinterpret_cast<uint8_t*>(&env)[threadIdx.x] = blob[threadIdx.x]; // one PCIe round trip
+    }
+    __syncthreads();
     if (threadIdx.x == 0)
     {
         bool good = indicesOk;
         if (good)
         {
-            auto* raw = reinterpret_cast<uint8_t*>(&env);
-            for (int b = 0; b < 32; ++b)
-            {
-                raw[b] = blob[b];
-            }
+            auto const* raw = reinterpret_cast<uint8_t const*>(&env);
             good = env.magic == kColdPageEnvelopeMagic
                 && crc32cBitwise(raw, offsetof(ColdPageEnvelope, headerCrc)) == env.headerCrc
                 && env.formatVersion == kFormatVersion && (env.flags & kEnvelopeDidNotFit) == 0
