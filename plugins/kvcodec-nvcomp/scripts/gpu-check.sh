@@ -30,14 +30,14 @@ tail -15 "$OUT_DIR/pytest.log"
 
 step "compute-sanitizer memcheck"
 if command -v compute-sanitizer > /dev/null; then
-  (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
+  (cd "$OUT_DIR" && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 \
      python3 -m pytest -q -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" "$PLUGIN/tests/test_gpu.py" \
      -k "odd_layout or corrupted or did_not_fit or interchangeable") > "$OUT_DIR/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
 
 step "benchmark"
-(cd "$OUT_DIR" && timeout 400 python3 "$PLUGIN/bench/bench_nvcomp.py" --json bench-nvcomp.json \
+(cd "$OUT_DIR" && timeout 300 python3 "$PLUGIN/bench/bench_nvcomp.py" --json bench-nvcomp.json \
    --markdown bench-nvcomp.md) > "$OUT_DIR/bench.log" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench.log"
 
