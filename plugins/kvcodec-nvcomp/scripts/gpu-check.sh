@@ -31,7 +31,7 @@ tail -15 "$OUT_DIR/pytest.log"
 step "compute-sanitizer memcheck"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 \
-     python3 -m pytest -q -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" "$PLUGIN/tests/test_gpu.py" \
+     python3 -m pytest -q -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" "$PLUGIN/tests/test_nvcomp_gpu.py" \
      -k "odd_layout or corrupted or did_not_fit or interchangeable") > "$OUT_DIR/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi

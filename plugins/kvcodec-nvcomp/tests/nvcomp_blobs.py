@@ -1,14 +1,43 @@
 """Test helpers: an independent Python reading of the plugin's blob format (docs/nvcomp.md),
-data generators and numpy hot layouts."""
+data generators, numpy hot layouts and the shared fixture.
+
+There is deliberately no conftest.py here: the repository's pytest run collects several test
+folders, and a second top-level ``conftest`` module would shadow the core tests' one.
+"""
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 import kvcodec_sdk as kv
+from kvcodec_sdk.registry import _reset_default_registry
+
+
+def plugin_ext():
+    """The plugin's extension module. When the plugin is not installed, a local run skips the
+    calling test module; under CI (``CI`` set) it is an error, so a broken install cannot hide."""
+    try:
+        from kvcodec_nvcomp import _ext
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"kvcodec-nvcomp is not installed ({exc})", allow_module_level=True)
+    return _ext
+
+
+@pytest.fixture(autouse=True)
+def fresh_default_registry(monkeypatch):
+    """Every test starts and ends with a fresh registry and no disabled plugins (import this
+    fixture into a test module to use it)."""
+    monkeypatch.delenv("KVCODEC_DISABLE_PLUGINS", raising=False)
+    _reset_default_registry()
+    yield
+    _reset_default_registry()
 
 MAGIC = 0x5043564B
 STORED_RAW, COMPRESSED, DID_NOT_FIT = 1, 2, 4

@@ -11,8 +11,10 @@ import pytest
 
 import kvcodec_sdk as kv
 
-import blobs
-from blobs import fill, pairs, parse
+import nvcomp_blobs as blobs
+from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
+
+plugin_ext()
 
 torch = pytest.importorskip("torch")
 lz4_block = pytest.importorskip("lz4.block")
@@ -162,7 +164,7 @@ def test_gpu_lz4_chunks_decode_with_the_lz4_package(stream):
 
 
 def test_lz4_package_blobs_decode_on_the_gpu(stream):
-    from test_cpu import build_blob  # the same Python-built blob as the CPU test
+    from test_nvcomp_cpu import build_blob  # the same Python-built blob as the CPU test
 
     n = 3
     layout = GpuLayout((8192, 1000), n, "runs")

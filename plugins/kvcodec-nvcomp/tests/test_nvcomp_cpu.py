@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import kvcodec_sdk as kv
-from kvcodec_nvcomp import _ext
 
-import blobs
-from blobs import fill, numpy_layout, pairs, parse
+import nvcomp_blobs as blobs
+from nvcomp_blobs import fill, fresh_default_registry, numpy_layout, pairs, parse, plugin_ext  # noqa: F401
+
+_ext = plugin_ext()
 
 lz4_block = pytest.importorskip("lz4.block")
 
