@@ -79,50 +79,71 @@ private:
         return PageIndexLocation::kHost;
     }
 
-    // Compresses `data` into `out`; returns the size, or 0 when it does not shrink.
-    size_t compressChunk(uint8_t const* data, size_t bytes, std::vector<uint8_t>& out) const
+    // Compresses every chunk (data[c], raw[c] bytes) into out[c]; sizes[c] = compressed size, or
+    // 0 when it did not shrink. gdeflate goes through nvCOMP's CPU library in one batched call
+    // per page (its per-call set-up dominates small chunks).
+    void compressChunks(std::vector<uint8_t const*> const& data, std::vector<size_t> const& raw,
+        std::vector<std::vector<uint8_t>>& out, std::vector<size_t>& sizes) const
     {
-        switch (options_.algorithm)
+        size_t const n = data.size();
+        out.resize(n);
+        sizes.assign(n, 0);
+        if (options_.algorithm == Algorithm::kLz4)
         {
-        case Algorithm::kLz4:
-        {
-            out.resize(lz4::compressBound(bytes));
-            size_t const n = lz4::compress(data, bytes, out.data(), bytes - 1);
-            return n;
+            for (size_t c = 0; c < n; ++c)
+            {
+                out[c].resize(lz4::compressBound(raw[c]));
+                sizes[c] = lz4::compress(data[c], raw[c], out[c].data(), raw[c] - 1);
+            }
+            return;
         }
-        case Algorithm::kGdeflate:
+        if (options_.algorithm != Algorithm::kGdeflate)
         {
-            size_t cap = 0;
-            nvcomp::gdeflate::compressCPUGetMaxOutputChunkSize(bytes, &cap);
-            out.resize(cap);
-            void const* in[] = {data};
-            size_t inBytes[] = {bytes};
-            void* outs[] = {out.data()};
-            size_t outBytes[] = {0};
-            nvcomp::gdeflate::compressCPU(in, inBytes, bytes, 1, outs, outBytes);
-            return outBytes[0] < bytes ? outBytes[0] : 0;
+            throw std::runtime_error(std::string(algorithmInfo(options_.algorithm).name) + " has no CPU implementation");
         }
-        default: throw std::runtime_error(std::string(algorithmInfo(options_.algorithm).name) + " has no CPU implementation");
+        size_t cap = 0;
+        nvcomp::gdeflate::compressCPUGetMaxOutputChunkSize(options_.chunkBytes, &cap);
+        std::vector<void const*> in(data.begin(), data.end());
+        std::vector<void*> outs(n);
+        for (size_t c = 0; c < n; ++c)
+        {
+            out[c].resize(cap);
+            outs[c] = out[c].data();
+        }
+        // Level 1: the CPU reference needs the format, not the best ratio (level 12, the default, runs
+        // at a few MB/s).
+        nvcomp::gdeflate::compressCPU(in.data(), raw.data(), options_.chunkBytes, n, outs.data(), sizes.data(), 1);
+        for (size_t c = 0; c < n; ++c)
+        {
+            sizes[c] = sizes[c] < raw[c] ? sizes[c] : 0;
         }
     }
 
-    bool decompressChunk(uint8_t const* in, size_t inBytes, uint8_t* out, size_t rawBytes) const
+    // Decompresses chunks; returns the index of the first that does not decode to exactly
+    // raw[c] bytes, or -1.
+    int64_t decompressChunks(std::vector<uint8_t const*> const& in, std::vector<size_t> const& inBytes,
+        std::vector<uint8_t*> const& out, std::vector<size_t> const& raw) const
     {
-        switch (options_.algorithm)
+        size_t const n = in.size();
+        if (options_.algorithm == Algorithm::kLz4)
         {
-        case Algorithm::kLz4: return lz4::decompress(in, inBytes, out, rawBytes) == int64_t(rawBytes);
-        case Algorithm::kGdeflate:
+            for (size_t c = 0; c < n; ++c)
+            {
+                if (lz4::decompress(in[c], inBytes[c], out[c], raw[c]) != int64_t(raw[c])) return int64_t(c);
+            }
+            return -1;
+        }
+        if (n == 0) return -1;
+        std::vector<void const*> ins(in.begin(), in.end());
+        std::vector<void*> outs(out.begin(), out.end());
+        std::vector<size_t> got(n, 0);
+        std::vector<size_t> capacity(raw); // the API takes a mutable array
+        nvcomp::gdeflate::decompressCPU(ins.data(), inBytes.data(), n, outs.data(), capacity.data(), got.data());
+        for (size_t c = 0; c < n; ++c)
         {
-            void const* ins[] = {in};
-            size_t inSizes[] = {inBytes};
-            void* outs[] = {out};
-            size_t cap[] = {rawBytes};
-            size_t got[] = {0};
-            nvcomp::gdeflate::decompressCPU(ins, inSizes, 1, outs, cap, got);
-            return got[0] == rawBytes;
+            if (got[c] != raw[c]) return int64_t(c);
         }
-        default: return false;
-        }
+        return -1;
     }
 
     bool submit(PoolGroupIndex g, uintptr_t blobBase, PageIndexPair const* pairs, size_t n, cudaStream_t,
@@ -147,23 +168,21 @@ private:
         }
         if (encode)
         {
-            for (size_t i = 0; i < n; ++i)
+            for (size_t first = 0; first < n; first += kWindowPages)
             {
-                encodePage(group, plan, pairs[i].src, reinterpret_cast<uint8_t*>(blobBase + uint64_t(pairs[i].dst) * plan.coldBytes));
+                encodeWindow(group, plan, blobBase, pairs + first, std::min(kWindowPages, n - first));
             }
             return true;
         }
         // Every blob is checked and decoded into scratch before any hot slot is written: a bad
         // blob fails the call and leaves the hot pages untouched.
         std::vector<std::vector<uint8_t>> pages(n);
-        for (size_t i = 0; i < n; ++i)
+        for (size_t first = 0; first < n; first += kWindowPages)
         {
-            auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[i].src) * plan.coldBytes);
-            std::string err = decodePage(group, plan, blob, pages[i]);
+            std::string err = decodeWindow(group, plan, blobBase, pairs, first, std::min(kWindowPages, n - first), pages);
             if (!err.empty())
             {
-                return fail("decode(): pageIndices[" + std::to_string(i) + "] (cold slot " + std::to_string(pairs[i].src)
-                    + "): " + err + "; no hot page was written");
+                return fail("decode(): " + err + "; no hot page was written");
             }
         }
         for (size_t i = 0; i < n; ++i)
@@ -180,7 +199,46 @@ private:
         return true;
     }
 
-    void encodePage(HotLayout::Group const& group, GroupPlan const& plan, int32_t hot, uint8_t* blob) const
+    // Pages compressed together: nvCOMP's CPU gdeflate has a large fixed cost per call.
+    static constexpr size_t kWindowPages = 1024;
+
+    void encodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
+        PageIndexPair const* pairs, size_t m) const
+    {
+        uint32_t const numChunks = uint32_t(plan.chunks.size());
+        std::vector<std::vector<uint8_t>> shuffled(options_.bitshuffle ? m * numChunks : 0);
+        std::vector<uint8_t const*> data(m * numChunks);
+        std::vector<size_t> raw(m * numChunks);
+        for (size_t i = 0; i < m; ++i)
+        {
+            for (uint32_t c = 0; c < numChunks; ++c)
+            {
+                size_t const k = i * numChunks + c;
+                auto const& chunk = plan.chunks[c];
+                auto const& pool = group.pools[chunk.pool];
+                data[k] = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(pairs[i].src) * pool.slotBytes + chunk.offset);
+                raw[k] = chunk.bytes;
+                if (options_.bitshuffle)
+                {
+                    shuffled[k].resize(chunk.bytes);
+                    shuffleChunk(data[k], shuffled[k].data(), chunk.bytes, options_.elementBytes);
+                    data[k] = shuffled[k].data();
+                }
+            }
+        }
+        std::vector<std::vector<uint8_t>> packed;
+        std::vector<size_t> sizes;
+        compressChunks(data, raw, packed, sizes);
+        for (size_t i = 0; i < m; ++i)
+        {
+            size_t const k0 = i * numChunks;
+            writeBlob(group, plan, reinterpret_cast<uint8_t*>(blobBase + uint64_t(pairs[i].dst) * plan.coldBytes),
+                &data[k0], &raw[k0], &packed[k0], &sizes[k0]);
+        }
+    }
+
+    void writeBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t* blob, uint8_t const* const* data,
+        size_t const* raw, std::vector<uint8_t> const* packed, size_t const* sizes) const
     {
         uint32_t const numChunks = uint32_t(plan.chunks.size());
         std::vector<uint8_t> out(plan.boundBytes, 0);
@@ -191,23 +249,11 @@ private:
         out[42] = options_.bitshuffle ? 1 : 0;
         uint64_t pos = plan.headerBytes;
         bool anyCompressed = false;
-        std::vector<uint8_t> shuffled;
-        std::vector<uint8_t> packed;
         for (uint32_t c = 0; c < numChunks; ++c)
         {
-            auto const& chunk = plan.chunks[c];
-            auto const& pool = group.pools[chunk.pool];
-            auto const* data = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(hot) * pool.slotBytes + chunk.offset);
-            if (options_.bitshuffle)
-            {
-                shuffled.resize(chunk.bytes);
-                shuffleChunk(data, shuffled.data(), chunk.bytes, options_.elementBytes);
-                data = shuffled.data();
-            }
-            size_t const packedBytes = compressChunk(data, chunk.bytes, packed);
-            bool const compressed = packedBytes != 0 && packedBytes < chunk.bytes;
-            uint32_t const stored = compressed ? uint32_t(packedBytes) : chunk.bytes;
-            std::memcpy(&out[pos], compressed ? packed.data() : data, stored);
+            bool const compressed = sizes[c] != 0 && sizes[c] < raw[c];
+            uint32_t const stored = uint32_t(compressed ? sizes[c] : raw[c]);
+            std::memcpy(&out[pos], compressed ? packed[c].data() : data[c], stored);
             put32(&out[kChunkTableOffset + 4 * c], stored | (compressed ? kChunkCompressedBit : 0));
             pos += roundUp(stored, kPayloadAlign);
             anyCompressed = anyCompressed || compressed;
@@ -234,9 +280,74 @@ private:
         std::memcpy(blob, out.data(), pos);
     }
 
-    // Returns an empty string and the decoded page, or the reason the blob cannot be decoded.
-    std::string decodePage(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob,
-        std::vector<uint8_t>& page) const
+    // Checks and decodes pages [first, first + m) of the call into pages[]; returns an empty
+    // string, or the reason naming the page.
+    std::string decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
+        PageIndexPair const* pairs, size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages) const
+    {
+        std::vector<std::vector<uint8_t>> scratch(options_.bitshuffle ? m : 0);
+        std::vector<uint8_t const*> cin;
+        std::vector<size_t> cinBytes, craw, cpage;
+        std::vector<uint8_t*> cout;
+        std::vector<uint32_t> cchunk;
+        auto where = [&](size_t i) {
+            return "pageIndices[" + std::to_string(i) + "] (cold slot " + std::to_string(pairs[i].src) + "): ";
+        };
+        for (size_t j = 0; j < m; ++j)
+        {
+            size_t const i = first + j;
+            auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[i].src) * plan.coldBytes);
+            pages[i].resize(group.pageBytes);
+            uint8_t* dst = pages[i].data();
+            if (options_.bitshuffle)
+            {
+                scratch[j].resize(group.pageBytes);
+                dst = scratch[j].data();
+            }
+            std::string err = parseBlob(group, plan, blob, dst, cin, cinBytes, cout, craw, cchunk);
+            if (!err.empty())
+            {
+                return where(i) + err;
+            }
+            cpage.resize(cin.size(), i);
+        }
+        int64_t const bad = decompressChunks(cin, cinBytes, cout, craw);
+        if (bad >= 0)
+        {
+            uint32_t const c = cchunk[size_t(bad)];
+            return where(cpage[size_t(bad)]) + "chunk " + std::to_string(c) + " does not decompress to "
+                + std::to_string(plan.chunks[c].bytes) + " bytes";
+        }
+        if (options_.bitshuffle)
+        {
+            std::vector<uint64_t> poolOffset = poolOffsets(group);
+            for (size_t j = 0; j < m; ++j)
+            {
+                for (auto const& chunk : plan.chunks)
+                {
+                    uint64_t const at = poolOffset[chunk.pool] + chunk.offset;
+                    unshuffleChunk(scratch[j].data() + at, pages[first + j].data() + at, chunk.bytes, options_.elementBytes);
+                }
+            }
+        }
+        return {};
+    }
+
+    static std::vector<uint64_t> poolOffsets(HotLayout::Group const& group)
+    {
+        std::vector<uint64_t> off(group.pools.size(), 0);
+        for (size_t p = 1; p < group.pools.size(); ++p)
+        {
+            off[p] = off[p - 1] + group.pools[p - 1].slotBytes;
+        }
+        return off;
+    }
+
+    // Checks one blob (envelope, checksum, codec header, chunk table), copies its raw chunks to
+    // `page` and appends its compressed chunks to the lists. Returns an empty string or the reason.
+    std::string parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
+        std::vector<uint8_t const*>& cin, std::vector<size_t>& cinBytes, std::vector<uint8_t*>& cout,
+        std::vector<size_t>& craw, std::vector<uint32_t>& cchunk) const
     {
         EnvelopeStatus const st = checkColdPageEnvelope(blob, plan.coldBytes, kFormatVersion);
         if (st != EnvelopeStatus::kOk)
@@ -253,15 +364,9 @@ private:
             return "the blob was written with another layout or parameters (raw bytes, chunk count, chunk_bytes, "
                    "algorithm, data_type or bitshuffle differ)";
         }
-        page.resize(group.pageBytes);
-        std::vector<uint64_t> poolOffset(group.pools.size());
-        for (size_t p = 1; p < group.pools.size(); ++p)
-        {
-            poolOffset[p] = poolOffset[p - 1] + group.pools[p - 1].slotBytes;
-        }
+        std::vector<uint64_t> const poolOffset = poolOffsets(group);
         uint64_t const end = uint64_t(env.headerBytes) + env.payloadBytes;
         uint64_t pos = env.headerBytes;
-        std::vector<uint8_t> scratch;
         for (uint32_t c = 0; c < numChunks; ++c)
         {
             auto const& chunk = plan.chunks[c];
@@ -272,27 +377,18 @@ private:
             {
                 return "chunk " + std::to_string(c) + " table entry is invalid";
             }
-            uint8_t* dst = page.data() + poolOffset[chunk.pool] + chunk.offset;
-            uint8_t* target = dst;
-            if (options_.bitshuffle)
-            {
-                scratch.resize(chunk.bytes);
-                target = scratch.data();
-            }
+            uint8_t* target = page + poolOffset[chunk.pool] + chunk.offset;
             if (compressed)
             {
-                if (!decompressChunk(blob + pos, stored, target, chunk.bytes))
-                {
-                    return "chunk " + std::to_string(c) + " does not decompress to " + std::to_string(chunk.bytes) + " bytes";
-                }
+                cin.push_back(blob + pos);
+                cinBytes.push_back(stored);
+                cout.push_back(target);
+                craw.push_back(chunk.bytes);
+                cchunk.push_back(c);
             }
             else
             {
                 std::memcpy(target, blob + pos, stored);
-            }
-            if (options_.bitshuffle)
-            {
-                unshuffleChunk(scratch.data(), dst, chunk.bytes, options_.elementBytes);
             }
             pos += roundUp(stored, kPayloadAlign);
         }
