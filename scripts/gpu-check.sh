@@ -78,5 +78,8 @@ else
   echo "cookiecutter is not installed: template step skipped"
 fi
 
+step "nvcomp plugin (build, tests, memcheck, benchmark)"
+bash plugins/kvcodec-nvcomp/scripts/gpu-check.sh "$OUT_DIR" || status=1
+
 step "done (status $status)"
 exit $status

@@ -1,0 +1,1069 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// CUDA implementation of the nvCOMP codecs (blob format in format.h). Every call is enqueued on
+// the caller's stream with no host synchronization:
+//
+//   encode: prepare kernel (chunk pointer tables from the device page indices; bit shuffle or
+//           copy into aligned staging when needed) -> nvCOMP batched compress -> finish kernel
+//           (per page: choose raw/compressed per chunk from the device-side sizes, pack header,
+//           table and payload into a staging blob, CRC-32C, envelope, store the used bytes into
+//           the cold slot; an envelope alone with did-not-fit when the page exceeds the slot).
+//   decode: fetch kernel (per page: read and check the envelope, copy the used bytes into
+//           staging, verify the CRC-32C and the chunk table, build nvCOMP's tables; chunks of
+//           a bad page and raw chunks get a small dummy compressed chunk so the batch size stays
+//           fixed) -> nvCOMP batched decompress -> scatter kernel (raw chunks, un-shuffle,
+//           writes only pages whose every chunk decoded).
+//
+// Workspaces are allocated at configure time for the largest batch (max_batch_bytes), two per
+// direction ("lanes", each with its own internal stream). A call is cut into batches that
+// alternate between the lanes, so one batch's PCIe transfer overlaps the next one's
+// (de)compression; the lanes wait for the caller's stream through an event and the caller's
+// stream waits for both lanes, so the call is ordered on the caller's stream as if enqueued there.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "codec_base.h"
+#include "codec_factories.h"
+#include "nvcomp_ops.h"
+
+namespace kvcodec::nvcomp_plugin {
+namespace {
+
+constexpr uint32_t kThreads = 256;
+constexpr uint64_t kDummyRawBytes = 256;
+constexpr uint64_t kStagingAlign = 256;
+
+std::string cudaText(cudaError_t e)
+{
+    return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
+
+struct DevChunk
+{
+    uint64_t poolBase;
+    uint64_t slotBytes;
+    uint64_t offset;
+    uint32_t bytes;
+    uint32_t pool;
+};
+
+// ------------------------------------------------------------------------------------------
+// Device helpers
+// ------------------------------------------------------------------------------------------
+
+__device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
+{
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0)
+    {
+        // Four independent 16-byte loads per thread in flight: reads from pinned host memory
+        // cross PCIe, and one outstanding load per thread would leave the link idle.
+        auto* d = reinterpret_cast<uint4*>(dst);
+        auto const* s = reinterpret_cast<uint4 const*>(src);
+        uint64_t const vecs = bytes / 16;
+        uint64_t const step = blockDim.x;
+        uint64_t v = threadIdx.x;
+        for (; v + 3 * step < vecs; v += 4 * step)
+        {
+            uint4 const a = s[v];
+            uint4 const b = s[v + step];
+            uint4 const c = s[v + 2 * step];
+            uint4 const e = s[v + 3 * step];
+            d[v] = a;
+            d[v + step] = b;
+            d[v + 2 * step] = c;
+            d[v + 3 * step] = e;
+        }
+        for (; v < vecs; v += step)
+        {
+            d[v] = s[v];
+        }
+        for (uint64_t b = vecs * 16 + threadIdx.x; b < bytes; b += blockDim.x)
+        {
+            dst[b] = src[b];
+        }
+        return;
+    }
+    for (uint64_t b = threadIdx.x; b < bytes; b += blockDim.x)
+    {
+        dst[b] = src[b];
+    }
+}
+
+__device__ void blockShuffle(uint8_t* dst, uint8_t const* src, uint64_t bytes, uint32_t w, bool inverse)
+{
+    uint64_t const groups = shuffleGroups(bytes, w);
+    for (uint64_t k = threadIdx.x; k < groups; k += blockDim.x)
+    {
+        if (inverse)
+        {
+            unshuffleGroup(src, dst, groups, k, w);
+        }
+        else
+        {
+            shuffleGroup(src, dst, groups, k, w);
+        }
+    }
+    for (uint64_t b = groups * 8 * w + threadIdx.x; b < bytes; b += blockDim.x)
+    {
+        dst[b] = src[b];
+    }
+}
+
+// CRC-32C of `bytes` at `p` by the whole block: each thread a power-of-two segment with a
+// table in shared memory, then a tree combination (format.h). Result valid in every thread.
+__device__ uint32_t blockCrc32c(uint8_t const* p, uint64_t bytes, uint32_t const* xpow, uint32_t const* table)
+{
+    __shared__ uint32_t part[kThreads];
+    __shared__ uint64_t plen[kThreads];
+    __shared__ uint32_t result;
+    uint64_t const seg = crcSegmentBytes(bytes, blockDim.x);
+    uint64_t const begin = min(uint64_t(threadIdx.x) * seg, bytes);
+    uint64_t const end = min(begin + seg, bytes);
+    uint32_t c = 0;
+    for (uint64_t b = begin; b < end; ++b)
+    {
+        c = table[(c ^ p[b]) & 0xffu] ^ (c >> 8);
+    }
+    part[threadIdx.x] = c;
+    plen[threadIdx.x] = end - begin;
+    __syncthreads();
+    for (uint32_t stride = 1; stride < blockDim.x; stride *= 2)
+    {
+        uint32_t const t = threadIdx.x;
+        if (t % (2 * stride) == 0 && t + stride < blockDim.x && plen[t + stride] > 0)
+        {
+            uint64_t const rl = plen[t + stride];
+            part[t] = crcMulMod(crcShiftOperator(rl, xpow), part[t]) ^ part[t + stride];
+            plen[t] += rl;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+    {
+        result = crcFinish(part[0], bytes, xpow);
+    }
+    __syncthreads();
+    return result;
+}
+
+__device__ void loadCrcTable(uint32_t* table)
+{
+    for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
+    {
+        uint32_t c = i;
+        for (int k = 0; k < 8; ++k)
+        {
+            c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
+        }
+        table[i] = c;
+    }
+}
+
+__device__ uint32_t load32(uint8_t const* p)
+{
+    return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+__device__ void store32(uint8_t* p, uint32_t v)
+{
+    p[0] = uint8_t(v);
+    p[1] = uint8_t(v >> 8);
+    p[2] = uint8_t(v >> 16);
+    p[3] = uint8_t(v >> 24);
+}
+
+// ------------------------------------------------------------------------------------------
+// Encode
+// ------------------------------------------------------------------------------------------
+
+struct EncodeArgs
+{
+    DevChunk const* chunks;
+    uint32_t numChunks; // per page
+    uint64_t numSlots;
+    PageIndexPair const* pairs;
+    uint32_t elementBytes;
+    uint32_t bitshuffle;
+    uint32_t direct; // compress straight from the hot slots
+    uint8_t algorithm;
+    uint64_t chunkBytes;
+    uint64_t chunkStride;
+    uint8_t* inStaging;
+    uint8_t const* zeroChunk;
+    void const** inPtrs;
+    size_t* inBytes;
+    void** outPtrs;
+    uint8_t* compStaging;
+    uint64_t compStride;
+    size_t const* outBytes;
+    nvcompStatus_t const* statuses;
+    uint32_t* entries;
+    uint64_t* offsets;
+    uint8_t* blobStaging;
+    uint64_t blobStride;
+    uint64_t coldBytes;
+    uint32_t headerBytes;
+    uint64_t pageBytes;
+    uintptr_t coldBase;
+    uint32_t const* xpow;
+};
+
+__global__ void encodePrepare(EncodeArgs a)
+{
+    uint64_t const k = blockIdx.x;
+    uint64_t const i = k / a.numChunks;
+    uint32_t const c = uint32_t(k % a.numChunks);
+    PageIndexPair const pair = a.pairs[i];
+    DevChunk const ch = a.chunks[c];
+    bool const valid = pair.src >= 0 && uint64_t(pair.src) < a.numSlots && pair.dst >= 0;
+    auto const* src = valid ? reinterpret_cast<uint8_t const*>(ch.poolBase + uint64_t(pair.src) * ch.slotBytes + ch.offset)
+                            : a.zeroChunk;
+    uint8_t const* in = src;
+    if (!a.direct)
+    {
+        uint8_t* dst = a.inStaging + k * a.chunkStride;
+        if (a.bitshuffle)
+        {
+            blockShuffle(dst, src, ch.bytes, a.elementBytes, false);
+        }
+        else
+        {
+            blockCopy(dst, src, ch.bytes);
+        }
+        in = dst;
+    }
+    if (threadIdx.x == 0)
+    {
+        a.inPtrs[k] = in;
+        a.inBytes[k] = ch.bytes;
+        a.outPtrs[k] = a.compStaging + k * a.compStride;
+    }
+}
+
+__global__ void encodeFinish(EncodeArgs a)
+{
+    __shared__ uint32_t table[256];
+    __shared__ uint64_t total;
+    __shared__ bool fits;
+    __shared__ bool anyCompressed;
+    __shared__ uint8_t env[32];
+    uint64_t const i = blockIdx.x;
+    PageIndexPair const pair = a.pairs[i];
+    if (pair.dst < 0)
+    {
+        return; // No cold slot to write to.
+    }
+    bool const valid = pair.src >= 0 && uint64_t(pair.src) < a.numSlots;
+    loadCrcTable(table);
+    uint64_t const base = i * a.numChunks;
+    if (threadIdx.x == 0)
+    {
+        uint64_t pos = a.headerBytes;
+        bool any = false;
+        for (uint32_t c = 0; c < a.numChunks; ++c)
+        {
+            uint32_t const raw = a.chunks[c].bytes;
+            size_t const got = a.outBytes[base + c];
+            bool const shrank = a.statuses[base + c] == nvcompSuccess && got > 0 && got < raw;
+            uint32_t const stored = shrank ? uint32_t(got) : raw;
+            a.entries[base + c] = stored | (shrank ? kChunkCompressedBit : 0u);
+            a.offsets[base + c] = pos;
+            pos += roundUp(stored, kPayloadAlign);
+            any = any || shrank;
+        }
+        total = pos;
+        fits = valid && pos <= a.coldBytes;
+        anyCompressed = any;
+    }
+    __syncthreads();
+    uint8_t* stage = a.blobStaging + i * a.blobStride;
+    uint32_t checksum = 0;
+    if (fits)
+    {
+        if (threadIdx.x == 0)
+        {
+            store32(stage + 32, a.numChunks);
+            store32(stage + 36, uint32_t(a.chunkBytes));
+            stage[40] = a.algorithm;
+            stage[41] = uint8_t(a.elementBytes);
+            stage[42] = uint8_t(a.bitshuffle);
+            stage[43] = 0;
+            store32(stage + 44, 0);
+        }
+        for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
+        {
+            store32(stage + kChunkTableOffset + 4 * c, a.entries[base + c]);
+        }
+        for (uint64_t b = kChunkTableOffset + 4ull * a.numChunks + threadIdx.x; b < a.headerBytes; b += blockDim.x)
+        {
+            stage[b] = 0;
+        }
+        for (uint32_t c = 0; c < a.numChunks; ++c)
+        {
+            uint32_t const entry = a.entries[base + c];
+            uint32_t const stored = entry & kChunkSizeMask;
+            auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[base + c] : a.inPtrs[base + c]);
+            uint8_t* dst = stage + a.offsets[base + c];
+            blockCopy(dst, src, stored);
+            for (uint64_t b = stored + threadIdx.x; b < roundUp(stored, kPayloadAlign); b += blockDim.x)
+            {
+                dst[b] = 0;
+            }
+        }
+        __syncthreads();
+        checksum = blockCrc32c(stage + 32, total - 32, a.xpow, table);
+    }
+    if (threadIdx.x == 0)
+    {
+        ColdPageEnvelope e{};
+        e.magic = kColdPageEnvelopeMagic;
+        e.formatVersion = kFormatVersion;
+        e.rawBytes = a.pageBytes;
+        if (fits)
+        {
+            e.flags = anyCompressed ? kEnvelopeCompressed : kEnvelopeStoredRaw;
+            e.headerBytes = a.headerBytes;
+            e.payloadBytes = uint32_t(total - a.headerBytes);
+            e.checksum = checksum;
+        }
+        else
+        {
+            e.flags = kEnvelopeDidNotFit;
+            e.headerBytes = sizeof(ColdPageEnvelope);
+            total = sizeof(ColdPageEnvelope);
+        }
+        e.headerCrc = crc32cBitwise(reinterpret_cast<uint8_t const*>(&e), offsetof(ColdPageEnvelope, headerCrc));
+        memcpy(env, &e, sizeof(e));
+    }
+    __syncthreads();
+    auto* cold = reinterpret_cast<uint8_t*>(a.coldBase + uint64_t(pair.dst) * a.coldBytes);
+    if (threadIdx.x < 32)
+    {
+        cold[threadIdx.x] = env[threadIdx.x];
+    }
+    if (total > 32)
+    {
+        blockCopy(cold + 32, stage + 32, total - 32);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Decode
+// ------------------------------------------------------------------------------------------
+
+enum : uint8_t
+{
+    kChunkRaw = 0,
+    kChunkCompressed = 1,
+    kChunkSkip = 2, // the page is not decoded
+};
+
+struct DecodeArgs
+{
+    DevChunk const* chunks;
+    uint32_t numChunks;
+    uint64_t numSlots;
+    PageIndexPair const* pairs;
+    uint32_t elementBytes;
+    uint32_t bitshuffle;
+    uint32_t direct; // decompress straight into the hot slots
+    uint8_t algorithm;
+    uint64_t chunkBytes;
+    uint64_t chunkStride;
+    uint8_t* outStaging;
+    void const** inPtrs;
+    size_t* inBytes;
+    size_t* capacity;
+    size_t const* actual;
+    void** outPtrs;
+    nvcompStatus_t const* statuses;
+    uint8_t* kinds;
+    uint64_t* offsets;
+    uint8_t const* dummyIn;
+    uint64_t dummyInBytes;
+    uint8_t* dummyOut;
+    uint8_t* blobStaging;
+    uint64_t blobStride;
+    uint64_t coldBytes;
+    uint32_t headerBytes;
+    uint64_t pageBytes;
+    uintptr_t coldBase;
+    uint32_t const* xpow;
+};
+
+__global__ void decodeFetch(DecodeArgs a)
+{
+    __shared__ uint32_t table[256];
+    __shared__ ColdPageEnvelope env;
+    __shared__ bool ok;
+    uint64_t const i = blockIdx.x;
+    PageIndexPair const pair = a.pairs[i];
+    uint64_t const base = i * a.numChunks;
+    bool const indicesOk = pair.src >= 0 && pair.dst >= 0 && uint64_t(pair.dst) < a.numSlots;
+    auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + (indicesOk ? uint64_t(pair.src) * a.coldBytes : 0));
+    uint8_t* stage = a.blobStaging + i * a.blobStride;
+    loadCrcTable(table);
+    if (indicesOk && threadIdx.x < 32)
+    {
+        reinterpret_cast<uint8_t*>(&env)[threadIdx.x] = blob[threadIdx.x]; // one PCIe round trip
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        bool good = indicesOk;
+        if (good)
+        {
+            auto const* raw = reinterpret_cast<uint8_t const*>(&env);
+            good = env.magic == kColdPageEnvelopeMagic
+                && crc32cBitwise(raw, offsetof(ColdPageEnvelope, headerCrc)) == env.headerCrc
+                && env.formatVersion == kFormatVersion && (env.flags & kEnvelopeDidNotFit) == 0
+                && env.headerBytes == a.headerBytes && env.payloadBytes <= a.coldBytes - a.headerBytes
+                && env.rawBytes == a.pageBytes;
+        }
+        ok = good;
+    }
+    __syncthreads();
+    if (ok)
+    {
+        uint64_t const used = uint64_t(env.headerBytes) + env.payloadBytes;
+        blockCopy(stage + 32, blob + 32, used - 32);
+        __syncthreads();
+        uint32_t const crc = blockCrc32c(stage + 32, used - 32, a.xpow, table);
+        if (threadIdx.x == 0)
+        {
+            bool good = crc == env.checksum && load32(stage + 32) == a.numChunks
+                && load32(stage + 36) == uint32_t(a.chunkBytes) && stage[40] == a.algorithm
+                && stage[41] == a.elementBytes && stage[42] == a.bitshuffle;
+            uint64_t pos = env.headerBytes;
+            for (uint32_t c = 0; good && c < a.numChunks; ++c)
+            {
+                uint32_t const entry = load32(stage + kChunkTableOffset + 4 * c);
+                uint32_t const stored = entry & kChunkSizeMask;
+                bool const compressed = (entry & kChunkCompressedBit) != 0;
+                uint32_t const raw = a.chunks[c].bytes;
+                good = pos + stored <= used && (compressed ? (stored > 0 && stored < raw) : stored == raw);
+                a.kinds[base + c] = compressed ? kChunkCompressed : kChunkRaw;
+                a.offsets[base + c] = pos;
+                pos += roundUp(stored, kPayloadAlign);
+            }
+            ok = good && pos == used;
+        }
+        __syncthreads();
+    }
+    for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
+    {
+        uint64_t const k = base + c;
+        DevChunk const ch = a.chunks[c];
+        uint8_t const kind = ok ? a.kinds[k] : kChunkSkip;
+        a.kinds[k] = kind;
+        if (kind == kChunkCompressed)
+        {
+            a.inPtrs[k] = stage + a.offsets[k];
+            a.inBytes[k] = load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask;
+            a.outPtrs[k] = a.direct ? reinterpret_cast<void*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset)
+                                    : a.outStaging + k * a.chunkStride;
+            a.capacity[k] = ch.bytes;
+        }
+        else
+        {
+            a.inPtrs[k] = a.dummyIn;
+            a.inBytes[k] = a.dummyInBytes;
+            a.outPtrs[k] = a.dummyOut + k * kDummyRawBytes;
+            a.capacity[k] = kDummyRawBytes;
+        }
+    }
+}
+
+__global__ void decodeScatter(DecodeArgs a)
+{
+    uint64_t const i = blockIdx.x;
+    PageIndexPair const pair = a.pairs[i];
+    uint64_t const base = i * a.numChunks;
+    if (a.kinds[base] == kChunkSkip)
+    {
+        return;
+    }
+    int bad = 0;
+    for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
+    {
+        uint64_t const k = base + c;
+        if (a.kinds[k] == kChunkCompressed && (a.statuses[k] != nvcompSuccess || a.actual[k] != a.chunks[c].bytes))
+        {
+            bad = 1;
+        }
+    }
+    if (__syncthreads_or(bad))
+    {
+        return; // A chunk failed to decompress: the page is not written.
+    }
+    uint8_t const* stage = a.blobStaging + i * a.blobStride;
+    for (uint32_t c = 0; c < a.numChunks; ++c)
+    {
+        uint64_t const k = base + c;
+        DevChunk const ch = a.chunks[c];
+        uint8_t const kind = a.kinds[k];
+        if (kind == kChunkCompressed && a.direct)
+        {
+            continue; // nvCOMP wrote it in place.
+        }
+        uint8_t const* src = kind == kChunkCompressed ? a.outStaging + k * a.chunkStride : stage + a.offsets[k];
+        auto* dst = reinterpret_cast<uint8_t*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset);
+        if (a.bitshuffle)
+        {
+            blockShuffle(dst, src, ch.bytes, a.elementBytes, true);
+        }
+        else
+        {
+            blockCopy(dst, src, ch.bytes);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------
+
+class DeviceScope
+{
+public:
+    explicit DeviceScope(int device) noexcept
+    {
+        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        {
+            ok_ = cudaSetDevice(device) == cudaSuccess;
+            restore_ = ok_;
+        }
+    }
+    ~DeviceScope()
+    {
+        if (restore_) cudaSetDevice(previous_);
+    }
+    [[nodiscard]] bool ok() const noexcept { return ok_; }
+
+private:
+    int previous_ = -1;
+    bool ok_ = true;
+    bool restore_ = false;
+};
+
+// Device allocations freed together.
+class DeviceArena
+{
+public:
+    ~DeviceArena()
+    {
+        for (void* p : blocks_) cudaFree(p);
+    }
+
+    template <class T>
+    T* alloc(uint64_t count, char const* what)
+    {
+        if (count == 0) return nullptr;
+        void* p = nullptr;
+        cudaError_t st = cudaMalloc(&p, count * sizeof(T));
+        if (st != cudaSuccess)
+        {
+            cudaGetLastError();
+            throw std::runtime_error(std::string("allocating ") + std::to_string(count * sizeof(T)) + " bytes for "
+                + what + " failed: " + cudaText(st));
+        }
+        blocks_.push_back(p);
+        return static_cast<T*>(p);
+    }
+
+private:
+    std::vector<void*> blocks_;
+};
+
+void check(cudaError_t st, char const* what)
+{
+    if (st != cudaSuccess)
+    {
+        cudaGetLastError();
+        throw std::runtime_error(std::string(what) + " failed: " + cudaText(st));
+    }
+}
+
+void check(nvcompStatus_t st, char const* what)
+{
+    if (st != nvcompSuccess)
+    {
+        throw std::runtime_error(std::string(what) + " failed: nvcompStatus_t " + std::to_string(int(st)));
+    }
+}
+
+bool aligned(uint64_t v, uint64_t a)
+{
+    return a <= 1 || v % a == 0;
+}
+
+class NvcompCodecCuda final : public NvcompCodecBase
+{
+public:
+    NvcompCodecCuda(CodecOptions options, int device) : NvcompCodecBase(options), device_(device) {}
+
+    ~NvcompCodecCuda() override
+    {
+        DeviceScope scope(device_);
+        if (encodeFork_) cudaEventDestroy(encodeFork_);
+        if (decodeFork_) cudaEventDestroy(decodeFork_);
+        for (int l = 0; l < kLanes; ++l)
+        {
+            for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
+            {
+                if (lane->stream) cudaStreamSynchronize(lane->stream);
+                if (lane->done) cudaEventDestroy(lane->done);
+                if (lane->stream) cudaStreamDestroy(lane->stream);
+            }
+        }
+        arena_.reset();
+    }
+
+private:
+    struct EncodeWorkspace
+    {
+        void const** inPtrs = nullptr;
+        size_t* inBytes = nullptr;
+        void** outPtrs = nullptr;
+        size_t* outBytes = nullptr;
+        nvcompStatus_t* statuses = nullptr;
+        uint32_t* entries = nullptr;
+        uint64_t* offsets = nullptr;
+        uint8_t* compStaging = nullptr;
+        uint8_t* inStaging = nullptr;
+        uint8_t* blobStaging = nullptr;
+        uint8_t* temp = nullptr;
+        size_t tempBytes = 0;
+    };
+
+    struct DecodeWorkspace
+    {
+        void const** inPtrs = nullptr;
+        size_t* inBytes = nullptr;
+        size_t* capacity = nullptr;
+        size_t* actual = nullptr;
+        void** outPtrs = nullptr;
+        nvcompStatus_t* statuses = nullptr;
+        uint8_t* kinds = nullptr;
+        uint64_t* offsets = nullptr;
+        uint8_t* outStaging = nullptr;
+        uint8_t* dummyOut = nullptr;
+        uint8_t* blobStaging = nullptr;
+        uint8_t* temp = nullptr;
+        size_t tempBytes = 0;
+    };
+
+    struct Lane
+    {
+        EncodeWorkspace enc;
+        DecodeWorkspace dec;
+        cudaStream_t stream = nullptr;
+        cudaEvent_t done = nullptr;
+    };
+
+    static constexpr int kLanes = 2;
+
+    struct GroupState
+    {
+        DevChunk* chunks = nullptr;
+        bool encodeDirect = false;
+        bool decodeDirect = false;
+    };
+
+    bool configureBackend() override
+    {
+        try
+        {
+            DeviceScope scope(device_);
+            if (!scope.ok()) return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+            ops_ = makeNvcompOps(options_.algorithm, options_.elementBytes);
+            arena_ = std::make_unique<DeviceArena>();
+            nvcompAlignmentRequirements_t ca{}, da{};
+            check(ops_->compressAlignment(&ca), "nvCOMP compress alignment query");
+            check(ops_->decompressAlignment(&da), "nvCOMP decompress alignment query");
+            if (da.input > kPayloadAlign)
+            {
+                return fail(std::string(algorithmInfo(options_.algorithm).name) + ": nvCOMP needs "
+                    + std::to_string(da.input) + "-byte aligned compressed chunks; format version 1 aligns to 16");
+            }
+            check(ops_->maxCompressedChunk(options_.chunkBytes, &maxCompressed_), "nvCOMP max chunk size query");
+            chunkStride_ = roundUp(options_.chunkBytes, kStagingAlign);
+            compStride_ = roundUp(maxCompressed_, std::max<uint64_t>(kStagingAlign, ca.output));
+
+            uint64_t maxChunks = 0, maxBlob = 0, maxPages = 0;
+            bool encodeStaging = false, decodeStaging = false;
+            groups_.resize(plans_.size());
+            for (size_t g = 0; g < plans_.size(); ++g)
+            {
+                auto const& group = layout_.groups()[g];
+                auto const& plan = plans_[g];
+                std::vector<DevChunk> table;
+                bool inOk = true, outOk = true;
+                for (auto const& c : plan.chunks)
+                {
+                    auto const& pool = group.pools[c.pool];
+                    table.push_back({pool.base, pool.slotBytes, c.offset, c.bytes, c.pool});
+                    inOk = inOk && aligned(pool.base, ca.input) && aligned(pool.slotBytes, ca.input) && aligned(c.offset, ca.input);
+                    outOk = outOk && aligned(pool.base, da.output) && aligned(pool.slotBytes, da.output) && aligned(c.offset, da.output);
+                }
+                groups_[g].encodeDirect = !options_.bitshuffle && inOk;
+                groups_[g].decodeDirect = !options_.bitshuffle && outOk;
+                encodeStaging = encodeStaging || !groups_[g].encodeDirect;
+                decodeStaging = decodeStaging || !groups_[g].decodeDirect;
+                groups_[g].chunks = arena_->alloc<DevChunk>(table.size(), "the chunk table");
+                check(cudaMemcpy(groups_[g].chunks, table.data(), table.size() * sizeof(DevChunk), cudaMemcpyHostToDevice),
+                    "copying the chunk table");
+                maxChunks = std::max<uint64_t>(maxChunks, plan.maxPagesPerBatch * plan.chunks.size());
+                maxBlob = std::max<uint64_t>(maxBlob, plan.maxPagesPerBatch * roundUp(plan.coldBytes, kStagingAlign));
+                maxPages = std::max<uint64_t>(maxPages, plan.maxPagesPerBatch);
+            }
+            maxChunks_ = maxChunks;
+
+            std::vector<uint32_t> xpow(64);
+            crcPowerTable(xpow.data());
+            xpow_ = arena_->alloc<uint32_t>(64, "the CRC power table");
+            check(cudaMemcpy(xpow_, xpow.data(), 64 * sizeof(uint32_t), cudaMemcpyHostToDevice), "copying the CRC table");
+            zeroChunk_ = arena_->alloc<uint8_t>(chunkStride_, "the zero chunk");
+            check(cudaMemset(zeroChunk_, 0, chunkStride_), "clearing the zero chunk");
+
+            for (int l = 0; l < kLanes; ++l)
+            {
+                allocEncode(encLanes_[l].enc, maxChunks, maxBlob, encodeStaging);
+                allocDecode(decLanes_[l].dec, maxChunks, maxBlob, decodeStaging);
+                for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
+                {
+                    check(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking), "creating a codec stream");
+                    check(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming), "creating a codec event");
+                }
+            }
+            makeDummyChunk();
+            check(cudaEventCreateWithFlags(&encodeFork_, cudaEventDisableTiming), "creating the encode event");
+            check(cudaEventCreateWithFlags(&decodeFork_, cudaEventDisableTiming), "creating the decode event");
+            return true;
+        }
+        catch (std::exception const& e)
+        {
+            return fail(std::string("configure(): ") + e.what());
+        }
+    }
+
+    void allocEncode(EncodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    {
+        w.inPtrs = arena_->alloc<void const*>(maxChunks, "encode tables");
+        w.inBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
+        w.outPtrs = arena_->alloc<void*>(maxChunks, "encode tables");
+        w.outBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "encode tables");
+        w.entries = arena_->alloc<uint32_t>(maxChunks, "encode tables");
+        w.offsets = arena_->alloc<uint64_t>(maxChunks, "encode tables");
+        w.compStaging = arena_->alloc<uint8_t>(maxChunks * compStride_, "compressed-chunk staging");
+        w.inStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "shuffle staging") : nullptr;
+        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "encode blob staging");
+        check(ops_->compressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
+            "nvCOMP compress temp-size query");
+        w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP compress workspace");
+    }
+
+    void allocDecode(DecodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    {
+        w.inPtrs = arena_->alloc<void const*>(maxChunks, "decode tables");
+        w.inBytes = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.capacity = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.actual = arena_->alloc<size_t>(maxChunks, "decode tables");
+        w.outPtrs = arena_->alloc<void*>(maxChunks, "decode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "decode tables");
+        w.kinds = arena_->alloc<uint8_t>(maxChunks, "decode tables");
+        w.offsets = arena_->alloc<uint64_t>(maxChunks, "decode tables");
+        w.outStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "decompression staging") : nullptr;
+        w.dummyOut = arena_->alloc<uint8_t>(maxChunks * kDummyRawBytes, "dummy outputs");
+        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "decode blob staging");
+        check(ops_->decompressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
+            "nvCOMP decompress temp-size query");
+        w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP decompress workspace");
+    }
+
+    // A small valid compressed chunk that decoding hands to nvCOMP in place of chunks it must
+    // not decompress (raw chunks, bad pages): nvCOMP's batch size is fixed by the host.
+    void makeDummyChunk()
+    {
+        size_t cap = 0;
+        check(ops_->maxCompressedChunk(kDummyRawBytes, &cap), "nvCOMP max chunk size query");
+        size_t temp = 0;
+        check(ops_->compressTemp(1, kDummyRawBytes, kDummyRawBytes, &temp, nullptr), "nvCOMP compress temp-size query");
+        DeviceArena scratch;
+        auto* raw = scratch.alloc<uint8_t>(kDummyRawBytes, "the dummy chunk");
+        dummyIn_ = arena_->alloc<uint8_t>(roundUp(cap, kStagingAlign), "the dummy chunk");
+        auto* tempPtr = scratch.alloc<uint8_t>(std::max<size_t>(temp, 1), "the dummy chunk");
+        auto* tables = scratch.alloc<uint64_t>(4, "the dummy chunk");
+        auto* status = scratch.alloc<nvcompStatus_t>(1, "the dummy chunk");
+        check(cudaMemset(raw, 0, kDummyRawBytes), "clearing the dummy chunk");
+        uint64_t host[4] = {reinterpret_cast<uint64_t>(raw), kDummyRawBytes, reinterpret_cast<uint64_t>(dummyIn_), 0};
+        check(cudaMemcpy(tables, host, sizeof(host), cudaMemcpyHostToDevice), "copying the dummy tables");
+        auto* inPtrs = reinterpret_cast<void const* const*>(tables);
+        auto* inBytes = reinterpret_cast<size_t const*>(tables + 1);
+        auto* outPtrs = reinterpret_cast<void* const*>(tables + 2);
+        auto* outBytes = reinterpret_cast<size_t*>(tables + 3);
+        check(ops_->compress(inPtrs, inBytes, kDummyRawBytes, 1, tempPtr, temp, outPtrs, outBytes, status, nullptr),
+            "compressing the dummy chunk");
+        check(cudaDeviceSynchronize(), "compressing the dummy chunk");
+        nvcompStatus_t st = nvcompErrorInternal;
+        check(cudaMemcpy(host, tables, sizeof(host), cudaMemcpyDeviceToHost), "reading the dummy chunk size");
+        check(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost), "reading the dummy chunk status");
+        check(st, "compressing the dummy chunk");
+        dummyInBytes_ = host[3];
+    }
+
+    PageIndexLocation location() const noexcept override
+    {
+        return PageIndexLocation::kDevice;
+    }
+
+    bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
+        bool encode) override
+    {
+        char const* op = encode ? "encode" : "decode";
+        if (stream == nullptr || stream == cudaStreamLegacy)
+        {
+            return fail(std::string(op) + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
+        }
+        DeviceScope scope(device_);
+        if (!scope.ok()) return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+        // Fork: the lanes wait for the caller's stream; batches alternate between the two lanes
+        // so one batch's transfer overlaps the next one's (de)compression; join: the caller's
+        // stream waits for both. A lane's own stream orders its workspace across calls.
+        Lane* lanes = encode ? encLanes_ : decLanes_;
+        cudaEvent_t fork = encode ? encodeFork_ : decodeFork_;
+        cudaError_t st = cudaEventRecord(fork, stream);
+        for (int l = 0; st == cudaSuccess && l < kLanes; ++l)
+        {
+            st = cudaStreamWaitEvent(lanes[l].stream, fork, 0);
+        }
+        if (st != cudaSuccess)
+        {
+            cudaGetLastError();
+            return fail(std::string(op) + "(): forking onto the codec's streams failed: " + cudaText(st));
+        }
+        auto const& plan = plans_[g];
+        auto const& group = layout_.groups()[g];
+        // At least four batches when the call is large enough, none under ~8 MiB of raw data.
+        uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
+        uint64_t const batch = std::min<uint64_t>(plan.maxPagesPerBatch, std::max<uint64_t>(minPages, (n + 3) / 4));
+        std::string err;
+        int b = 0;
+        for (size_t first = 0; first < n && err.empty(); first += batch, ++b)
+        {
+            size_t const m = std::min<size_t>(batch, n - first);
+            Lane& lane = lanes[b % kLanes];
+            err = encode ? encodeBatch(g, blob, pairs + first, m, lane) : decodeBatch(g, blob, pairs + first, m, lane);
+        }
+        for (int l = 0; l < kLanes; ++l)
+        {
+            cudaError_t e = cudaEventRecord(lanes[l].done, lanes[l].stream);
+            if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, lanes[l].done, 0);
+            if (e != cudaSuccess && err.empty())
+            {
+                cudaGetLastError();
+                err = "joining the codec's streams failed: " + cudaText(e);
+            }
+        }
+        return err.empty() ? true : fail(std::string(op) + "(): " + err);
+    }
+
+    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
+    {
+        EncodeWorkspace& enc_ = lane.enc;
+        cudaStream_t const stream = lane.stream;
+        auto const& group = layout_.groups()[g];
+        auto const& plan = plans_[g];
+        uint32_t const numChunks = uint32_t(plan.chunks.size());
+        size_t const total = m * numChunks;
+        EncodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
+            options_.bitshuffle ? 1u : 0u, groups_[g].encodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
+            options_.chunkBytes, chunkStride_, enc_.inStaging, zeroChunk_, enc_.inPtrs, enc_.inBytes, enc_.outPtrs,
+            enc_.compStaging, compStride_, enc_.outBytes, enc_.statuses, enc_.entries, enc_.offsets, enc_.blobStaging,
+            roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
+        encodePrepare<<<unsigned(total), 128, 0, stream>>>(a);
+        cudaError_t st = cudaGetLastError();
+        if (st != cudaSuccess) return "prepare kernel launch failed: " + cudaText(st);
+        nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, options_.chunkBytes, total, enc_.temp,
+            enc_.tempBytes, enc_.outPtrs, enc_.outBytes, enc_.statuses, stream);
+        if (ns != nvcompSuccess) return "nvCOMP batched compress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
+        encodeFinish<<<unsigned(m), kThreads, 0, stream>>>(a);
+        st = cudaGetLastError();
+        return st == cudaSuccess ? std::string() : "finish kernel launch failed: " + cudaText(st);
+    }
+
+    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
+    {
+        DecodeWorkspace& dec_ = lane.dec;
+        cudaStream_t const stream = lane.stream;
+        auto const& group = layout_.groups()[g];
+        auto const& plan = plans_[g];
+        uint32_t const numChunks = uint32_t(plan.chunks.size());
+        size_t const total = m * numChunks;
+        DecodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
+            options_.bitshuffle ? 1u : 0u, groups_[g].decodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
+            options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
+            dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dummyIn_, dummyInBytes_, dec_.dummyOut,
+            dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
+            blob, xpow_};
+        decodeFetch<<<unsigned(m), kThreads, 0, stream>>>(a);
+        cudaError_t st = cudaGetLastError();
+        if (st != cudaSuccess) return "fetch kernel launch failed: " + cudaText(st);
+        nvcompStatus_t ns = ops_->decompress(dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual, total, dec_.temp,
+            dec_.tempBytes, dec_.outPtrs, dec_.statuses, stream);
+        if (ns != nvcompSuccess) return "nvCOMP batched decompress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
+        decodeScatter<<<unsigned(m), kThreads, 0, stream>>>(a);
+        st = cudaGetLastError();
+        return st == cudaSuccess ? std::string() : "scatter kernel launch failed: " + cudaText(st);
+    }
+
+
+    int device_;
+    std::unique_ptr<NvcompOps> ops_;
+    std::unique_ptr<DeviceArena> arena_;
+    std::vector<GroupState> groups_;
+    Lane encLanes_[kLanes];
+    Lane decLanes_[kLanes];
+    size_t maxCompressed_ = 0;
+    uint64_t chunkStride_ = 0;
+    uint64_t compStride_ = 0;
+    uint64_t maxChunks_ = 0;
+    uint32_t* xpow_ = nullptr;
+    uint8_t* zeroChunk_ = nullptr;
+    uint8_t* dummyIn_ = nullptr;
+    uint64_t dummyInBytes_ = 0;
+    cudaEvent_t encodeFork_ = nullptr;
+    cudaEvent_t decodeFork_ = nullptr;
+};
+
+__global__ void cutChunks(uint8_t* base, uint64_t bytes, uint64_t chunkBytes, uint64_t chunks, void** inPtrs,
+    size_t* inBytes, void** outPtrs, uint8_t* comp, uint64_t compStride, void** backPtrs, uint8_t* back, size_t* cap)
+{
+    uint64_t const k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (k >= chunks) return;
+    uint64_t const off = k * chunkBytes;
+    inPtrs[k] = base + off;
+    inBytes[k] = min(chunkBytes, bytes - off);
+    outPtrs[k] = comp + k * compStride;
+    backPtrs[k] = back + off;
+    cap[k] = inBytes[k];
+}
+
+} // namespace
+
+IKvCacheColdPageCodec* createCudaCodec(CodecOptions const& options, int device, std::string& error)
+{
+    int count = 0;
+    cudaError_t st = cudaGetDeviceCount(&count);
+    if (st != cudaSuccess || device >= count)
+    {
+        cudaGetLastError();
+        error = "CUDA device " + std::to_string(device) + " is not available ("
+            + (st == cudaSuccess ? std::to_string(count) + " devices" : cudaText(st)) + ")";
+        return nullptr;
+    }
+    return new NvcompCodecCuda(options, device);
+}
+
+uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads)
+{
+    uint32_t xpow[64];
+    crcPowerTable(xpow);
+    uint64_t const seg = crcSegmentBytes(bytes, threads);
+    std::vector<uint32_t> part(threads);
+    std::vector<uint64_t> plen(threads);
+    for (uint32_t t = 0; t < threads; ++t)
+    {
+        uint64_t const begin = std::min<uint64_t>(t * seg, bytes);
+        uint64_t const end = std::min<uint64_t>(begin + seg, bytes);
+        // Raw register (initial 0, no final XOR) = ~standard CRC started from ~0.
+        part[t] = ~crc32cBitwise(data + begin, uint32_t(end - begin), 0xFFFFFFFFu);
+        plen[t] = end - begin;
+    }
+    for (uint32_t stride = 1; stride < threads; stride *= 2)
+    {
+        for (uint32_t t = 0; t + stride < threads; t += 2 * stride)
+        {
+            if (plen[t + stride] > 0)
+            {
+                part[t] = crcMulMod(crcShiftOperator(plen[t + stride], xpow), part[t]) ^ part[t + stride];
+                plen[t] += plen[t + stride];
+            }
+        }
+    }
+    return crcFinish(part[0], bytes, xpow);
+}
+
+DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr_t data, uint64_t bytes,
+    uint64_t chunkBytes, int iterations, cudaStream_t stream)
+{
+    auto ops = makeNvcompOps(algorithm, elementBytes);
+    uint64_t const chunks = (bytes + chunkBytes - 1) / chunkBytes;
+    size_t maxOut = 0;
+    check(ops->maxCompressedChunk(chunkBytes, &maxOut), "nvCOMP max chunk size query");
+    uint64_t const compStride = roundUp(maxOut, kStagingAlign);
+    size_t ct = 0, dt = 0;
+    check(ops->compressTemp(chunks, chunkBytes, bytes, &ct, stream), "nvCOMP compress temp-size query");
+    check(ops->decompressTemp(chunks, chunkBytes, bytes, &dt, stream), "nvCOMP decompress temp-size query");
+    DeviceArena arena;
+    auto* inPtrs = arena.alloc<void*>(chunks, "tables");
+    auto* inBytes = arena.alloc<size_t>(chunks, "tables");
+    auto* outPtrs = arena.alloc<void*>(chunks, "tables");
+    auto* outBytes = arena.alloc<size_t>(chunks, "tables");
+    auto* backPtrs = arena.alloc<void*>(chunks, "tables");
+    auto* cap = arena.alloc<size_t>(chunks, "tables");
+    auto* actual = arena.alloc<size_t>(chunks, "tables");
+    auto* statuses = arena.alloc<nvcompStatus_t>(chunks, "tables");
+    auto* comp = arena.alloc<uint8_t>(chunks * compStride, "compressed chunks");
+    auto* back = arena.alloc<uint8_t>(bytes, "decompressed copy");
+    auto* ctemp = arena.alloc<uint8_t>(std::max<size_t>(ct, 1), "compress workspace");
+    auto* dtemp = arena.alloc<uint8_t>(std::max<size_t>(dt, 1), "decompress workspace");
+    cutChunks<<<unsigned((chunks + 255) / 256), 256, 0, stream>>>(reinterpret_cast<uint8_t*>(data), bytes, chunkBytes,
+        chunks, inPtrs, inBytes, outPtrs, comp, compStride, backPtrs, back, cap);
+    check(cudaGetLastError(), "chunk table kernel");
+    cudaEvent_t e0, e1, e2;
+    check(cudaEventCreate(&e0), "event");
+    check(cudaEventCreate(&e1), "event");
+    check(cudaEventCreate(&e2), "event");
+    DirectResult r;
+    r.rawBytes = bytes;
+    float cms = 0, dms = 0;
+    for (int it = -1; it < iterations; ++it) // iteration -1 warms up
+    {
+        cudaEventRecord(e0, stream);
+        check(ops->compress(inPtrs, inBytes, chunkBytes, chunks, ctemp, ct, outPtrs, outBytes, statuses, stream), "nvCOMP compress");
+        cudaEventRecord(e1, stream);
+        check(ops->decompress(outPtrs, outBytes, cap, actual, chunks, dtemp, dt, backPtrs, statuses, stream), "nvCOMP decompress");
+        cudaEventRecord(e2, stream);
+        check(cudaEventSynchronize(e2), "benchmark iteration");
+        float a = 0, b = 0;
+        cudaEventElapsedTime(&a, e0, e1);
+        cudaEventElapsedTime(&b, e1, e2);
+        if (it >= 0)
+        {
+            cms += a;
+            dms += b;
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaEventDestroy(e2);
+    std::vector<size_t> sizes(chunks);
+    check(cudaMemcpy(sizes.data(), outBytes, chunks * sizeof(size_t), cudaMemcpyDeviceToHost), "reading sizes");
+    for (size_t s : sizes) r.compressedBytes += s;
+    std::vector<uint8_t> a(bytes), b(bytes);
+    check(cudaMemcpy(a.data(), reinterpret_cast<void*>(data), bytes, cudaMemcpyDeviceToHost), "reading input");
+    check(cudaMemcpy(b.data(), back, bytes, cudaMemcpyDeviceToHost), "reading output");
+    r.roundTripOk = a == b;
+    r.compressMs = cms / std::max(iterations, 1);
+    r.decompressMs = dms / std::max(iterations, 1);
+    return r;
+}
+
+} // namespace kvcodec::nvcomp_plugin

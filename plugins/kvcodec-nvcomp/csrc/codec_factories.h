@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "codec_base.h"
+#include "kvcodec/plugin.h"
+
+namespace kvcodec::nvcomp_plugin {
+
+/// The CPU reference, or null with `error` set when the algorithm has none.
+IKvCacheColdPageCodec* createCpuCodec(CodecOptions const& options, std::string& error);
+
+/// The CUDA implementation on `device`, or null with `error` set.
+IKvCacheColdPageCodec* createCudaCodec(CodecOptions const& options, int device, std::string& error);
+
+/// The factory of one algorithm (a static object).
+KvcodecCodecFactory const* codecFactory(Algorithm algorithm) noexcept;
+
+/// Host emulation of the GPU's segmented CRC-32C (for tests of the combination step).
+uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads);
+
+/// Result of compressing and decompressing chunks with nvCOMP's batched API directly.
+struct DirectResult
+{
+    uint64_t rawBytes = 0;
+    uint64_t compressedBytes = 0;
+    double compressMs = 0;   ///< Mean over iterations.
+    double decompressMs = 0; ///< Mean over iterations.
+    bool roundTripOk = false;
+};
+
+/// Cuts `bytes` at device address `data` into `chunkBytes` chunks and runs nvCOMP's batched
+/// compress and decompress on them `iterations` times on `stream`, timed with CUDA events (the
+/// benchmark's baseline). Throws std::runtime_error on failure.
+DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr_t data, uint64_t bytes,
+    uint64_t chunkBytes, int iterations, cudaStream_t stream);
+
+} // namespace kvcodec::nvcomp_plugin

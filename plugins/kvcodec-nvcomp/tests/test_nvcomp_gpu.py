@@ -1,0 +1,282 @@
+"""CUDA implementation of the nvCOMP codecs: round trips, interchangeability with the CPU
+reference and the lz4 package, slot_ratio edges, corruption and asynchrony.
+
+Every test carries the ``gpu`` marker and skips cleanly without a CUDA device and torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcodec_sdk as kv
+
+import nvcomp_blobs as blobs
+from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
+
+plugin_ext()
+
+torch = pytest.importorskip("torch")
+lz4_block = pytest.importorskip("lz4.block")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and torch with CUDA"),
+]
+
+GPU_CODECS = ["nvcomp-lz4", "nvcomp-ans", "nvcomp-gdeflate"]
+KINDS = ["random", "zeros", "runs", "kv"]
+SETTINGS = [
+    {},
+    {"chunk_bytes": 4096},
+    {"data_type": "uint16", "bitshuffle": True},
+    {"data_type": "uint16"},
+]
+SETTING_IDS = ["default", "4k", "u16-shuffle", "u16"]
+
+
+@pytest.fixture
+def stream():
+    return torch.cuda.Stream()
+
+
+class GpuLayout:
+    """Hot pools on the GPU filled with `kind` data; one group, lifecycle 0."""
+
+    def __init__(self, slot_sizes, num_slots, kind, seed=1):
+        rng = np.random.default_rng(seed)
+        self.pools = [
+            torch.from_numpy(fill(kind, rng, s * num_slots).reshape(num_slots, s).copy()).cuda() for s in slot_sizes
+        ]
+        self.groups = [
+            kv.PoolGroupDesc(
+                pools=[kv.PoolDesc(p.data_ptr(), p.shape[1], num_slots) for p in self.pools],
+                lifecycles=[kv.LifeCycleDesc(0)],
+            )
+        ]
+
+    def page(self, slot):
+        return b"".join(p[slot].cpu().numpy().tobytes() for p in self.pools)
+
+    def fill_(self, value):
+        for p in self.pools:
+            p.fill_(value)
+
+
+def dev_pairs(dst, src):
+    return torch.from_numpy(pairs(dst, src)).cuda()
+
+
+def encode_decode(name, params, layout, n, stream, *, pinned=True):
+    codec = kv.create_codec(name, params, device="cuda")
+    codec.configure(layout.groups)
+    cb = codec.cold_page_bytes(0)
+    cold = torch.full((n, cb), 0xAB, dtype=torch.uint8)
+    cold = cold.pin_memory() if pinned else cold.cuda()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+    originals = [layout.page(s) for s in range(n)]
+    with torch.cuda.stream(stream):
+        codec.encode(0, cold, dev_pairs(perm, torch.arange(n)), stream=stream)
+    stream.synchronize()
+    blobs_out = [cold[perm[s]].cpu().numpy().tobytes() for s in range(n)]
+    layout.fill_(0)
+    codec.decode(0, cold, dev_pairs(torch.arange(n), perm), stream=stream)
+    stream.synchronize()
+    for s in range(n):
+        assert layout.page(s) == originals[s], f"page {s}"
+    return codec, blobs_out, originals
+
+
+@pytest.mark.parametrize("name", GPU_CODECS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("params", SETTINGS, ids=SETTING_IDS)
+def test_round_trip(name, kind, params, stream):
+    layout = GpuLayout((65536, 32768, 4096 + 32), 12, kind)
+    _, out, _ = encode_decode(name, params, layout, 12, stream)
+    for blob in out:
+        assert blobs.check(blob) == "ok"
+        if kind == "zeros":
+            assert parse(blob).flags == blobs.COMPRESSED
+        if kind == "random":
+            assert parse(blob).flags == blobs.STORED_RAW
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
+def test_odd_layout_uses_staging(name, stream):
+    # Slots of odd sizes: chunk pointers are unaligned, so both directions stage.
+    layout = GpuLayout((4097, 131, 70001), 6, "runs")
+    encode_decode(name, {"chunk_bytes": 4096}, layout, 6, stream, pinned=False)
+
+
+def test_batches_larger_than_the_workspace(stream):
+    layout = GpuLayout((65536,), 40, "kv")
+    encode_decode("nvcomp-ans", {"max_batch_bytes": 5 * 65536, "data_type": "uint16"}, layout, 40, stream)
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-gdeflate"])
+@pytest.mark.parametrize("params", [{}, {"data_type": "uint16", "bitshuffle": True, "chunk_bytes": 8192}], ids=["plain", "u16-shuffle"])
+def test_gpu_and_cpu_blobs_are_interchangeable(name, params, stream):
+    n = 5
+    layout = GpuLayout((16384, 8192), n, "kv")
+    gpu, gpu_blobs, originals = encode_decode(name, params, layout, n, stream)
+    cb = gpu.cold_page_bytes(0)
+    # GPU blobs decode on the CPU reference.
+    host_pools = [p.cpu().numpy().copy() for p in layout.pools]
+    cpu = kv.create_codec(name, params, device="cpu")
+    cpu.configure(
+        [kv.PoolGroupDesc([kv.PoolDesc(h.ctypes.data, h.shape[1], n) for h in host_pools], [kv.LifeCycleDesc(0)])]
+    )
+    assert cpu.cold_page_bytes(0) == cb
+    cold = np.frombuffer(b"".join(gpu_blobs), dtype=np.uint8).copy()
+    for h in host_pools:
+        h[:] = 0
+    cpu.decode(0, cold, pairs(range(n), range(n)))
+    for s in range(n):
+        assert b"".join(h[s].tobytes() for h in host_pools) == originals[s]
+    # CPU blobs decode on the GPU.
+    cpu_cold = np.zeros(n * cb, dtype=np.uint8)
+    cpu.encode(0, cpu_cold, pairs(range(n), range(n)))
+    layout.fill_(0)
+    gpu.decode(0, torch.from_numpy(cpu_cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    for s in range(n):
+        assert layout.page(s) == originals[s]
+
+
+def test_gpu_lz4_chunks_decode_with_the_lz4_package(stream):
+    n = 4
+    slot_sizes = (65536, 12288)
+    layout = GpuLayout(slot_sizes, n, "runs")
+    params = {"chunk_bytes": 16384, "data_type": "uint16", "bitshuffle": True}
+    _, out, originals = encode_decode("nvcomp-lz4", params, layout, n, stream)
+    plan = blobs.chunk_plan(slot_sizes, 16384)
+    offsets = np.cumsum([0, *slot_sizes])
+    compressed = 0
+    for s, blob in enumerate(out):
+        b = parse(blob)
+        for (is_comp, stored), (pool, off, nbytes) in zip(b.chunks(blob), plan):
+            start = offsets[pool] + off
+            expect = blobs.bitshuffle(originals[s][start : start + nbytes], 2)
+            got = lz4_block.decompress(stored, uncompressed_size=nbytes) if is_comp else stored
+            assert got == expect
+            compressed += is_comp
+    assert compressed > 0
+
+
+def test_lz4_package_blobs_decode_on_the_gpu(stream):
+    from test_nvcomp_cpu import build_blob  # the same Python-built blob as the CPU test
+
+    n = 3
+    layout = GpuLayout((8192, 1000), n, "runs")
+    codec = kv.create_codec("nvcomp-lz4", {"chunk_bytes": 4096}, device="cuda")
+    codec.configure(layout.groups)
+    cb = codec.cold_page_bytes(0)
+
+    class HostView:
+        def __init__(self, pools):
+            self.pools = pools
+
+    host = HostView([p.cpu().numpy() for p in layout.pools])
+    cold = np.frombuffer(b"".join(build_blob(host, s, 4096, cb) for s in range(n)), dtype=np.uint8).copy()
+    expect = [layout.page(s) for s in range(n)]
+    layout.fill_(3)
+    codec.decode(0, torch.from_numpy(cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    assert [layout.page(s) for s in range(n)] == expect
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
+def test_slot_ratio_did_not_fit(name, stream):
+    n = 4
+    layout = GpuLayout((65536,), n, "random")
+    layout.pools[0][1].zero_()
+    layout.pools[0][3].zero_()
+    codec = kv.create_codec(name, {"slot_ratio": 0.5}, device="cuda")
+    codec.configure(layout.groups)
+    cb = codec.cold_page_bytes(0)
+    assert cb == 32768
+    cold = torch.zeros((n, cb), dtype=torch.uint8).pin_memory()
+    codec.encode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    status = [blobs.check(cold[s].numpy().tobytes()) for s in range(n)]
+    assert status == ["did not fit", "ok", "did not fit", "ok"]
+    before = [layout.page(s) for s in range(n)]
+    layout.pools[0][1].fill_(9)
+    layout.pools[0][3].fill_(9)
+    codec.decode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    # Pages that fit decode; pages that did not fit leave their hot slot untouched.
+    assert layout.page(0) == before[0] and layout.page(2) == before[2]
+    assert layout.page(1) == bytes(65536) and layout.page(3) == bytes(65536)
+
+
+def test_slot_ratio_below_the_header_is_refused():
+    layout = GpuLayout((65536,), 2, "random")
+    codec = kv.create_codec("nvcomp-lz4", {"slot_ratio": 0.0001}, device="cuda")
+    with pytest.raises(kv.KvcodecError, match="smallest usable slot_ratio"):
+        codec.configure(layout.groups)
+
+
+@pytest.mark.parametrize("name", GPU_CODECS)
+def test_corrupted_blobs_are_never_decoded(name, stream):
+    n = 6
+    layout = GpuLayout((32768, 8192), n, "kv")
+    params = {"chunk_bytes": 8192, "data_type": "uint16"}
+    codec, out, originals = encode_decode(name, params, layout, n, stream)
+    rng = np.random.default_rng(3)
+    cold = np.frombuffer(b"".join(out), dtype=np.uint8).copy()
+    cb = codec.cold_page_bytes(0)
+    # Corrupt pages 1..5 at different places (envelope, header CRC, codec header, table, payload);
+    # page 0 stays intact and must still decode in the same call.
+    for s, where in zip(range(1, n), ["magic", "header", "table", "payload", "payload"]):
+        b = parse(out[s])
+        pos = {"magic": 0, "header": 12, "table": 48, "payload": b.header_bytes + int(rng.integers(0, b.payload_bytes))}[where]
+        cold[s * cb + pos] ^= 0x21
+        assert blobs.check(cold[s * cb : (s + 1) * cb].tobytes()) != "ok"
+    layout.fill_(0x5A)
+    codec.decode(0, torch.from_numpy(cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    assert layout.page(0) == originals[0]
+    for s in range(1, n):
+        assert layout.page(s) == bytes([0x5A]) * len(originals[s]), f"corrupted page {s} was decoded"
+
+
+def test_calls_do_not_synchronize(stream):
+    layout = GpuLayout((65536, 65536), 16, "kv")
+    codec = kv.create_codec("nvcomp-ans", {"data_type": "uint16"}, device="cuda")
+    codec.configure(layout.groups)
+    cold = torch.empty((16, codec.cold_page_bytes(0)), dtype=torch.uint8).pin_memory()
+    idx = dev_pairs(range(16), range(16))
+    expect = [layout.page(s) for s in range(16)]
+    codec.encode(0, cold, idx, stream=stream)  # warm-up: lazy module loading happens here
+    codec.decode(0, cold, idx, stream=stream)
+    stream.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # tens of ms of GPU work ahead of the codec on its stream
+    codec.encode(0, cold, idx, stream=stream)
+    assert not stream.query(), "encode() waited for the stream"
+    layout.fill_(0)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)
+    codec.decode(0, cold, idx, stream=stream)
+    assert not stream.query(), "decode() waited for the stream"
+    stream.synchronize()
+    assert [layout.page(s) for s in range(16)] == expect
+
+
+def test_calls_on_two_streams_share_the_workspace_safely():
+    layout = GpuLayout((65536,), 32, "kv")
+    codec = kv.create_codec("nvcomp-lz4", {"data_type": "uint16", "bitshuffle": True}, device="cuda")
+    codec.configure(layout.groups)
+    cold = torch.empty((32, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    expect = [layout.page(s) for s in range(32)]
+    with torch.cuda.stream(s1):
+        torch.cuda._sleep(50_000_000)
+    codec.encode(0, cold, dev_pairs(range(16), range(16)), stream=s1)
+    codec.encode(0, cold, dev_pairs(range(16, 32), range(16, 32)), stream=s2)
+    torch.cuda.synchronize()
+    layout.fill_(0)
+    codec.decode(0, cold, dev_pairs(range(32), range(32)), stream=s2)
+    torch.cuda.synchronize()
+    assert [layout.page(s) for s in range(32)] == expect
