@@ -3,6 +3,10 @@
 # writes every log and result into one folder.
 #
 #   scripts/gpu-check.sh [OUT_DIR]      (default: ./gpu-results, or $OUT when set)
+#   KVCODEC_GPU_STEPS=pytest,fp8 scripts/gpu-check.sh OUT_DIR    (a subset; default: all)
+#
+# Steps: pytest memcheck conformance bench-concat fp8 kvcm disk template nvcomp (the build
+# always runs).
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
 # requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
@@ -14,7 +18,9 @@ export PYTHONUNBUFFERED=1
 export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
 TESTS=${KVCODEC_GPU_TESTS:-tests}
 status=0
+STEPS=",${KVCODEC_GPU_STEPS:-all},"
 step() { echo "== $* ($(date +%T))"; }
+want() { [[ "$STEPS" == *",all,"* || "$STEPS" == *",$1,"* ]]; }
 
 step "environment"
 { nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } \
@@ -26,12 +32,15 @@ if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/buil
 fi
 (cd "$OUT_DIR" && python3 -c 'import kvcodec_sdk._native as n; print(n.driver_info())') | tee -a "$OUT_DIR/env.txt"
 
+if want pytest; then
 step "pytest -m gpu"
 # Run from outside the source tree so the installed package is what gets tested.
 (cd "$OUT_DIR" && python3 -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
    "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -25 "$OUT_DIR/pytest-gpu.log"
+fi
 
+if want memcheck; then
 step "compute-sanitizer memcheck (small GPU tests)"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -39,20 +48,28 @@ if command -v compute-sanitizer > /dev/null; then
      -k "round_trip and (odd or tiny) or interchangeable or legacy or registration") > "$OUT_DIR/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
+fi
 
+if want conformance; then
 step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
 { (cd "$OUT_DIR" && kvcodec check concat --device cuda --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
   && (cd "$OUT_DIR" && kvcodec check concat --device cuda --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
         --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
 cat "$OUT_DIR/conformance.txt"
+fi
 
+if want bench-concat; then
 step "kvcodec bench concat"
 (cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
+fi
 
+if want fp8; then
 step "fp8 plugin: build, GPU tests, memcheck, benchmark"
 bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
+fi
 
+if want kvcm; then
 step "compute-sanitizer memcheck (KV-cache manager GPU tests)"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -60,15 +77,21 @@ if command -v compute-sanitizer > /dev/null; then
      "$OLDPWD/tests/test_kvcm_gpu.py" -k "not random") > "$OUT_DIR/memcheck-kvcm.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck-kvcm.log" | tail -5
 fi
+fi
 
+if want kvcm; then
 step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
+fi
 
+if want disk; then
 step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
-(cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
+(cd "$OUT_DIR" && timeout 150 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
+fi
 
+if want template; then
 step "template: kvcodec new -> build -> kvcodec check (CPU and CUDA)"
 if python3 -c 'import cookiecutter' 2> /dev/null; then
   (cd "$OUT_DIR" && python3 -m pytest -q -s -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
@@ -77,9 +100,12 @@ if python3 -c 'import cookiecutter' 2> /dev/null; then
 else
   echo "cookiecutter is not installed: template step skipped"
 fi
+fi
 
+if want nvcomp; then
 step "nvcomp plugin (build, tests, memcheck, benchmark)"
 bash plugins/kvcodec-nvcomp/scripts/gpu-check.sh "$OUT_DIR" || status=1
+fi
 
 step "done (status $status)"
 exit $status
