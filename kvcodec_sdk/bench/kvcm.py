@@ -139,6 +139,8 @@ def _run_size(device, torch, pools, piece, n, iters, progress):
         raise RuntimeError(f"manager eviction produced wrong blobs at piece {piece}")
     for h in hot:
         h.fill_(0) if torch is not None else h.fill(0)
+    if torch is not None:
+        torch.cuda.synchronize(device)  # the zeros (default stream) must land before onboarding writes
     m.onboard(pages, stream=stream)
     sync()
     back = np.array([p.slot for p in pages])

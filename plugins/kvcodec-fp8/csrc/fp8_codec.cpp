@@ -444,6 +444,10 @@ private:
         {
             return fail("cannot make CUDA device " + std::to_string(device_) + " current");
         }
+        if (cudaError_t st = preloadFp8(); st != cudaSuccess)
+        {
+            return fail(std::string("loading the fp8 kernel failed: ") + cudaGetErrorString(st));
+        }
         for (auto const& [id, plan] : plans_)
         {
             BufferPlan* table = nullptr;

@@ -570,6 +570,13 @@ __global__ void __launch_bounds__(kThreads, 2) fp8Kernel(KernelArgs a)
 
 } // namespace
 
+cudaError_t preloadFp8() noexcept
+{
+    cudaFuncAttributes attributes{};
+    cudaError_t st = cudaFuncGetAttributes(&attributes, fp8Kernel<true>);
+    return st != cudaSuccess ? st : cudaFuncGetAttributes(&attributes, fp8Kernel<false>);
+}
+
 cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
 {
     uint64_t const total = args.numPairs * args.unitsPerPage;

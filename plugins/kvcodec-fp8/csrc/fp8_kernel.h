@@ -56,6 +56,10 @@ struct KernelArgs
     uint64_t blob;             ///< Cold base (GPU-accessible).
 };
 
+/// Loads both kernel instances now: with lazy module loading the first launch can wait for work
+/// already queued on the device, and an encode/decode call must never wait.
+cudaError_t preloadFp8() noexcept;
+
 /// Enqueues the one kernel of an encode or decode call on `stream`; returns the launch status.
 cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept;
 

@@ -681,6 +681,15 @@ private:
         {
             DeviceScope scope(device_);
             if (!scope.ok()) return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+            // Load the codec's kernels now: with lazy module loading a first launch can wait for
+            // work already queued on the device, and encode/decode must never wait.
+            cudaFuncAttributes attributes{};
+            for (void const* kernel : {reinterpret_cast<void const*>(&encodePrepare),
+                     reinterpret_cast<void const*>(&encodeFinish), reinterpret_cast<void const*>(&decodeFetch),
+                     reinterpret_cast<void const*>(&decodeScatter)})
+            {
+                check(cudaFuncGetAttributes(&attributes, kernel), "loading the codec's kernels");
+            }
             ops_ = makeNvcompOps(options_.algorithm, options_.elementBytes);
             arena_ = std::make_unique<DeviceArena>();
             nvcompAlignmentRequirements_t ca{}, da{};

@@ -447,6 +447,10 @@ private:
         {
             return fail("cannot make CUDA device " + std::to_string(device_) + " current");
         }
+        if (cudaError_t st = preloadGather(); st != cudaSuccess)
+        {
+            return fail("loading the gather kernel failed: " + runtime::runtimeErrorText(st));
+        }
         plans_.resize(layout_.groups().size());
         for (size_t g = 0; g < plans_.size(); ++g)
         {

@@ -100,6 +100,12 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(GatherArgs a)
 
 } // namespace
 
+cudaError_t preloadGather() noexcept
+{
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, gatherKernel);
+}
+
 cudaError_t launchGather(GatherArgs const& args, int numSms, cudaStream_t stream) noexcept
 {
     uint64_t const total = args.numPairs * args.chunksPerPage;

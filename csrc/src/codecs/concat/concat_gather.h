@@ -37,6 +37,11 @@ struct GatherArgs
     uint64_t blob;          ///< Cold base pointer (GPU-accessible).
 };
 
+/// Loads the gather kernel now. With lazy module loading (the CUDA default) the first launch
+/// loads the module, which can wait for work already queued on the device; a codec call must
+/// never wait, so the CUDA codec loads its kernel at configure time.
+cudaError_t preloadGather() noexcept;
+
 /// Enqueues the gather kernel on `stream`; returns the launch status.
 cudaError_t launchGather(GatherArgs const& args, int numSms, cudaStream_t stream) noexcept;
 

@@ -352,6 +352,10 @@ private:
         {
             return fail("cannot use CUDA device " + std::to_string(device_));
         }
+        if (cudaError_t st = preloadKernel(); st != cudaSuccess)
+        {
+            return fail(std::string("loading the kernel failed: ") + cudaGetErrorString(st));
+        }
         for (auto const& group : layout_.groups())
         {
             std::vector<KernelPool> table;

@@ -78,6 +78,10 @@ struct KernelArgs
 /// Bytes of one pool processed by one thread block.
 inline constexpr uint64_t kChunkBytes = 8192;
 
+/// Loads the kernel now (at configure): with lazy module loading a first launch can wait for
+/// work already queued on the device, and encode/decode must never wait.
+cudaError_t preloadKernel() noexcept;
+
 /// Enqueues one launch on `stream` covering every (page, pool, chunk) of `args`.
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept;
 

@@ -90,6 +90,12 @@ __global__ void __launch_bounds__(kThreads) transformKernel(__grid_constant__ Ke
 
 } // namespace
 
+cudaError_t preloadKernel() noexcept
+{
+    cudaFuncAttributes attributes{};
+    return cudaFuncGetAttributes(&attributes, transformKernel);
+}
+
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
 {
     uint64_t const total = args.numPairs * args.chunksPerPage;
