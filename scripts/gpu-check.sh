@@ -52,8 +52,8 @@ fi
 
 if want conformance; then
 step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
-{ (cd "$OUT_DIR" && kvcodec check concat --device cuda --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
-  && (cd "$OUT_DIR" && kvcodec check concat --device cuda --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
+{ (cd "$OUT_DIR" && kvcodec check concat --device cuda --timeout 60 --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
+  && (cd "$OUT_DIR" && kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
         --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
 cat "$OUT_DIR/conformance.txt"
 fi

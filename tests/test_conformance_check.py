@@ -10,9 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["pytester"]
 
 from kvcodec_sdk.testing import CLAUSES
 from test_conformance_suite import broken_lib  # noqa: F401  (session fixture: builds libbroken_codecs)
@@ -81,3 +84,22 @@ def test_broken_codec_fails_with_the_clause_and_reason(installed_broken_codec):
     assert line.startswith("FAIL  writes-inside-slots: encode wrote "), line
     assert "byte(s) after destination blob" in line and "[cpu-mixed]" in line, line
     assert report_lines(result.stdout)["round-trip"] == "PASS  round-trip"
+
+
+def test_a_hanging_conformance_test_is_diagnosed_not_stalled(pytester):
+    """--kvcodec-timeout: a conformance test that never returns dumps every thread's stack and
+    ends the run (instead of stalling a GPU check until its outer limit)."""
+    pytester.makepyfile(test_hang="""
+        import time
+        from kvcodec_sdk.testing.clauses import clause
+
+        @clause("stream-no-wait")
+        def test_codec_that_blocks():
+            time.sleep(30)
+    """)
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kvcodec-timeout", "1")
+    assert time.monotonic() - started < 25
+    assert result.ret != 0
+    err = result.stderr.str()
+    assert "Timeout" in err and "test_codec_that_blocks" in err, err

@@ -27,19 +27,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--golden", default=None, metavar="DIR",
                    help="folder holding <codec>-v<format_version>/ golden vectors (the clause is skipped without it)")
     p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write a JUnit XML report")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a test running longer than this dumps every thread's stack and ends the check (default 300)")
+    p.add_argument("--quiet", action="store_true", help="no per-test progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output and full tracebacks")
 
 
 class _Collector:
-    """Gathers each conformance test's outcome by clause."""
+    """Gathers each conformance test's outcome by clause and reports progress on stderr."""
 
-    def __init__(self) -> None:
+    def __init__(self, codec: str = "", progress: bool = False) -> None:
         self.tests: dict[str, dict] = {}
+        self.codec = codec
+        self.progress = progress
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        if self.progress:
+            print(f"[check] {nodeid.rsplit('::', 1)[-1]} ...", file=sys.stderr, flush=True)
 
     def pytest_runtest_logreport(self, report) -> None:
         clause = dict(report.user_properties).get("kvcodec_clause")
         if clause is None:
             return
+        if self.progress and (report.when == "call" or report.outcome != "passed"):
+            print(f"[check]   {clause} [{_param_label(report.nodeid, self.codec)}] {report.when}: "
+                  f"{report.outcome} ({report.duration:.2f} s)", file=sys.stderr, flush=True)
         entry = self.tests.setdefault(report.nodeid, {"clause": clause, "outcome": "passed", "message": ""})
         if report.failed and entry["outcome"] != "failed":
             entry["outcome"] = "failed"
@@ -85,13 +97,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--params must be a JSON object, got {type(params).__name__}")
     spec.validate_params(params)
     selected = Path(__file__).resolve().parent.parent / "testing" / "selected.py"
-    collector = _Collector()
+    collector = _Collector(args.codec, progress=not args.quiet)
     with tempfile.TemporaryDirectory(prefix="kvcodec-check-") as tmp:
         # An empty ini of our own: the user's pytest configuration (testpaths, addopts) stays out.
         (Path(tmp) / "pytest.ini").write_text("[pytest]\n")
         argv = [str(selected), "-c", str(Path(tmp) / "pytest.ini"), "--rootdir", tmp, "-p", "no:cacheprovider",
                 "--kvcodec", f"{args.codec}:{json.dumps(params)}", "--kvcodec-device", args.device,
-                "-o", "junit_family=xunit1"]
+                "-o", "junit_family=xunit1", "--kvcodec-timeout", str(args.timeout)]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             argv += ["-p", "kvcodec_sdk.testing.plugin"]
         if args.golden:

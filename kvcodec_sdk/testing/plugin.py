@@ -3,7 +3,10 @@
 Options:
 
 - ``--kvcodec NAME[:JSON-PARAMS]`` (repeatable): run the conformance suite on these codecs;
-- ``--kvcodec-device cpu|cuda|all``: which implementations to test (default all available).
+- ``--kvcodec-device cpu|cuda|all``: which implementations to test (default all available);
+- ``--kvcodec-timeout SECONDS``: a conformance test running longer than this dumps every
+  thread's stack and ends the run (default 300; 0 disables), so a hanging codec is diagnosed
+  instead of stalling the run.
 
 The suite is collected only when asked: when either option is given, the module
 ``kvcodec_sdk.testing.selected`` is added to the run, parametrized over the named codecs (every
@@ -14,7 +17,11 @@ registered codec when only ``--kvcodec-device`` is given). Test classes that sub
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "object (repeatable); e.g. --kvcodec concat or --kvcodec 'concat:{\"path\": \"sm\"}'")
     group.addoption("--kvcodec-device", default=None, choices=("cpu", "cuda", "all"), dest="kvcodec_device",
                     help="implementations to test: cpu, cuda or all available (default)")
+    group.addoption("--kvcodec-timeout", default=300.0, type=float, metavar="SECONDS", dest="kvcodec_timeout",
+                    help="a conformance test running longer than this dumps every thread's stack and ends the run "
+                         "(default 300; 0 disables)")
     group.addoption("--kvcodec-golden", default=None, metavar="DIR", dest="kvcodec_golden",
                     help="folder holding <codec>-v<format_version>/ golden vectors for codecs named by --kvcodec")
 
@@ -82,3 +92,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = clause_of(item)
         if name is not None:
             item.user_properties.append(("kvcodec_clause", name))
+
+
+def _on_timeout(item: pytest.Item, timeout: float) -> None:
+    # Runs on a timer thread: show the real stderr, dump every stack, end the process (a thread
+    # stuck in a native call cannot be interrupted any other way).
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        try:
+            capman.suspend_global_capture(in_=True)
+        except Exception:  # noqa: BLE001 - best effort; the dump below matters more
+            pass
+    sys.stderr.write(f"\n+++ kvcodec conformance: Timeout: {item.nodeid} ran longer than {timeout:g} s "
+                     "(a codec call or the device is blocked); stacks of every thread:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # A codec that blocks (on a stream, on the device) would otherwise stall the run silently.
+    timeout = float(item.config.getoption("kvcodec_timeout") or 0)
+    timer = None
+    if timeout > 0 and clause_of(item) is not None:
+        timer = threading.Timer(timeout, _on_timeout, args=(item, timeout))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
