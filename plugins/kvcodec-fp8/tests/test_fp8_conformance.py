@@ -1,0 +1,11 @@
+"""The SDK's conformance suite on the fp8 codec (CPU reference here, CUDA on a GPU host), with
+golden vectors in the suite's format pinning blob format 1."""
+
+from pathlib import Path
+
+from kvcodec_sdk.testing import CodecConformanceTests
+
+
+class TestFp8Conformance(CodecConformanceTests):
+    codec_name = "fp8"
+    golden_vectors = Path(__file__).parent / "conformance-vectors"
