@@ -3,6 +3,8 @@ they never collide with another test tree's conftest)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,11 @@ import kvcodec_sdk
 from kvcodec_sdk.registry import _reset_default_registry
 
 from sdk_helpers import HotLayout, random_hot_layout
+
+# Child interpreters (python -m kvcodec_sdk, crash-test writers) start in the repository root;
+# without this they would import the source tree's kvcodec_sdk, which has no built extension,
+# instead of the installed package.
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 @pytest.fixture

@@ -73,7 +73,8 @@ def installed_broken_codec(tmp_path, broken_lib):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0\n")
     (dist / "entry_points.txt").write_text("[kvcodec]\nbroken = broken_plugin\n")
-    path = os.pathsep.join([str(tmp_path), str(HERE / "broken_codecs"), os.environ.get("PYTHONPATH", "")])
+    # No empty entry: it would put the current directory (the source tree) on the child's path.
+    path = os.pathsep.join(p for p in [str(tmp_path), str(HERE / "broken_codecs"), os.environ.get("PYTHONPATH", "")] if p)
     return {"PYTHONPATH": path, "KVCODEC_BROKEN_LIB": str(broken_lib)}
 
 
