@@ -39,6 +39,7 @@ __all__ = [
     "CodecRegistry",
     "CodecSpec",
     "DType",
+    "DiskTierConfig",
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheManager",
@@ -93,6 +94,7 @@ def get_cmake_dir() -> str:
 # find the CMake package) never depends on more of the native module than the codec contract.
 _LAZY = {
     "BufferConfig": "kvcm_config",
+    "DiskTierConfig": "kvcm_config",
     "KVCacheConfig": "kvcm_config",
     "KVCacheConfigError": "kvcm_config",
     "LayerGroupConfig": "kvcm_config",

@@ -20,7 +20,7 @@ from typing import Sequence
 from .errors import KvcodecError
 from .layout import DType, Role
 
-__all__ = ["BufferConfig", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError"]
+__all__ = ["BufferConfig", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
 
 MiB = 1 << 20
 
@@ -62,6 +62,43 @@ class LayerGroupConfig:
     buffers: Sequence[BufferConfig]
 
 
+_IO_MODES = {"auto": 0, "direct": 1, "buffered": 2}
+
+
+@dataclass(frozen=True)
+class DiskTierConfig:
+    """The disk tier of a manager: one region (``path/group<g>``) per cold pool group.
+
+    :param path: Directory of the tier; created when missing. A manager opened later on the same
+        directory with the same codec and layer groups finds the content-keyed pages left there.
+    :param max_bytes: Container bytes of all regions, split between cold pool groups like the
+        host tier (slot-count proportions of the layer groups).
+    :param container_bytes: Bytes per container file (capped at a region's share).
+    :param io_mode: ``"auto"`` (O_DIRECT where the file system accepts it), ``"direct"`` or
+        ``"buffered"``.
+    :param io_threads: I/O worker threads per region.
+    """
+
+    path: str
+    max_bytes: int
+    container_bytes: int = 1 << 30
+    io_mode: str = "auto"
+    io_threads: int = 4
+    _faults: Sequence[dict] | None = None  # Test-only fault injection rules (see kvcodec_sdk.disk).
+
+    def validate(self, where: str = "KVCacheConfig.disk") -> None:
+        """Raises :class:`KVCacheConfigError` naming the first invalid field."""
+        import os
+
+        if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
+            raise KVCacheConfigError(f"{where}.path is {self.path!r}; it must be a non-empty directory path")
+        _int(f"{where}.max_bytes", self.max_bytes, 1)
+        _int(f"{where}.container_bytes", self.container_bytes, 1)
+        _int(f"{where}.io_threads", self.io_threads, 1)
+        if self.io_mode not in _IO_MODES:
+            raise KVCacheConfigError(f"{where}.io_mode is {self.io_mode!r}; valid: {', '.join(_IO_MODES)}")
+
+
 @dataclass(frozen=True)
 class KVCacheConfig:
     """Everything a :class:`~kvcodec_sdk.KVCacheManager` needs.
@@ -75,6 +112,7 @@ class KVCacheConfig:
         ``"cuda[:N]"``.
     :param index_ring_bytes: Device index ring size, allocated lazily only when a layer group's
         codec takes device-resident page indices.
+    :param disk: A :class:`DiskTierConfig` for a disk level (``CacheLevel.DISK``), or None.
     """
 
     layer_groups: Sequence[LayerGroupConfig]
@@ -83,6 +121,7 @@ class KVCacheConfig:
     pool_ratio: Sequence[float] | None = None
     device: str = "auto"
     index_ring_bytes: int = field(default=MiB)
+    disk: DiskTierConfig | None = None
 
     def validate(self) -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -134,6 +173,10 @@ class KVCacheConfig:
             for i, r in enumerate(self.pool_ratio):
                 if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
                     raise KVCacheConfigError(f"{w}.pool_ratio[{i}] is {r!r}; every weight must be a positive finite number")
+        if self.disk is not None:
+            if not isinstance(self.disk, DiskTierConfig):
+                raise KVCacheConfigError(f"{w}.disk is a {type(self.disk).__name__}; it must be a DiskTierConfig or None")
+            self.disk.validate(f"{w}.disk")
         if not isinstance(self.device, str):
             raise KVCacheConfigError(f"{w}.device is {self.device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
@@ -141,8 +184,18 @@ class KVCacheConfig:
         """The pool ratio, one weight per layer group (equal weights by default)."""
         return [float(r) for r in self.pool_ratio] if self.pool_ratio is not None else [1.0] * len(self.layer_groups)
 
-    def to_native(self, envelope_format_version: int = -1) -> tuple:
-        """The tuple ``_native.kvcm.KvcmCore`` takes (call :meth:`validate` first)."""
+    def layout_description(self) -> list:
+        """What shapes a cold page besides the codec: every layer group's buffers (hashed into the
+        disk tier's codec identity, so a restart with other layer groups invalidates it)."""
+        return [
+            [[int(b.layer), int(b.role), int(b.dtype), int(b.bytes), int(b.tokens_per_page), int(b.num_heads),
+              int(b.head_dim)] for b in group.buffers]
+            for group in self.layer_groups
+        ]
+
+    def to_native(self, envelope_format_version: int = -1, identity: object = None) -> tuple:
+        """The tuple ``_native.kvcm.KvcmCore`` takes (call :meth:`validate` first). ``identity``
+        is the disk tier's :class:`~kvcodec_sdk.disk.CodecIdentity` (required with ``disk``)."""
         groups = [
             [
                 (int(b.layer), int(b.role), int(b.dtype), int(b.bytes), int(b.tokens_per_page), int(b.num_heads),
@@ -151,5 +204,16 @@ class KVCacheConfig:
             ]
             for group in self.layer_groups
         ]
+        disk: tuple = ("", 0, 0, 0, 1, "", 0, "", "", "", [])
+        if self.disk is not None:
+            import json
+
+            from .disk import _fault_rules
+
+            d = self.disk
+            disk = (str(d.path), int(d.max_bytes), int(d.container_bytes), _IO_MODES[d.io_mode], int(d.io_threads),
+                    identity.name, int(identity.format_version), identity.param_hash,
+                    json.dumps(dict(identity.params), sort_keys=True), json.dumps(identity.layout, sort_keys=True),
+                    _fault_rules(d._faults))
         return (groups, int(self.gpu_quota), int(self.host_quota), self.weights(), int(self.index_ring_bytes),
-                int(envelope_format_version))
+                int(envelope_format_version), disk)

@@ -47,6 +47,7 @@ __all__ = [
     "PageList",
     "PoolGroupStats",
     "StalePageError",
+    "page_ring_bytes",
 ]
 
 _core = _native.kvcm
@@ -57,7 +58,8 @@ class CacheLevel:
 
     HOT = 0
     HOST = 1
-    _NAMES = {0: "hot", 1: "host"}
+    DISK = 2
+    _NAMES = {0: "hot", 1: "host", 2: "disk"}
 
     @classmethod
     def name(cls, level: int) -> str:
@@ -80,6 +82,25 @@ class MigrationError(KvcodecError, RuntimeError):
     def __init__(self, message: str, committed_pages: int):
         super().__init__(message)
         self.committed_pages = committed_pages
+
+
+def page_ring_bytes(max_cold_page_bytes: int) -> int:
+    """Size of the pinned page ring for the largest cold page: ``max(64 MiB, 3 * max)``, with the
+    multiplication checked (OverflowError past 64 bits)."""
+    return int(_core.page_ring_bytes(int(max_cold_page_bytes)))
+
+
+def _content_key(key: Any, where: str) -> bytes:
+    if key is None:
+        return b""
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{where} is a {type(key).__name__}; content keys are bytes or str")
+    key = bytes(key)
+    if not 1 <= len(key) <= 254:
+        raise ValueError(f"{where} is {len(key)} bytes; content keys are 1..254 bytes")
+    return key
 
 
 @contextlib.contextmanager
@@ -130,6 +151,19 @@ class PageHandle:
     def __init__(self, manager: KVCacheManager, page_id: int):
         self._manager = manager
         self.id = int(page_id)
+
+    @property
+    def key(self) -> bytes | None:
+        """The page's content key (None when unset). Setting it (bytes or str, 1..254 bytes;
+        unique among live pages; before the page goes to disk) names its disk blob, so a later
+        manager on the same disk tier can find it (:meth:`KVCacheManager.find_on_disk`)."""
+        with _native_errors():
+            k = self._manager._live().key(self.id)
+        return bytes(k) or None
+
+    @key.setter
+    def key(self, value: bytes | str | None) -> None:
+        self._manager.set_keys([self], [value])
 
     def _info(self) -> tuple:
         with _native_errors():
@@ -307,8 +341,21 @@ class KVCacheManager:
             spec = created.spec
             native = created._consume()
         envelope = int(spec.format_version) if spec is not None and spec.envelope else -1
+        identity = None
+        if config.disk is not None:
+            from .disk import CodecIdentity
+
+            # Recorded per region: a restart with another codec, parameters or layer groups
+            # invalidates the region instead of decoding foreign blobs.
+            layout = config.layout_description()
+            if isinstance(codec, Codec):
+                identity = CodecIdentity.from_codec(codec, layout)
+            elif codec is not None:
+                identity = CodecIdentity.from_codec(created, layout)
+            else:
+                identity = CodecIdentity.from_name("concat", None, layout)
         try:
-            core = _core.KvcmCore(config.to_native(envelope), native, ordinal)
+            core = _core.KvcmCore(config.to_native(envelope, identity), native, ordinal)
         except BaseException:
             if native is not None and not native.released:
                 native.release()
@@ -360,18 +407,64 @@ class KVCacheManager:
         """Number of layer groups (lifecycles) in the configuration."""
         return int(self._live().num_lifecycles())
 
-    def allocate(self, lifecycle: int, count: int, *, stream: Any = None) -> PageList:
+    def allocate(self, lifecycle: int, count: int, *, stream: Any = None,
+                 keys: Sequence[bytes | str | None] | None = None) -> PageList:
         """Allocates ``count`` hot pages of a layer group.
 
         The slots may still be read by the transfer that vacated them: with ``stream`` that
         stream waits for it (write the pages on that stream); without, the host waits.
+        ``keys`` optionally gives each page a content key (see :attr:`PageHandle.key`).
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"count is {count!r}; it must be an integer >= 0")
+        if keys is not None and len(keys) != count:
+            raise ValueError(f"keys has {len(keys)} entries; it needs one per page ({count})")
         handle = None if stream is None else _interop.stream_handle(stream)
         with _native_errors():
             ids = self._live().allocate(int(lifecycle), count, handle)
-        return PageList(self, ids)
+        pages = PageList(self, ids)
+        if keys is not None:
+            try:
+                self.set_keys(pages, keys)
+            except BaseException:
+                self.free(pages)
+                raise
+        return pages
+
+    def set_keys(self, pages: Any, keys: Sequence[bytes | str | None]) -> None:
+        """Sets the content key of each page (None clears it); see :attr:`PageHandle.key`."""
+        ids = self._ids(pages)
+        if len(keys) != len(ids):
+            raise ValueError(f"keys has {len(keys)} entries; it needs one per page ({len(ids)})")
+        core = self._live()
+        for i, (page_id, key) in enumerate(zip(ids, keys)):
+            raw = _content_key(key, f"keys[{i}]")
+            with _native_errors():
+                core.set_key(int(page_id), raw)
+
+    def find_on_disk(self, keys: Sequence[bytes | str]) -> list[PageHandle | None]:
+        """Pages present in the disk tier under each content key, or None per missing key.
+
+        Pages a previous manager left on the same disk tier (same codec and layer groups) are
+        claimed here: they become disk-level pages of this manager, ready to be onboarded with
+        ``onboard(pages, source=CacheLevel.DISK)`` (prefix reuse across restarts).
+        """
+        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        if any(not k for k in raw):
+            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        with _native_errors():
+            ids = self._live().find_on_disk(raw)
+        return [PageHandle(self, int(i)) if i else None for i in ids]
+
+    def unclaimed_on_disk(self) -> int:
+        """Number of keyed pages a previous manager left on the disk tier that no page claimed
+        yet (they hold disk slots until claimed or forgotten)."""
+        return int(self._live().unclaimed_on_disk())
+
+    def forget_unclaimed_on_disk(self) -> int:
+        """Erases the unclaimed pages a previous manager left on the disk tier; returns how many."""
+        with _native_errors():
+            return int(self._live().forget_unclaimed_on_disk())
 
     def free(self, pages: Any) -> None:
         """Frees pages at whatever level they are; their handles become stale."""
@@ -390,13 +483,14 @@ class KVCacheManager:
         """
         return self._migrate(pages, level, stream, None)
 
-    def evict(self, pages: Any, *, stream: Any = None) -> MigrationResult:
-        """Hot -> host for pages that are all hot."""
-        return self._migrate(pages, CacheLevel.HOST, stream, CacheLevel.HOT)
+    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST) -> MigrationResult:
+        """Hot -> ``level`` (host by default, or :attr:`CacheLevel.DISK`) for pages that are all hot."""
+        return self._migrate(pages, level, stream, CacheLevel.HOT)
 
-    def onboard(self, pages: Any, *, stream: Any = None) -> MigrationResult:
-        """Host -> hot for pages that are all on the host tier."""
-        return self._migrate(pages, CacheLevel.HOT, stream, CacheLevel.HOST)
+    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST) -> MigrationResult:
+        """``source`` (host by default, or :attr:`CacheLevel.DISK`) -> hot for pages that are all
+        at that level."""
+        return self._migrate(pages, CacheLevel.HOT, stream, source)
 
     def _migrate(self, pages: Any, level: int, stream: Any, required: int | None) -> MigrationResult:
         ids = self._ids(pages)
@@ -413,6 +507,9 @@ class KVCacheManager:
         afterwards only if they were dropped; live views keep the memory)."""
         if self._core_obj is not None:
             self._core_obj.synchronize()
+            # The disk regions are closed now (not when the last view lets the core go), so a
+            # new manager can open the same directory at once.
+            self._core_obj.close_disk()
             self._core_obj = None
 
     # -- layout and views ----------------------------------------------------------------------
@@ -560,6 +657,20 @@ class KVCacheManager:
     def remove_migration_observer(self, observer_id: int) -> bool:
         """Removes an observer added with add_migration_observer; False if it was not registered."""
         return bool(self._live().remove_observer(int(observer_id)))
+
+    def page_ring(self) -> dict | None:
+        """The pinned page ring staging disk transfers (capacity, memory kind, live leases), or
+        None when the manager has no disk tier."""
+        ring = self._live().page_ring()
+        if ring is None:
+            return None
+        return dict(zip(("capacity", "kind", "live_leases"), ring))
+
+    def disk_stats(self, pool_group: int) -> dict:
+        """The disk region of a cold pool group: directory, slot usage, puts, reads, checksum
+        failures, erases, whether it was created or invalidated when opened, and its warnings."""
+        with _native_errors():
+            return dict(self._live().disk_region_stats(int(pool_group)))
 
     def index_ring(self) -> dict | None:
         """The device index ring (capacity, base, cursor, live leases), or None before its lazy

@@ -27,12 +27,17 @@ using kvcm::CacheLevel;
 namespace {
 
 using BufferTuple = std::tuple<int32_t, int32_t, int32_t, uint64_t, int32_t, int32_t, int32_t>;
-using ConfigTuple
-    = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t, int32_t>;
+using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>;
+// (path, max bytes, container bytes, io mode, io threads, codec name, format version, param hash,
+//  params json, layout json, fault rules); an empty path means no disk tier.
+using DiskTuple = std::tuple<std::string, uint64_t, uint64_t, int32_t, uint32_t, std::string, uint32_t, std::string,
+    std::string, std::string, std::vector<FaultTuple>>;
+using ConfigTuple = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t,
+    int32_t, DiskTuple>;
 
 kvcm::KvcmConfig toConfig(ConfigTuple const& t)
 {
-    auto const& [groups, gpu, host, ratio, ring, envelope] = t;
+    auto const& [groups, gpu, host, ratio, ring, envelope, disk] = t;
     kvcm::KvcmConfig c;
     for (auto const& buffers : groups)
     {
@@ -48,6 +53,10 @@ kvcm::KvcmConfig toConfig(ConfigTuple const& t)
     c.poolRatio = ratio;
     c.indexRingBytes = ring;
     c.envelopeFormatVersion = envelope;
+    auto const& [path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
+        layoutJson, faults] = disk;
+    c.disk = {path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
+        layoutJson, faults};
     return c;
 }
 
@@ -398,7 +407,59 @@ void bindKvcm(py::module_& m)
         .def("synchronize", [](kvcm::KvCacheManager& m) {
             py::gil_scoped_release release;
             m.synchronize();
+        })
+        .def("set_key", [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) { m.setKey(id, std::string(key)); })
+        .def("key", [](kvcm::KvCacheManager& m, uint64_t id) { return py::bytes(m.key(id)); })
+        .def("find_on_disk",
+            [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys) {
+                std::vector<std::string> k(keys.begin(), keys.end());
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
+                m.findOnDisk(k.data(), k.size(), out.mutable_data());
+                return out;
+            })
+        .def("forget_unclaimed_on_disk", &kvcm::KvCacheManager::forgetUnclaimedOnDisk)
+        .def("unclaimed_on_disk", &kvcm::KvCacheManager::unclaimedOnDisk)
+        .def("page_ring",
+            [](kvcm::KvCacheManager& m) -> py::object {
+                auto const* ring = m.storage().pageRing();
+                if (ring == nullptr)
+                {
+                    return py::none();
+                }
+                return py::make_tuple(ring->capacity(), int(ring->kind()), ring->liveLeases());
+            })
+        .def("disk_region_stats",
+            [](kvcm::KvCacheManager& m, int32_t g) {
+                auto const* disk = m.storage().diskLevel();
+                if (disk == nullptr || g < 0 || size_t(g) >= disk->numPoolGroups())
+                {
+                    throw std::invalid_argument("pool_group is " + std::to_string(g) + "; the disk level has "
+                        + std::to_string(disk ? disk->numPoolGroups() : 0) + " pool groups");
+                }
+                auto const& region = disk->region(g);
+                auto const st = region.stats();
+                auto const& rec = region.recovery();
+                py::dict d;
+                d["dir"] = region.dir();
+                d["slots_total"] = st.slotsTotal;
+                d["slots_live"] = st.slotsLive;
+                d["puts"] = st.puts;
+                d["put_errors"] = st.putErrors;
+                d["reads"] = st.reads;
+                d["checksum_failures"] = st.checksumFailures;
+                d["erases"] = st.erases;
+                d["direct_io"] = st.directIo;
+                d["created"] = rec.created;
+                d["invalidated"] = rec.invalidated;
+                d["warnings"] = rec.warnings;
+                return d;
+            })
+        .def("close_disk", [](kvcm::KvCacheManager& m) {
+            py::gil_scoped_release release;
+            m.closeDisk();
         });
+    k.def("page_ring_bytes", &kvcm::pageRingBytes, py::arg("max_cold_page_bytes"),
+        "max(64 MiB, 3 * max_cold_page_bytes), the pinned page ring size (OverflowError past 64 bits).");
 
     py::module_ t = m.def_submodule("kvcm_testing");
     bindTesting(t);

@@ -14,6 +14,7 @@ char const* levelName(CacheLevel level) noexcept
     {
     case CacheLevel::kHot: return "hot";
     case CacheLevel::kHost: return "host";
+    case CacheLevel::kDisk: return "disk";
     }
     return "unknown";
 }
@@ -89,6 +90,30 @@ void validateConfig(KvcmConfig const& config)
     {
         fail("config.indexRingBytes is " + std::to_string(config.indexRingBytes)
             + "; it must be at least 64 and a multiple of 8 (sizeof(PageIndexPair))");
+    }
+    if (!config.disk.path.empty())
+    {
+        if (config.disk.maxBytes == 0)
+        {
+            fail("config.disk.maxBytes is 0; a disk tier needs a positive quota");
+        }
+        if (config.disk.containerBytes == 0)
+        {
+            fail("config.disk.containerBytes is 0; it must be positive");
+        }
+        if (config.disk.ioMode < 0 || config.disk.ioMode > 2)
+        {
+            fail("config.disk.ioMode is " + std::to_string(config.disk.ioMode)
+                + "; valid: 0 (auto), 1 (direct), 2 (buffered)");
+        }
+        if (config.disk.ioThreads == 0)
+        {
+            fail("config.disk.ioThreads is 0; it must be positive");
+        }
+        if (config.disk.codecName.empty())
+        {
+            fail("config.disk.codecName is empty; the disk tier records the codec identity");
+        }
     }
 }
 

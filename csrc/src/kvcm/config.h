@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvcodec/codec.h"
@@ -17,8 +18,9 @@ enum class CacheLevel : int32_t
 {
     kHot = 0,  ///< Kernel-facing pools (GPU memory; host memory on the host backend).
     kHost = 1, ///< Pinned, GPU-mapped host memory holding cold pages.
+    kDisk = 2, ///< Disk tier regions (not GPU-accessible: staged through the pinned page ring).
 };
-inline constexpr int kNumLevels = 2;
+inline constexpr int kNumLevels = 3;
 
 char const* levelName(CacheLevel level) noexcept;
 
@@ -40,6 +42,24 @@ struct LayerGroupConfig
     std::vector<BufferConfig> buffers;
 };
 
+/// The disk tier: one region (directory `path`/group<g>) per cold pool group. The codec identity
+/// is recorded per region, so a restart with another codec or layout invalidates the region.
+struct DiskTierConfig
+{
+    std::string path;            ///< Empty: no disk tier.
+    uint64_t maxBytes = 0;       ///< Container bytes of all regions together (split like the host tier).
+    uint64_t containerBytes = 0; ///< Bytes per container file (capped at a region's share).
+    int32_t ioMode = 0;          ///< disk::IoMode.
+    uint32_t ioThreads = 4;
+    std::string codecName;
+    uint32_t formatVersion = 0;
+    std::string paramHash;  ///< Covers the codec parameters and the layer-group layout.
+    std::string paramsJson;
+    std::string layoutJson;
+    /// Test-only fault rules (op, path part, after ops, errno, torn, count) for the region I/O.
+    std::vector<std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>> faults;
+};
+
 struct KvcmConfig
 {
     std::vector<LayerGroupConfig> layerGroups;
@@ -51,6 +71,7 @@ struct KvcmConfig
     uint64_t indexRingBytes = 1 << 20;
     /// The codec's format version when it declares the cold-page envelope, else -1.
     int32_t envelopeFormatVersion = -1;
+    DiskTierConfig disk;
 };
 
 /// The hot slot layout of one lifecycle: one pool per layer (in order of first appearance in

@@ -32,6 +32,12 @@ struct Scratch
     std::vector<uint64_t> needs;
     std::vector<PageIndexPair> pairs;
     std::vector<runtime::Event*> events;
+    std::vector<PageIndexPair> codecPairs;
+    std::vector<uint32_t> leaseIndex;
+    std::vector<int32_t> diskSlots;
+    std::vector<std::byte*> blobs;
+    std::vector<disk::StatusCode> status;
+    std::vector<std::string> messages;
 };
 thread_local Scratch tScratch;
 
@@ -105,9 +111,10 @@ void KvCacheManager::buildTransferKeys()
             auto& keys = keys_[size_t(s)][size_t(d)];
             auto& keyOf = keyOf_[size_t(s)][size_t(d)];
             keyOf.assign(n, -1);
-            if (!storage_->hasLevel(src) || !storage_->hasLevel(dst))
+            if (!storage_->hasLevel(src) || !storage_->hasLevel(dst)
+                || (src == CacheLevel::kDisk && dst == CacheLevel::kDisk))
             {
-                continue;
+                continue; // The disk regions place blobs themselves: nothing to relocate there.
             }
             bool const codecPath = (src == CacheLevel::kHot) != (dst == CacheLevel::kHot);
             for (size_t l = 0; l < n; ++l)
@@ -136,12 +143,13 @@ void KvCacheManager::checkLevel(CacheLevel level, char const* what) const
     if (int(level) < 0 || int(level) >= kNumLevels)
     {
         throw std::invalid_argument(std::string(what) + " is " + std::to_string(int(level))
-            + "; valid levels are 0 (hot) and 1 (host)");
+            + "; valid levels are 0 (hot), 1 (host) and 2 (disk)");
     }
     if (!storage_->hasLevel(level))
     {
         throw std::invalid_argument(std::string(what) + " is the " + levelName(level)
-            + " level, which this manager does not have (config.hostQuotaBytes is 0)");
+            + " level, which this manager does not have ("
+            + (level == CacheLevel::kDisk ? "config.disk is not set" : "config.hostQuotaBytes is 0") + ")");
     }
 }
 
@@ -173,6 +181,12 @@ PageInfo KvCacheManager::info(PageId id) const
 
 void KvCacheManager::releasePage(uint32_t index) noexcept
 {
+    auto const k = pageKeys_.find(index);
+    if (k != pageKeys_.end())
+    {
+        keyOwner_.erase(k->second);
+        pageKeys_.erase(k);
+    }
     Page& p = pages_[index];
     p.level = -1;
     p.slot = -1;
@@ -247,7 +261,12 @@ void KvCacheManager::free(PageId const* ids, size_t count)
     {
         Page const& p = pages_[index];
         auto const level = CacheLevel(p.level);
-        SlotPool& pool = storage_->slots(level, storage_->poolGroup(level, p.lifeCycle));
+        PoolGroupIndex const group = storage_->poolGroup(level, p.lifeCycle);
+        SlotPool& pool = storage_->slots(level, group);
+        if (level == CacheLevel::kDisk)
+        {
+            storage_->diskLevel()->release(group, p.slot);
+        }
         pool.give(p.slot, pool.ready(p.slot));
         releasePage(index);
     }
@@ -297,6 +316,11 @@ MigrationResult KvCacheManager::migrate(
             throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") is at the "
                 + levelName(CacheLevel(p.level)) + " level; this call moves pages from the " + levelName(*requiredSource)
                 + " level only");
+        }
+        if (dst == CacheLevel::kDisk && CacheLevel(p.level) == CacheLevel::kDisk)
+        {
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i])
+                + ") is already at the disk level; the disk tier places its blobs itself (no relocation)");
         }
         p.mark = epoch_;
         size_t const src = size_t(p.level);
@@ -367,9 +391,10 @@ MigrationResult KvCacheManager::migrate(
             continue;
         }
         TransferKey const& key = keyOfBucket(b);
-        for (size_t pos = s.starts[b]; pos < s.starts[b + 1]; pos += kMaxPairsPerCall)
+        size_t const chunk = chunkPages(key);
+        for (size_t pos = s.starts[b]; pos < s.starts[b + 1]; pos += chunk)
         {
-            size_t n = std::min(kMaxPairsPerCall, s.starts[b + 1] - pos);
+            size_t n = std::min(chunk, s.starts[b + 1] - pos);
             std::string error;
             bool ok = false;
             try
@@ -400,7 +425,7 @@ MigrationResult KvCacheManager::migrate(
             {
                 failed.give(s.dstSlots[i], partial);
             }
-            size_t rest = pos + std::min(kMaxPairsPerCall, s.starts[b + 1] - pos);
+            size_t rest = pos + std::min(chunk, s.starts[b + 1] - pos);
             for (size_t bb = b; bb < numBuckets; ++bb)
             {
                 size_t const end = s.starts[bb + 1];
@@ -439,6 +464,108 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     bool const toHot = key.dst == CacheLevel::kHot;
     int32_t const envelope = storage_->config().envelopeFormatVersion;
     auto* mutablePages = const_cast<uint32_t*>(pages);
+    DiskColdLevel* disk = storage_->diskLevel();
+    bool const srcDisk = key.src == CacheLevel::kDisk;
+    bool const dstDisk = key.dst == CacheLevel::kDisk;
+    // The pinned page ring slice of a hot <-> disk transfer: blobs are encoded into it before
+    // being written, or read into it before being decoded. Released (recording its event on
+    // the stream when it owns one) when this transfer returns.
+    std::optional<StagingBuffer> lease;
+    auto acquireRing = [&](uint64_t pageBytes, std::optional<Stream> owner) {
+        StagingManager* ring = storage_->pageRing();
+        size_t const bytes = size_t(count * pageBytes);
+        size_t const alignment = std::min<size_t>(size_t(pageBytes & (~pageBytes + 1)), 4096);
+        lease = ring->acquire(bytes, bytes, size_t(pageBytes), alignment, owner);
+        if (!lease)
+        {
+            error = "the pinned page ring (" + std::to_string(ring->capacity()) + " bytes) has no free range of "
+                + std::to_string(bytes) + " bytes";
+        }
+        return lease.has_value();
+    };
+
+    // Disk sources are read first, on this thread (the region's workers do the I/O): into a ring
+    // slice for a decode, straight into the host-tier slots for a raw copy. A missing blob or a
+    // checksum mismatch drops the page like a failed envelope check; an I/O error fails the
+    // transfer with nothing changed.
+    if (srcDisk)
+    {
+        uint64_t const pageBytes = storage_->pageBytes(key.src, key.srcGroup);
+        s.blobs.resize(count);
+        s.diskSlots.resize(count);
+        if (toHot)
+        {
+            // Synchronous acquisition: the host writes the slice, so earlier decodes reading
+            // these ring bytes must have finished.
+            if (!acquireRing(pageBytes, std::nullopt))
+            {
+                return false;
+            }
+            for (size_t i = 0; i < count; ++i)
+            {
+                s.blobs[i] = lease->data() + i * pageBytes;
+            }
+        }
+        else
+        {
+            std::byte* base = storage_->coldLevel(key.dst)->accessibleBase(key.dstGroup);
+            for (size_t i = 0; i < count; ++i)
+            {
+                if (EventPtr const& e = dstPool.ready(dstSlots[i]))
+                {
+                    e->synchronize(); // The host writes the slot.
+                }
+                s.blobs[i] = base + uint64_t(dstSlots[i]) * pageBytes;
+            }
+        }
+        for (size_t i = 0; i < count; ++i)
+        {
+            s.diskSlots[i] = pages_[pages[i]].slot;
+        }
+        disk->read(key.srcGroup, s.diskSlots.data(), s.blobs.data(), count, s.status, s.messages);
+        for (size_t i = 0; i < count; ++i)
+        {
+            disk::StatusCode const c = s.status[i];
+            if (c != disk::StatusCode::kOk && c != disk::StatusCode::kNotFound
+                && c != disk::StatusCode::kChecksumMismatch)
+            {
+                error = "disk read of cold pool group " + std::to_string(key.srcGroup) + " failed ("
+                    + disk::statusName(c) + "): " + s.messages[i];
+                return false;
+            }
+        }
+        s.leaseIndex.resize(count);
+        size_t kept = 0;
+        for (size_t i = 0; i < count; ++i)
+        {
+            uint32_t const index = pages[i];
+            Page const& p = pages_[index];
+            bool good = s.status[i] == disk::StatusCode::kOk;
+            if (good && toHot && envelope >= 0)
+            {
+                good = checkColdPageEnvelope(s.blobs[i], pageBytes, uint16_t(envelope)) == EnvelopeStatus::kOk;
+            }
+            if (good)
+            {
+                mutablePages[kept] = index;
+                dstSlots[kept] = dstSlots[i];
+                s.leaseIndex[kept] = uint32_t(i);
+                ++kept;
+                continue;
+            }
+            disk->release(key.srcGroup, p.slot);
+            srcPool.give(p.slot, srcPool.ready(p.slot));
+            dstPool.give(dstSlots[i], dstPool.ready(dstSlots[i]));
+            ++stats_[size_t(key.src)][size_t(key.srcGroup)].pagesDropped;
+            result.dropped.push_back(makeId(index, p.generation));
+            releasePage(index);
+        }
+        count = kept;
+        if (count == 0)
+        {
+            return true;
+        }
+    }
 
     // A declared envelope is checked before decoding: a blob that did not fit or fails its
     // checksum is dropped (the page becomes a miss), never decoded.
@@ -496,7 +623,66 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     bool ok;
     double seconds = 0;
     uint64_t const callsBefore = storage_->codecCalls();
-    if (fromHot != toHot)
+    if (fromHot && dstDisk)
+    {
+        // Hot -> disk: encode into a ring slice on the stream, wait for the encode on the host
+        // (correctness first: the region's workers read the slice), then write the blobs.
+        uint64_t const pageBytes = storage_->pageBytes(key.dst, key.dstGroup);
+        ok = acquireRing(pageBytes, stream);
+        if (ok)
+        {
+            s.codecPairs.resize(count);
+            s.blobs.resize(count);
+            for (size_t i = 0; i < count; ++i)
+            {
+                s.codecPairs[i] = {int32_t(i), s.pairs[i].src};
+                s.blobs[i] = lease->data() + i * pageBytes;
+            }
+            auto const t0 = std::chrono::steady_clock::now();
+            ok = storage_->transcode(true, key.rep, lease->data(), s.codecPairs.data(), count, stream, error);
+            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (ok)
+        {
+            if (EventPtr const encoded = runtime_->record(stream))
+            {
+                encoded->synchronize(); // (The host backend returns no event: its work is done.)
+            }
+            for (size_t i = 0; i < count; ++i)
+            {
+                disk->assign(key.dstGroup, dstSlots[i], contentKey(pages[i]), pages_[pages[i]].lifeCycle);
+            }
+            ok = disk->write(key.dstGroup, dstSlots, s.blobs.data(), count, error);
+        }
+    }
+    else if (srcDisk && toHot)
+    {
+        // Disk -> hot: decode from the ring slice the blobs were read into.
+        s.codecPairs.resize(count);
+        for (size_t i = 0; i < count; ++i)
+        {
+            s.codecPairs[i] = {dstSlots[i], int32_t(s.leaseIndex[i])};
+        }
+        lease->setStream(stream);
+        auto const t0 = std::chrono::steady_clock::now();
+        ok = storage_->transcode(false, key.rep, lease->data(), s.codecPairs.data(), count, stream, error);
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    else if (srcDisk)
+    {
+        ok = true; // Disk -> host: the raw blobs were read into the host-tier slots above.
+    }
+    else if (dstDisk)
+    {
+        // Host -> disk: raw blob copy straight from the host-tier slots (the level synchronizes
+        // the stream first: the slots' last transfers must have finished).
+        for (size_t i = 0; i < count; ++i)
+        {
+            disk->assign(key.dstGroup, dstSlots[i], contentKey(pages[i]), pages_[pages[i]].lifeCycle);
+        }
+        ok = storage_->copyCold(key.src, key.srcGroup, key.dst, key.dstGroup, s.pairs.data(), count, stream, error);
+    }
+    else if (fromHot != toHot)
     {
         ColdLevel* cold = storage_->coldLevel(fromHot ? key.dst : key.src);
         std::byte* coldBase = cold->accessibleBase(fromHot ? key.dstGroup : key.srcGroup);
@@ -569,12 +755,133 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     for (size_t i = 0; i < count; ++i)
     {
         Page& p = pages_[pages[i]];
+        if (srcDisk)
+        {
+            disk->release(key.srcGroup, p.slot);
+        }
         srcPool.give(p.slot, finish);
         p.level = int8_t(key.dst);
         p.slot = dstSlots[i];
     }
     result.moved += count;
     return true;
+}
+
+size_t KvCacheManager::chunkPages(TransferKey const& key) const noexcept
+{
+    bool const hotDisk = (key.src == CacheLevel::kHot && key.dst == CacheLevel::kDisk)
+        || (key.src == CacheLevel::kDisk && key.dst == CacheLevel::kHot);
+    if (!hotDisk)
+    {
+        return kMaxPairsPerCall;
+    }
+    // One ring slice per transfer, at most half the ring: with no lease live between transfers
+    // a slice this size always fits (the ring holds at least three of the largest cold pages).
+    PoolGroupIndex const g = key.src == CacheLevel::kDisk ? key.srcGroup : key.dstGroup;
+    uint64_t const pageBytes = storage_->pageBytes(CacheLevel::kDisk, g);
+    uint64_t const pages = storage_->pageRing()->capacity() / pageBytes / 2;
+    return size_t(std::max<uint64_t>(1, std::min<uint64_t>(pages, kMaxPairsPerCall)));
+}
+
+std::string const& KvCacheManager::contentKey(uint32_t index) const noexcept
+{
+    static std::string const none;
+    auto const it = pageKeys_.find(index);
+    return it == pageKeys_.end() ? none : it->second;
+}
+
+void KvCacheManager::setKey(PageId id, std::string const& key)
+{
+    uint32_t const index = resolve(id, 0);
+    if (key.size() > 254)
+    {
+        throw std::invalid_argument("key is " + std::to_string(key.size()) + " bytes; content keys are 1..254 bytes");
+    }
+    if (CacheLevel(pages_[index].level) == CacheLevel::kDisk)
+    {
+        throw std::invalid_argument("page " + hexId(id) + " is at the disk level, written under its key; set the key "
+            + "before the page goes to disk");
+    }
+    if (!key.empty())
+    {
+        auto const owner = keyOwner_.find(key);
+        if (owner != keyOwner_.end() && owner->second != index)
+        {
+            throw std::invalid_argument("key is already the content key of live page "
+                + hexId(makeId(owner->second, pages_[owner->second].generation)) + "; keys are unique among live pages");
+        }
+    }
+    auto const old = pageKeys_.find(index);
+    if (old != pageKeys_.end())
+    {
+        keyOwner_.erase(old->second);
+        pageKeys_.erase(old);
+    }
+    if (!key.empty())
+    {
+        pageKeys_.emplace(index, key);
+        keyOwner_.emplace(key, index);
+    }
+}
+
+std::string KvCacheManager::key(PageId id) const
+{
+    return contentKey(resolve(id, 0));
+}
+
+void KvCacheManager::findOnDisk(std::string const* keys, size_t count, PageId* out)
+{
+    checkLevel(CacheLevel::kDisk, "findOnDisk's level");
+    DiskColdLevel* disk = storage_->diskLevel();
+    for (size_t i = 0; i < count; ++i)
+    {
+        out[i] = 0;
+        auto const owner = keyOwner_.find(keys[i]);
+        if (owner != keyOwner_.end())
+        {
+            Page const& p = pages_[owner->second];
+            if (CacheLevel(p.level) == CacheLevel::kDisk)
+            {
+                out[i] = makeId(owner->second, p.generation);
+            }
+            continue; // A live page elsewhere holds the key; a disk blob under it was replaced.
+        }
+        auto const found = disk->claim(keys[i]);
+        if (!found)
+        {
+            continue;
+        }
+        uint32_t index;
+        if (!freePages_.empty())
+        {
+            index = freePages_.back();
+            freePages_.pop_back();
+        }
+        else
+        {
+            index = uint32_t(pages_.size());
+            pages_.emplace_back();
+        }
+        Page& p = pages_[index];
+        p.lifeCycle = found->lifeCycle;
+        p.level = int8_t(CacheLevel::kDisk);
+        p.slot = found->slot;
+        pageKeys_.emplace(index, keys[i]);
+        keyOwner_.emplace(keys[i], index);
+        out[i] = makeId(index, p.generation);
+    }
+}
+
+size_t KvCacheManager::forgetUnclaimedOnDisk()
+{
+    checkLevel(CacheLevel::kDisk, "forgetUnclaimedOnDisk's level");
+    return storage_->diskLevel()->forgetUnclaimed();
+}
+
+size_t KvCacheManager::unclaimedOnDisk() const noexcept
+{
+    DiskColdLevel const* disk = storage_->diskLevel();
+    return disk ? disk->numUnclaimed() : 0;
 }
 
 void KvCacheManager::noteEvent(Stream stream, EventPtr const& event)
@@ -646,6 +953,12 @@ std::vector<std::pair<uint64_t, uint64_t>> KvCacheManager::getAndResetIterationP
         out.emplace_back(used, pool.resetPeak());
     }
     return out;
+}
+
+void KvCacheManager::closeDisk()
+{
+    synchronize();
+    storage_->closeDisk();
 }
 
 void KvCacheManager::synchronize()

@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvcm/config.h"
@@ -127,6 +128,20 @@ public:
     MigrationResult migrate(PageId const* pages, size_t count, CacheLevel level, Stream stream,
         std::optional<CacheLevel> requiredSource = std::nullopt);
 
+    /// Sets the page's content key (1..254 bytes; empty clears it). Keys are unique among live
+    /// pages; a disk page is written under its key, so it can be found after a restart. A page
+    /// at the disk level keeps the key it was written with.
+    void setKey(PageId page, std::string const& key);
+    [[nodiscard]] std::string key(PageId page) const;
+
+    /// For each key: the live page holding it at the disk level, or a page created for an
+    /// unclaimed blob the disk tier kept from a previous manager (at the disk level, ready to be
+    /// onboarded), or 0 when the disk tier has no page under that key.
+    void findOnDisk(std::string const* keys, size_t count, PageId* out);
+    /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
+    size_t forgetUnclaimedOnDisk();
+    [[nodiscard]] size_t unclaimedOnDisk() const noexcept;
+
     [[nodiscard]] PageInfo info(PageId page) const;
     [[nodiscard]] bool isLive(PageId page) const noexcept;
 
@@ -141,6 +156,9 @@ public:
 
     /// Blocks until every transfer submitted so far completed.
     void synchronize();
+    /// Synchronizes, then closes the disk regions (flushed, snapshotted, unlocked) so another
+    /// manager may open the directory; the manager must not be used afterwards.
+    void closeDisk();
     [[nodiscard]] Stream internalStream() const noexcept
     {
         return stream_;
@@ -174,6 +192,8 @@ private:
     void noteEvent(Stream stream, EventPtr const& event);
     void releasePage(uint32_t index) noexcept;
     void notify(MigrationRecord const& record);
+    size_t chunkPages(TransferKey const& key) const noexcept;
+    std::string const& contentKey(uint32_t index) const noexcept;
 
     std::unique_ptr<runtime::DeviceRuntime> runtime_;
     std::unique_ptr<StorageManager> storage_;
@@ -183,6 +203,9 @@ private:
     std::vector<std::pair<Stream, EventPtr>> lastEvents_;
 
     std::vector<Page> pages_;
+    // Content keys: page index -> key and key -> page index (unique among live pages).
+    std::unordered_map<uint32_t, std::string> pageKeys_;
+    std::unordered_map<std::string, uint32_t> keyOwner_;
     std::vector<uint32_t> freePages_;
     uint32_t epoch_ = 0;
 

@@ -246,15 +246,20 @@ void StorageManager::validateBatchingAndMapCold()
 
 void StorageManager::allocateCold()
 {
+    // Every cold level uses the same lifecycle -> cold pool group mapping and cold-page sizes.
+    auto const coldMap = lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)];
+    bool const hasDisk = !config_.disk.path.empty();
+    if (hasDisk)
+    {
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kDisk)] = coldMap;
+    }
     if (config_.hostQuotaBytes == 0)
     {
-        lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)].clear(); // A GPU-only manager.
-        return;
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)].clear(); // No host tier.
     }
     // Each lifecycle's hot byte weight -> its implied hot slot-count weight -> cold bytes with
     // its own cold-page size, summed per cold pool group. Slot-count proportions between layer
     // groups survive different page sizes and groupings.
-    auto const& coldMap = lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)];
     size_t numGroups = 0;
     for (PoolGroupIndex g : coldMap)
     {
@@ -262,29 +267,49 @@ void StorageManager::allocateCold()
     }
     std::vector<double> coldWeight(numGroups, 0.0);
     std::vector<uint64_t> pageBytes(numGroups, 0);
+    std::vector<std::vector<LifeCycleId>> members(numGroups);
     double total = 0;
+    uint64_t maxColdPageBytes = 0;
     for (size_t l = 0; l < lifeCycles_.size(); ++l)
     {
         double const slots = weights_[l] * double(config_.gpuQuotaBytes) / double(lifeCycles_[l].hotPageBytes);
         double const bytes = slots * double(lifeCycles_[l].coldPageBytes);
         coldWeight[size_t(coldMap[l])] += bytes;
         pageBytes[size_t(coldMap[l])] = lifeCycles_[l].coldPageBytes;
+        members[size_t(coldMap[l])].push_back(LifeCycleId(l));
+        maxColdPageBytes = std::max(maxColdPageBytes, lifeCycles_[l].coldPageBytes);
         total += bytes;
     }
-    std::vector<std::pair<uint64_t, uint64_t>> groups;
-    for (size_t g = 0; g < numGroups; ++g)
+    if (config_.hostQuotaBytes != 0)
     {
-        double const bytes = double(config_.hostQuotaBytes) * coldWeight[g] / total;
-        // Structural minimum of the slot allocator: one slot.
-        uint64_t slots = std::max<uint64_t>(1, uint64_t(std::floor(bytes / double(pageBytes[g]))));
-        slots = std::min<uint64_t>(slots, uint64_t(INT32_MAX));
-        if (pageBytes[g] > UINT64_MAX / slots)
+        std::vector<std::pair<uint64_t, uint64_t>> groups;
+        for (size_t g = 0; g < numGroups; ++g)
         {
-            throw std::invalid_argument("cold pool group " + std::to_string(g) + " size overflows");
+            double const bytes = double(config_.hostQuotaBytes) * coldWeight[g] / total;
+            // Structural minimum of the slot allocator: one slot.
+            uint64_t slots = std::max<uint64_t>(1, uint64_t(std::floor(bytes / double(pageBytes[g]))));
+            slots = std::min<uint64_t>(slots, uint64_t(INT32_MAX));
+            if (pageBytes[g] > UINT64_MAX / slots)
+            {
+                throw std::invalid_argument("cold pool group " + std::to_string(g) + " size overflows");
+            }
+            groups.emplace_back(pageBytes[g], slots);
         }
-        groups.emplace_back(pageBytes[g], slots);
+        host_ = std::make_unique<HostColdLevel>(runtime_, groups);
     }
-    host_ = std::make_unique<HostColdLevel>(runtime_, groups);
+    if (hasDisk)
+    {
+        std::vector<DiskColdLevel::GroupSpec> groups;
+        for (size_t g = 0; g < numGroups; ++g)
+        {
+            auto const bytes = uint64_t(std::floor(double(config_.disk.maxBytes) * coldWeight[g] / total));
+            groups.push_back({pageBytes[g], bytes, members[g]});
+        }
+        // The pinned page ring exists only because a cold level is neither GPU nor host memory.
+        pageRing_ = std::make_unique<StagingManager>(
+            runtime_, StagingManager::Backing(runtime::HostMem(runtime_, size_t(pageRingBytes(maxColdPageBytes)))));
+        disk_ = std::make_unique<DiskColdLevel>(runtime_, config_.disk, groups);
+    }
 }
 
 size_t StorageManager::numPoolGroups(CacheLevel level) const noexcept

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcm/config.h"
+#include "kvcm/disk_level.h"
 #include "kvcm/levels.h"
 #include "kvcm/staging.h"
 #include "runtime/device_runtime.h"
@@ -58,7 +59,8 @@ public:
     }
     [[nodiscard]] bool hasLevel(CacheLevel level) const noexcept
     {
-        return level == CacheLevel::kHot || (level == CacheLevel::kHost && host_ != nullptr);
+        return level == CacheLevel::kHot || (level == CacheLevel::kHost && host_ != nullptr)
+            || (level == CacheLevel::kDisk && disk_ != nullptr);
     }
     /// Pool group of `lifeCycle` at `level` (the level must exist).
     [[nodiscard]] PoolGroupIndex poolGroup(CacheLevel level, LifeCycleId lifeCycle) const noexcept
@@ -80,7 +82,23 @@ public:
     }
     [[nodiscard]] ColdLevel* coldLevel(CacheLevel level) const noexcept
     {
-        return level == CacheLevel::kHost ? host_.get() : nullptr;
+        return level == CacheLevel::kHost ? host_.get() : level == CacheLevel::kDisk ? disk_.get() : nullptr;
+    }
+    /// The disk level, or null without a disk tier.
+    [[nodiscard]] DiskColdLevel* diskLevel() const noexcept
+    {
+        return disk_.get();
+    }
+    /// Closes the disk level (its regions are flushed and unlocked); the level is gone afterwards.
+    void closeDisk() noexcept
+    {
+        disk_.reset();
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kDisk)].clear();
+    }
+    /// The pinned page ring (staging for the disk level), or null without a disk tier.
+    [[nodiscard]] StagingManager* pageRing() const noexcept
+    {
+        return pageRing_.get();
     }
 
     [[nodiscard]] IKvCacheColdPageCodec& codec() const noexcept
@@ -132,6 +150,9 @@ private:
     std::unique_ptr<ColdLevel> host_;
     std::array<std::vector<PoolGroupIndex>, kNumLevels> lifeCycleToPoolGroup_;
     std::unique_ptr<StagingManager> indexRing_;
+    // The disk level is closed before the ring whose slices it may have been handed.
+    std::unique_ptr<StagingManager> pageRing_;
+    std::unique_ptr<DiskColdLevel> disk_;
     uint64_t codecCalls_ = 0;
 };
 

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The disk cold level: one DiskRegion (tiers/disk) per cold pool group, with the host tier's
+// cold pool groups and cold-page sizes. Its bytes are not GPU-accessible, so the manager moves
+// blobs through host buffers (the pinned page ring, or host-tier slots for raw copies). Every
+// operation here is synchronous: it returns when the region's tickets completed, so a failure is
+// known before the migration commits (the transaction rolls back instead of losing pages).
+//
+// Region keys: a page with a content key K is stored under "k" + K, so it can be found again
+// after a restart; a page without one under "a" + its slot (anonymous pages are erased when the
+// level opens: nothing can claim them after a restart).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvcm/levels.h"
+#include "tiers/disk/disk_region.h"
+
+namespace kvcodec::kvcm {
+
+/// The pinned page ring size for the largest cold page: max(64 MiB, 3 * maxColdPageBytes).
+/// Throws std::overflow_error when the product does not fit 64 bits.
+uint64_t pageRingBytes(uint64_t maxColdPageBytes);
+
+class DiskColdLevel final : public ColdLevel
+{
+public:
+    struct GroupSpec
+    {
+        uint64_t pageBytes = 0;
+        uint64_t maxBytes = 0;              ///< This group's share of the disk quota.
+        std::vector<LifeCycleId> lifeCycles; ///< Lifecycles mapped to this cold pool group.
+    };
+
+    /// A content-keyed page found in a region when it opened, not yet claimed by a page.
+    struct Found
+    {
+        PoolGroupIndex group;
+        int32_t slot;
+        LifeCycleId lifeCycle;
+    };
+
+    /// Opens (creating, recovering or invalidating) one region per group under `config.path`.
+    DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig const& config, std::vector<GroupSpec> const& groups);
+    ~DiskColdLevel() override;
+
+    [[nodiscard]] CacheLevel level() const noexcept override
+    {
+        return CacheLevel::kDisk;
+    }
+    [[nodiscard]] size_t numPoolGroups() const noexcept override
+    {
+        return groups_.size();
+    }
+    [[nodiscard]] uint64_t pageBytes(PoolGroupIndex group) const noexcept override
+    {
+        return groups_[size_t(group)].pageBytes;
+    }
+    SlotPool& slots(PoolGroupIndex group) noexcept override
+    {
+        return groups_[size_t(group)].slots;
+    }
+    [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex) const noexcept override
+    {
+        return nullptr;
+    }
+    [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex, int32_t) const noexcept override
+    {
+        return nullptr;
+    }
+    /// Raw copies with host-addressable buffers; `stream` is synchronized first (the buffers
+    /// may still be in use by work on it).
+    bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
+        std::string& error) noexcept override;
+    bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count, Stream stream,
+        std::string& error) noexcept override;
+
+    /// Names the blob that `slot` will hold: the page's content key (empty: anonymous) and its
+    /// lifecycle (the region tag). An unclaimed found page with the same key is retired first.
+    void assign(PoolGroupIndex group, int32_t slot, std::string const& contentKey, LifeCycleId lifeCycle);
+
+    /// Writes `count` blobs (host-readable `srcs`) into the assigned slots and waits until they
+    /// are durable. All or nothing: on failure the blobs already written are erased again.
+    bool write(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
+        std::string& error) noexcept;
+
+    /// Reads `count` blobs into host-writable `dsts` and waits. `status[i]` is the outcome per
+    /// page (kOk, kNotFound, kChecksumMismatch: a miss; anything else: an I/O failure).
+    void read(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
+        std::vector<disk::StatusCode>& status, std::vector<std::string>& messages) noexcept;
+
+    /// The page left `slot`: its blob is retired (asynchronously; the next write waits for it).
+    void release(PoolGroupIndex group, int32_t slot) noexcept;
+
+    /// Claims the unclaimed found page with content key `key`, or nullopt.
+    std::optional<Found> claim(std::string const& key);
+    [[nodiscard]] size_t numUnclaimed() const noexcept
+    {
+        return found_.size();
+    }
+    /// Erases every unclaimed found page and frees its slot; returns how many.
+    size_t forgetUnclaimed();
+
+    [[nodiscard]] disk::DiskRegion const& region(PoolGroupIndex group) const noexcept
+    {
+        return *groups_[size_t(group)].region;
+    }
+
+private:
+    struct Group
+    {
+        uint64_t pageBytes;
+        std::unique_ptr<disk::DiskRegion> region;
+        SlotPool slots{0};
+        std::vector<std::string> keys;     ///< Region key per slot.
+        std::vector<uint32_t> tags;        ///< Lifecycle per slot.
+        std::vector<disk::Ticket> erasing; ///< Retirements not yet waited for.
+    };
+
+    void waitErases(Group& g) noexcept;
+    bool eraseNow(Group& g, std::string const& regionKey, std::string& error) noexcept;
+
+    runtime::DeviceRuntime& runtime_;
+    std::vector<Group> groups_;
+    std::unordered_map<std::string, Found> found_; ///< Content key -> unclaimed page.
+};
+
+} // namespace kvcodec::kvcm

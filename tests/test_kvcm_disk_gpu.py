@@ -1,0 +1,110 @@
+"""The disk level on the CUDA backend: the CPU round trips again with torch writing the hot pages
+on a side stream (hot -> disk is ordered after those writes without any synchronization by the
+caller), both concat paths, and the restart + key lookup. Skips cleanly without a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager, _native
+
+from test_kvcm_support import config, group, hot_bytes
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
+        reason="needs a CUDA device and torch with CUDA",
+    ),
+]
+
+PATHS = [{"path": "copy_engine"}, {"path": "sm"}]
+GROUPS = [group([0, 1, 2], [4096, 4096]), group([3], [1024])]
+
+
+def cuda_manager(path, codec=None, host_quota=64 << 20):
+    disk = DiskTierConfig(str(path), max_bytes=256 << 20, container_bytes=64 << 20, io_mode="auto")
+    return KVCacheManager(config(GROUPS, device="cuda:0", gpu_quota=64 << 20, host_quota=host_quota, disk=disk),
+                          cold_page_codec=codec)
+
+
+def write_on_stream(m, pages, stream):
+    """Random bytes written by torch on ``stream``; returns page id -> expected bytes (numpy)."""
+    expected = {}
+    with torch.cuda.stream(stream):
+        for p in pages:
+            for v in m.page_view(p):
+                v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, device="cuda"))
+    stream.synchronize()
+    for p in pages:
+        expected[p.id] = hot_bytes(m, p)
+    # Rewrite the same bytes on the stream so the eviction below races with pending writes.
+    with torch.cuda.stream(stream):
+        for p in pages:
+            for v in m.page_view(p):
+                v.copy_(v.clone())
+    return expected
+
+
+def zero_hot(m):
+    for lc in range(m.num_layer_groups):
+        for pool in m.hot_pool_tensors(lc):
+            pool.zero_()
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("params", PATHS, ids=["copy_engine", "sm"])
+@pytest.mark.parametrize("host", [True, False], ids=["with_host", "no_host"])
+def test_hot_disk_hot_byte_exact(tmp_path, params, host):
+    m = cuda_manager(tmp_path, ("concat", params), host_quota=(64 << 20) if host else 0)
+    s = torch.cuda.Stream()
+    pages = m.allocate(0, 300) + m.allocate(1, 100)
+    m.free(pages[1::3])
+    pages = [p for i, p in enumerate(pages) if i % 3 != 1]
+    expected = write_on_stream(m, pages, s)
+    m.evict(pages, stream=s, level=CacheLevel.DISK)
+    assert all(p.level == CacheLevel.DISK for p in pages)
+    zero_hot(m)
+    m.onboard(pages, stream=s, source=CacheLevel.DISK)
+    s.synchronize()
+    for p in pages:
+        assert np.array_equal(hot_bytes(m, p), expected[p.id])
+
+
+@pytest.mark.parametrize("params", PATHS, ids=["copy_engine", "sm"])
+def test_hot_host_disk_host_hot_byte_exact(tmp_path, params):
+    m = cuda_manager(tmp_path, ("concat", params))
+    s = torch.cuda.Stream()
+    pages = m.allocate(0, 200) + m.allocate(1, 50)
+    expected = write_on_stream(m, pages, s)
+    m.evict(pages, stream=s)
+    m.migrate(pages, CacheLevel.DISK, stream=s)
+    m.synchronize()
+    for g in range(m.num_pool_groups(CacheLevel.HOST)):
+        m.host_pool_array(g)[:] = 0
+    m.migrate(pages, CacheLevel.HOST, stream=s)
+    zero_hot(m)
+    m.onboard(pages, stream=s)
+    s.synchronize()
+    for p in pages:
+        assert np.array_equal(hot_bytes(m, p), expected[p.id])
+
+
+def test_restart_finds_keyed_pages_and_onboards_them(tmp_path):
+    m = cuda_manager(tmp_path)
+    s = torch.cuda.Stream()
+    keys = [f"prefix-{i}".encode() for i in range(64)]
+    pages = m.allocate(0, 64, keys=keys)
+    expected = write_on_stream(m, pages, s)
+    m.evict(pages, stream=s, level=CacheLevel.DISK)
+    m.close()
+    m2 = cuda_manager(tmp_path)
+    found = m2.find_on_disk(keys)
+    assert all(f is not None for f in found)
+    m2.onboard(found, stream=s, source=CacheLevel.DISK)
+    s.synchronize()
+    for f, p in zip(found, pages):
+        assert np.array_equal(hot_bytes(m2, f), expected[p.id])
