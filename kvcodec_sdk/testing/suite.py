@@ -455,24 +455,29 @@ class BaseMemorySafetyTests(BaseFixtures):
         _check_bad_arguments(make_harness)
 
 
-def _poison(h: Harness, indices: Any, valid_dst: np.ndarray, valid_src: np.ndarray) -> None:
-    """Overwrites an index array with valid but wrong pairs: host arrays at once, device arrays by
-    work enqueued on the codec's stream (legal: it is ordered after the codec's work)."""
+def _poison_for(h: Harness, valid_dst: np.ndarray, valid_src: np.ndarray) -> Any:
+    """Valid but wrong pairs for an index array, made ahead (on the device when the codec takes
+    device indices)."""
     # Every pair points at another valid destination and at the first source: not a permutation,
     # so a codec that reads the array twice cannot undo one wrong read with another.
     wrong = np.stack([np.roll(valid_dst, -1), np.full_like(valid_src, valid_src[0])], axis=1).astype(np.int32)
+    if h.stream is None:
+        return wrong
+    from .harness import upload_to_device
+
+    return upload_to_device(wrong, h.device)
+
+
+def _poison(h: Harness, indices: Any, wrong: Any) -> None:
+    """Overwrites an index array with ``wrong``: host arrays at once, device arrays by a copy
+    enqueued on the codec's stream (legal: it is ordered after the codec's work)."""
     if isinstance(indices, np.ndarray):
-        indices[:] = wrong
+        indices[:] = np.asarray(wrong.cpu() if hasattr(wrong, "cpu") else wrong)
         return
     import torch
 
-    from .harness import upload_to_device
-
-    # Uploaded on a private stream: a device-wide sync here would wait for the blocked stream.
-    replacement = upload_to_device(wrong, str(indices.device))
     with torch.cuda.stream(h.stream):
-        indices.copy_(replacement, non_blocking=True)
-    h._keep = getattr(h, "_keep", []) + [replacement]
+        indices.copy_(wrong, non_blocking=True)
 
 
 def _poisoned_sequence(h: Harness, lcs: list[int], clause_name: str) -> None:
@@ -490,16 +495,17 @@ def _poisoned_sequence(h: Harness, lcs: list[int], clause_name: str) -> None:
         steps = [("encode", cold_a, dst_a, src), ("encode", cold_b, dst_b, src),
                  ("decode", cold_a, back1, dst_a), ("decode", cold_b, back2, dst_b),
                  ("encode", scratch, dst_a, src)]
-        keep = []
+        # Index arrays and their poison are made before the stream is blocked (allocations and
+        # uploads would wait for the block); while blocked, only enqueueing happens.
+        arrays = [(h.index_array(lc, d, s_), _poison_for(h, d, s_)) for _, _, d, s_ in steps]
+        keep = list(arrays)
         with (h.blocked_stream() if h.stream is not None else _null()) as b:
-            for op, cold, d, s in steps:
-                idx = h.index_array(lc, d, s)
+            for (op, cold, d, s_), (idx, poison) in zip(steps, arrays):
                 if b is not None:
                     h.call_with_timeout(op, lc, cold.base, idx, clause=clause_name, blocker=b)
                 else:
                     h.must(op, lc, cold.base, idx, clause=clause_name)
-                _poison(h, idx, d, s)
-                keep.append(idx)
+                _poison(h, idx, poison)
         h.sync()
         for back in (back1, back2):
             h.check_decoded(lc, src, back, clause=clause_name,
@@ -598,9 +604,12 @@ class BaseStreamTests(BaseFixtures):
             src, back = h.pages(rep, PAGES)
             dst = h.spread_blobs(len(src))
             cold = h.cold_buffer(rep, 2 * len(src) + 1, clause="stream-no-wait")
+            # Everything that allocates or uploads happens before the stream is blocked: a device
+            # allocation is an implicit synchronization point and would wait for the block.
+            enc, dec = h.index_array(rep, dst, src), h.index_array(rep, back, dst)
             with h.blocked_stream() as b:
-                h.call_with_timeout("encode", rep, cold.base, h.index_array(rep, dst, src), clause="stream-no-wait", blocker=b)
-                h.call_with_timeout("decode", rep, cold.base, h.index_array(rep, back, dst), clause="stream-no-wait", blocker=b)
+                h.call_with_timeout("encode", rep, cold.base, enc, clause="stream-no-wait", blocker=b)
+                h.call_with_timeout("decode", rep, cold.base, dec, clause="stream-no-wait", blocker=b)
             h.check_decoded(rep, src, back, clause="stream-no-wait", context="calls enqueued on a blocked stream")
             h.restore_hot()
 
@@ -614,9 +623,10 @@ class BaseStreamTests(BaseFixtures):
             dst = h.spread_blobs(len(src))
             cold = h.cold_buffer(rep, 2 * len(src) + 1, clause="stream-ordered")
             before_cold, before_hot = cold.read_all(), h.hot_raw()[g]
+            enc, dec = h.index_array(rep, dst, src), h.index_array(rep, back, dst)
             with h.blocked_stream() as b:
-                h.call_with_timeout("encode", rep, cold.base, h.index_array(rep, dst, src), clause="stream-ordered", blocker=b)
-                h.call_with_timeout("decode", rep, cold.base, h.index_array(rep, back, dst), clause="stream-ordered", blocker=b)
+                h.call_with_timeout("encode", rep, cold.base, enc, clause="stream-ordered", blocker=b)
+                h.call_with_timeout("decode", rep, cold.base, dec, clause="stream-ordered", blocker=b)
                 time.sleep(0.05)  # time for work wrongly put on another stream to run
                 if not np.array_equal(before_cold, cold.read_all()):
                     raise violated("stream-ordered", f"encode(lifecycle {rep}) wrote the cold buffer while earlier work "
