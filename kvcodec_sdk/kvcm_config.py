@@ -113,6 +113,11 @@ class KVCacheConfig:
     :param index_ring_bytes: Device index ring size, allocated lazily only when a layer group's
         codec takes device-resident page indices.
     :param disk: A :class:`DiskTierConfig` for a disk level (``CacheLevel.DISK``), or None.
+    :param min_hot_slots: Hot-only feasibility floors: the minimum hot slots of each layer group
+        (one integer >= 0 per layer group, or None). They may clamp the hot split given by
+        ``pool_ratio``; the cold levels are sized from ``pool_ratio`` alone.
+    :param auto_evict: Allocation under hot pressure evicts least-recently-used unpinned pages to
+        the next colder level (the last level drops) instead of raising ``CapacityError``.
     """
 
     layer_groups: Sequence[LayerGroupConfig]
@@ -122,6 +127,8 @@ class KVCacheConfig:
     device: str = "auto"
     index_ring_bytes: int = field(default=MiB)
     disk: DiskTierConfig | None = None
+    min_hot_slots: Sequence[int] | None = None
+    auto_evict: bool = True
 
     def validate(self) -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -173,6 +180,16 @@ class KVCacheConfig:
             for i, r in enumerate(self.pool_ratio):
                 if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
                     raise KVCacheConfigError(f"{w}.pool_ratio[{i}] is {r!r}; every weight must be a positive finite number")
+        if self.min_hot_slots is not None:
+            if len(self.min_hot_slots) != len(self.layer_groups):
+                raise KVCacheConfigError(
+                    f"{w}.min_hot_slots has {len(self.min_hot_slots)} entries; it needs one per layer group "
+                    f"({len(self.layer_groups)})"
+                )
+            for i, n in enumerate(self.min_hot_slots):
+                _int(f"{w}.min_hot_slots[{i}]", n, 0)
+        if not isinstance(self.auto_evict, bool):
+            raise KVCacheConfigError(f"{w}.auto_evict is {self.auto_evict!r}; it must be True or False")
         if self.disk is not None:
             if not isinstance(self.disk, DiskTierConfig):
                 raise KVCacheConfigError(f"{w}.disk is a {type(self.disk).__name__}; it must be a DiskTierConfig or None")
@@ -216,4 +233,5 @@ class KVCacheConfig:
                     json.dumps(dict(identity.params), sort_keys=True), json.dumps(identity.layout, sort_keys=True),
                     _fault_rules(d._faults))
         return (groups, int(self.gpu_quota), int(self.host_quota), self.weights(), int(self.index_ring_bytes),
-                int(envelope_format_version), disk)
+                int(envelope_format_version), disk,
+                [int(n) for n in self.min_hot_slots] if self.min_hot_slots is not None else [], bool(self.auto_evict))

@@ -128,6 +128,9 @@ class PoolGroupStats:
     pages_dropped: int
     codec_calls: int
     codec_seconds: float
+    evictions: int = 0  # pages the eviction controller moved out of this group
+    drops: int = 0  # pages the eviction controller dropped here (last level only)
+    hits: int = 0  # touch() calls on pages in this group
 
 
 @dataclass(frozen=True)
@@ -498,6 +501,61 @@ class KVCacheManager:
             moved, dropped = self._live().migrate(ids, int(level), _interop.stream_handle(stream), required)
         return MigrationResult(int(moved), PageList(self, dropped))
 
+    # -- eviction ------------------------------------------------------------------------------
+
+    def touch(self, pages: Any) -> None:
+        """Marks pages as just used: they become the last eviction candidates of their level and
+        priority. Counts one hit per page at its current level and pool group."""
+        with _native_errors():
+            self._live().touch(self._ids(pages))
+
+    def pin(self, pages: Any) -> None:
+        """Pins pages (in use): the eviction controller never evicts or drops them. Pins nest;
+        explicit migrations still move pinned pages."""
+        with _native_errors():
+            self._live().pin(self._ids(pages), True)
+
+    def unpin(self, pages: Any) -> None:
+        """Undoes one :meth:`pin` per page (ValueError for a page that is not pinned)."""
+        with _native_errors():
+            self._live().pin(self._ids(pages), False)
+
+    @contextlib.contextmanager
+    def pinned(self, pages: Any):
+        """``with manager.pinned(pages): ...`` pins the pages for the block."""
+        self.pin(pages)
+        try:
+            yield pages
+        finally:
+            self.unpin(pages)
+
+    def pins(self, page: PageHandle) -> int:
+        """How many times a page is pinned."""
+        with _native_errors():
+            return int(self._live().pins(page.id))
+
+    def set_priority(self, pages: Any, priority: int) -> None:
+        """Eviction priority of pages (a 32-bit integer, default 0): within a pool group, lower
+        priorities are evicted first, least recently used first within one priority."""
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+            raise ValueError(f"priority is {priority!r}; it must be a 32-bit integer")
+        with _native_errors():
+            self._live().set_priority(self._ids(pages), priority)
+
+    def evictable(self, level: int, pool_group: int) -> int:
+        """Unpinned pages of a pool group of ``level`` (the eviction candidates)."""
+        return int(self._live().evictable(int(level), int(pool_group)))
+
+    def make_room(self, level: int, pool_group: int, free_slots: int, *, stream: Any = None) -> None:
+        """Evicts until ``free_slots`` slots of a pool group of ``level`` are free: its
+        least-recently-used unpinned pages (lowest priority first) move to the next colder level,
+        which makes room the same way; the last level drops them (handles become stale, counted in
+        ``drops``). Raises :class:`CapacityError` when too few pages are evictable. Evictions run
+        the normal migration transaction on ``stream`` (None: the manager's stream)."""
+        handle = None if stream is None else _interop.stream_handle(stream)
+        with _native_errors():
+            self._live().make_room(int(level), int(pool_group), int(free_slots), handle)
+
     def synchronize(self) -> None:
         """Blocks until every transfer submitted so far completed."""
         self._live().synchronize()
@@ -643,6 +701,28 @@ class KVCacheManager:
     def stats(self, level: int) -> list[PoolGroupStats]:
         """Counters per pool group of ``level``, in that level's grouping order."""
         return [PoolGroupStats(**d) for d in self._live().stats(int(level))]
+
+    def level_stats(self, level: int, *, reset_peaks: bool = False) -> list[dict]:
+        """Capacity statistics per pool group of ``level``, in that level's grouping order
+        (hot and cold groupings are unrelated): ``slots``, ``used``, ``peak`` (used slots' peak
+        since the last reset; ``reset_peaks`` restarts it, like
+        :meth:`get_and_reset_iteration_peak_block_stats`), ``evictable`` (unpinned pages),
+        ``evictions``, ``drops`` and ``hits``."""
+        core = self._live()
+        level = int(level)
+        if reset_peaks:
+            peaks = [int(p) for _, p in core.get_and_reset_iteration_peak_block_stats(level)]
+        else:
+            peaks = [int(core.peak(level, g)) for g in range(self.num_pool_groups(level))]
+        out = []
+        for g, st in enumerate(core.stats(level)):
+            slots, free = core.slots(level, g)
+            out.append({
+                "slots": int(slots), "used": int(slots - free), "peak": peaks[g],
+                "evictable": int(core.evictable(level, g)),
+                "evictions": int(st["evictions"]), "drops": int(st["drops"]), "hits": int(st["hits"]),
+            })
+        return out
 
     def get_and_reset_iteration_peak_block_stats(self, level: int) -> list[tuple[int, int]]:
         """(used slots now, peak used slots since the last call) per pool group of ``level``."""

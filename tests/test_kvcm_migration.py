@@ -343,6 +343,7 @@ def run_sequence(m: KVCacheManager, ops, codec: str, rng: np.random.Generator) -
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op, min_size=1, max_size=25), seed=st.integers(0, 2**32 - 1))
 def test_random_migration_sequences_match_the_model(codec, ops, seed):
-    m = KVCacheManager(config(GROUPS, gpu_quota=64 * 40 * 2, host_quota=64 * 50, index_ring_bytes=64),
+    # Explicit migrations only: allocation must fail, not evict, when the hot tier is full.
+    m = KVCacheManager(config(GROUPS, gpu_quota=64 * 40 * 2, host_quota=64 * 50, index_ring_bytes=64, auto_evict=False),
                        cold_page_codec=CODECS[codec]())
     run_sequence(m, ops, "concat" if codec == "concat" else "test", np.random.default_rng(seed))

@@ -33,11 +33,11 @@ using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uin
 using DiskTuple = std::tuple<std::string, uint64_t, uint64_t, int32_t, uint32_t, std::string, uint32_t, std::string,
     std::string, std::string, std::vector<FaultTuple>>;
 using ConfigTuple = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t,
-    int32_t, DiskTuple>;
+    int32_t, DiskTuple, std::vector<uint64_t>, bool>;
 
 kvcm::KvcmConfig toConfig(ConfigTuple const& t)
 {
-    auto const& [groups, gpu, host, ratio, ring, envelope, disk] = t;
+    auto const& [groups, gpu, host, ratio, ring, envelope, disk, minHotSlots, autoEvict] = t;
     kvcm::KvcmConfig c;
     for (auto const& buffers : groups)
     {
@@ -53,6 +53,8 @@ kvcm::KvcmConfig toConfig(ConfigTuple const& t)
     c.poolRatio = ratio;
     c.indexRingBytes = ring;
     c.envelopeFormatVersion = envelope;
+    c.minHotSlots = minHotSlots;
+    c.autoEvict = autoEvict;
     auto const& [path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
         layoutJson, faults] = disk;
     c.disk = {path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
@@ -86,6 +88,9 @@ py::dict statsDict(kvcm::PoolGroupStats const& s)
     d["pages_dropped"] = s.pagesDropped;
     d["codec_calls"] = s.codecCalls;
     d["codec_seconds"] = s.codecSeconds;
+    d["evictions"] = s.evictions;
+    d["drops"] = s.drops;
+    d["hits"] = s.hits;
     return d;
 }
 
@@ -375,6 +380,41 @@ void bindKvcm(py::module_& m)
                 }
                 return out;
             })
+        .def("touch",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
+                auto [p, n] = pageIds(ids);
+                m.touch(p, n);
+            })
+        .def("pin",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
+                bool pinned) {
+                auto [p, n] = pageIds(ids);
+                m.pin(p, n, pinned);
+            })
+        .def("set_priority",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
+                int32_t priority) {
+                auto [p, n] = pageIds(ids);
+                m.setPriority(p, n, priority);
+            })
+        .def("pins", &kvcm::KvCacheManager::pins)
+        .def("peak",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                m.evictable(CacheLevel(l), g); // Checks the level and the group.
+                return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g).peakUsedSlots();
+            })
+        .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.evictable(CacheLevel(l), g); })
+        .def(
+            "make_room",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g, uint64_t slots, std::optional<uintptr_t> stream) {
+                std::optional<runtime::Stream> s;
+                if (stream)
+                {
+                    s = toStream(*stream);
+                }
+                m.makeRoom(CacheLevel(l), g, slots, s);
+            },
+            py::arg("level"), py::arg("group"), py::arg("slots"), py::arg("stream").none(true))
         .def("get_and_reset_iteration_peak_block_stats",
             [](kvcm::KvCacheManager& m, int32_t l) { return m.getAndResetIterationPeakBlockStats(CacheLevel(l)); })
         .def("add_observer",

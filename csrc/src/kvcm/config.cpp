@@ -2,6 +2,7 @@
 #include "kvcm/config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include "kvcodec/layout.h"
@@ -80,6 +81,19 @@ void validateConfig(KvcmConfig const& config)
         {
             fail("config.poolRatio[" + std::to_string(l) + "] is " + std::to_string(config.poolRatio[l])
                 + "; every weight must be a positive finite number");
+        }
+    }
+    if (!config.minHotSlots.empty() && config.minHotSlots.size() != config.layerGroups.size())
+    {
+        fail("config.minHotSlots has " + std::to_string(config.minHotSlots.size())
+            + " entries; it needs none or one per layer group (" + std::to_string(config.layerGroups.size()) + ")");
+    }
+    for (size_t l = 0; l < config.minHotSlots.size(); ++l)
+    {
+        if (config.minHotSlots[l] > uint64_t(INT32_MAX))
+        {
+            fail("config.minHotSlots[" + std::to_string(l) + "] is " + std::to_string(config.minHotSlots[l])
+                + "; a pool group holds at most " + std::to_string(INT32_MAX) + " slots");
         }
     }
     if (config.gpuQuotaBytes == 0)

@@ -67,6 +67,12 @@ struct KvcmConfig
     uint64_t hostQuotaBytes = 0; ///< Host tier bytes; 0: no host tier (a GPU-only manager).
     /// One positive hot-tier byte weight per layer group, in layer-group order (normalized here).
     std::vector<double> poolRatio;
+    /// Hot-only feasibility floors: minimum hot slots per layer group (empty: none). They may
+    /// clamp the hot split; they are not projected into the cold levels.
+    std::vector<uint64_t> minHotSlots;
+    /// Allocation under hot pressure evicts least-recently-used unpinned pages to the next colder
+    /// level (the last level drops) instead of failing.
+    bool autoEvict = true;
     /// Bytes of the device index ring, allocated only when a lifecycle takes device indices.
     uint64_t indexRingBytes = 1 << 20;
     /// The codec's format version when it declares the cold-page envelope, else -1.

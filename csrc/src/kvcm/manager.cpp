@@ -81,6 +81,7 @@ KvCacheManager::KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::Devic
     for (int l = 0; l < kNumLevels; ++l)
     {
         stats_[size_t(l)].resize(storage_->numPoolGroups(CacheLevel(l)));
+        lru_[size_t(l)].resize(storage_->numPoolGroups(CacheLevel(l)));
     }
     buildTransferKeys();
 }
@@ -181,6 +182,7 @@ PageInfo KvCacheManager::info(PageId id) const
 
 void KvCacheManager::releasePage(uint32_t index) noexcept
 {
+    lruErase(index);
     auto const k = pageKeys_.find(index);
     if (k != pageKeys_.end())
     {
@@ -190,6 +192,8 @@ void KvCacheManager::releasePage(uint32_t index) noexcept
     Page& p = pages_[index];
     p.level = -1;
     p.slot = -1;
+    p.pins = 0;
+    p.priority = 0;
     ++p.generation;
     freePages_.push_back(index);
 }
@@ -203,12 +207,18 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
     }
     PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHot, lifeCycle);
     SlotPool& pool = storage_->slots(CacheLevel::kHot, g);
+    if (pool.freeSlots() < count && storage_->config().autoEvict
+        && pool.freeSlots() + lru_[size_t(CacheLevel::kHot)][size_t(g)].size() >= count)
+    {
+        makeRoom(CacheLevel::kHot, g, count, stream); // Evicts least-recently-used pages colder.
+    }
     if (pool.freeSlots() < count)
     {
         throw CapacityError("cannot allocate " + std::to_string(count) + " hot pages of layer group "
             + std::to_string(lifeCycle) + ": hot pool group " + std::to_string(g) + " has "
-            + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots())
-            + " slots; evict or free pages first");
+            + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots()) + " slots and "
+            + std::to_string(lru_[size_t(CacheLevel::kHot)][size_t(g)].size())
+            + " evictable pages; evict, unpin or free pages first");
     }
     auto& events = tScratch.events;
     events.clear();
@@ -232,6 +242,8 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
         p.lifeCycle = lifeCycle;
         p.level = int8_t(CacheLevel::kHot);
         p.slot = slot;
+        p.tick = ++clock_;
+        lruInsert(index);
         out[i] = makeId(index, p.generation);
     }
     // A new page's bytes may still be read by the transfer that vacated the slot.
@@ -760,8 +772,14 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
             disk->release(key.srcGroup, p.slot);
         }
         srcPool.give(p.slot, finish);
+        lruErase(pages[i]);
         p.level = int8_t(key.dst);
         p.slot = dstSlots[i];
+        if (key.dst < key.src)
+        {
+            p.tick = ++clock_; // Brought hotter to be used; an eviction keeps the page's age.
+        }
+        lruInsert(pages[i]);
     }
     result.moved += count;
     return true;
@@ -866,6 +884,8 @@ void KvCacheManager::findOnDisk(std::string const* keys, size_t count, PageId* o
         p.lifeCycle = found->lifeCycle;
         p.level = int8_t(CacheLevel::kDisk);
         p.slot = found->slot;
+        p.tick = ++clock_;
+        lruInsert(index);
         pageKeys_.emplace(index, keys[i]);
         keyOwner_.emplace(keys[i], index);
         out[i] = makeId(index, p.generation);
@@ -955,9 +975,188 @@ std::vector<std::pair<uint64_t, uint64_t>> KvCacheManager::getAndResetIterationP
     return out;
 }
 
+void KvCacheManager::lruInsert(uint32_t index)
+{
+    Page const& p = pages_[index];
+    if (p.level < 0 || p.pins > 0)
+    {
+        return;
+    }
+    auto const level = CacheLevel(p.level);
+    lru_[size_t(level)][size_t(storage_->poolGroup(level, p.lifeCycle))].emplace(p.priority, p.tick, index);
+}
+
+void KvCacheManager::lruErase(uint32_t index) noexcept
+{
+    Page const& p = pages_[index];
+    if (p.level < 0 || p.pins > 0)
+    {
+        return;
+    }
+    auto const level = CacheLevel(p.level);
+    auto& groups = lru_[size_t(level)];
+    auto const g = size_t(storage_->mapping(level).empty() ? -1 : storage_->poolGroup(level, p.lifeCycle));
+    if (g < groups.size())
+    {
+        groups[g].erase(LruKey{p.priority, p.tick, index});
+    }
+}
+
+std::optional<CacheLevel> KvCacheManager::colderLevel(CacheLevel level) const noexcept
+{
+    for (int l = int(level) + 1; l < kNumLevels; ++l)
+    {
+        if (storage_->hasLevel(CacheLevel(l)))
+        {
+            return CacheLevel(l);
+        }
+    }
+    return std::nullopt;
+}
+
+void KvCacheManager::touch(PageId const* ids, size_t count)
+{
+    for (size_t i = 0; i < count; ++i)
+    {
+        resolve(ids[i], i); // All checked before any changes.
+    }
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = uint32_t(ids[i] & 0xffffffffu);
+        lruErase(index);
+        Page& p = pages_[index];
+        p.tick = ++clock_;
+        lruInsert(index);
+        ++stats_[size_t(p.level)][size_t(storage_->poolGroup(CacheLevel(p.level), p.lifeCycle))].hits;
+    }
+}
+
+void KvCacheManager::pin(PageId const* ids, size_t count, bool pinned)
+{
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = resolve(ids[i], i);
+        if (!pinned && pages_[index].pins == 0)
+        {
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i])
+                + ") is not pinned; unpin only pages pinned before (pins nest)");
+        }
+    }
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = uint32_t(ids[i] & 0xffffffffu);
+        Page& p = pages_[index];
+        if (pinned)
+        {
+            lruErase(index);
+            ++p.pins;
+        }
+        else if (--p.pins == 0)
+        {
+            lruInsert(index);
+        }
+    }
+}
+
+void KvCacheManager::setPriority(PageId const* ids, size_t count, int32_t priority)
+{
+    for (size_t i = 0; i < count; ++i)
+    {
+        resolve(ids[i], i);
+    }
+    for (size_t i = 0; i < count; ++i)
+    {
+        uint32_t const index = uint32_t(ids[i] & 0xffffffffu);
+        lruErase(index);
+        pages_[index].priority = priority;
+        lruInsert(index);
+    }
+}
+
+uint32_t KvCacheManager::pins(PageId id) const
+{
+    return pages_[resolve(id, 0)].pins;
+}
+
+size_t KvCacheManager::evictable(CacheLevel level, PoolGroupIndex group) const
+{
+    checkLevel(level, "level");
+    if (group < 0 || size_t(group) >= lru_[size_t(level)].size())
+    {
+        throw std::invalid_argument("pool group is " + std::to_string(group) + "; the " + levelName(level)
+            + " level has " + std::to_string(lru_[size_t(level)].size()) + " pool groups");
+    }
+    return lru_[size_t(level)][size_t(group)].size();
+}
+
+void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream)
+{
+    size_t const candidates = evictable(level, group);
+    SlotPool& pool = storage_->slots(level, group);
+    if (pool.freeSlots() >= freeSlots)
+    {
+        return;
+    }
+    uint64_t const need = freeSlots - pool.freeSlots();
+    if (candidates < need)
+    {
+        throw CapacityError(std::string("cannot free ") + std::to_string(freeSlots) + " slots in the " + levelName(level)
+            + " level's pool group " + std::to_string(group) + ": it has " + std::to_string(pool.freeSlots())
+            + " free of " + std::to_string(pool.numSlots()) + " slots and " + std::to_string(candidates)
+            + " evictable pages (the others are pinned)");
+    }
+    // Victims are copied out first: the cascade below changes other levels' orders only.
+    std::vector<uint32_t> victims;
+    victims.reserve(need);
+    for (auto it = lru_[size_t(level)][size_t(group)].begin(); victims.size() < need; ++it)
+    {
+        victims.push_back(std::get<2>(*it));
+    }
+    auto& stats = stats_[size_t(level)][size_t(group)];
+    std::optional<CacheLevel> const next = colderLevel(level);
+    if (!next)
+    {
+        // The last level drops: the page is gone, its handles stale (the engine sees a miss).
+        for (uint32_t index : victims)
+        {
+            Page const& p = pages_[index];
+            if (level == CacheLevel::kDisk)
+            {
+                storage_->diskLevel()->release(group, p.slot);
+            }
+            pool.give(p.slot, pool.ready(p.slot));
+            releasePage(index);
+        }
+        stats.drops += need;
+        return;
+    }
+    std::vector<uint64_t> needs(storage_->numPoolGroups(*next), 0);
+    for (uint32_t index : victims)
+    {
+        ++needs[size_t(storage_->poolGroup(*next, pages_[index].lifeCycle))];
+    }
+    for (size_t g = 0; g < needs.size(); ++g)
+    {
+        if (needs[g] > 0)
+        {
+            makeRoom(*next, PoolGroupIndex(g), needs[g], stream);
+        }
+    }
+    std::vector<PageId> ids;
+    ids.reserve(victims.size());
+    for (uint32_t index : victims)
+    {
+        ids.push_back(makeId(index, pages_[index].generation));
+    }
+    // The normal migration transaction; ordered after the caller's work on `stream`.
+    MigrationResult const moved = migrate(ids.data(), ids.size(), *next, stream ? *stream : stream_);
+    stats.evictions += moved.moved;
+}
+
 void KvCacheManager::closeDisk()
 {
     synchronize();
+    lru_[size_t(CacheLevel::kDisk)].clear();
     storage_->closeDisk();
 }
 

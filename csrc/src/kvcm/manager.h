@@ -10,8 +10,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -76,6 +78,9 @@ struct PoolGroupStats
     uint64_t bytesOnboarded = 0;
     uint64_t pagesCopied = 0;    ///< Same-level relocations (hot -> hot, cold -> cold) into this group.
     uint64_t pagesDropped = 0;   ///< Cold pages dropped by the envelope check (cold groups).
+    uint64_t evictions = 0;      ///< Pages the eviction controller moved out of this group.
+    uint64_t drops = 0;          ///< Pages the eviction controller dropped here (last level only).
+    uint64_t hits = 0;           ///< touch() calls on pages in this group.
     uint64_t codecCalls = 0;
     double codecSeconds = 0;     ///< Host time spent inside encode()/decode() calls.
 };
@@ -142,6 +147,21 @@ public:
     size_t forgetUnclaimedOnDisk();
     [[nodiscard]] size_t unclaimedOnDisk() const noexcept;
 
+    /// Marks pages as just used (recency), counting a hit at each page's level and pool group.
+    void touch(PageId const* pages, size_t count);
+    /// Pins (in use: never evicted or dropped) or unpins pages; pins nest.
+    void pin(PageId const* pages, size_t count, bool pinned);
+    /// Eviction priority per page (lower is evicted first; default 0).
+    void setPriority(PageId const* pages, size_t count, int32_t priority);
+    /// Frees slots in one pool group of `level` until `freeSlots` are free, evicting its
+    /// least-recently-used unpinned pages (lowest priority first) to the next colder level, which
+    /// makes room the same way; the last level drops. Throws CapacityError when too few pages are
+    /// evictable (evictions already done stay done: no page is lost by them).
+    void makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream);
+    /// Evictable (unpinned) pages of one pool group of `level`.
+    [[nodiscard]] size_t evictable(CacheLevel level, PoolGroupIndex group) const;
+    [[nodiscard]] uint32_t pins(PageId page) const;
+
     [[nodiscard]] PageInfo info(PageId page) const;
     [[nodiscard]] bool isLive(PageId page) const noexcept;
 
@@ -172,7 +192,12 @@ private:
         uint32_t generation = 1;
         uint32_t mark = 0;
         int8_t level = -1; ///< -1: free.
+        uint32_t pins = 0;
+        int32_t priority = 0;
+        uint64_t tick = 0; ///< Recency: larger is more recent.
     };
+    // Eviction order of one pool group: (priority, recency, page index), first = next victim.
+    using LruKey = std::tuple<int32_t, uint64_t, uint32_t>;
 
     // One distinct transfer of a (source level, destination level) pair.
     struct TransferKey
@@ -191,6 +216,9 @@ private:
         MigrationResult& result, std::string& error);
     void noteEvent(Stream stream, EventPtr const& event);
     void releasePage(uint32_t index) noexcept;
+    void lruInsert(uint32_t index);
+    void lruErase(uint32_t index) noexcept;
+    [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
     void notify(MigrationRecord const& record);
     size_t chunkPages(TransferKey const& key) const noexcept;
     std::string const& contentKey(uint32_t index) const noexcept;
@@ -214,6 +242,9 @@ private:
     std::array<std::array<std::vector<int32_t>, kNumLevels>, kNumLevels> keyOf_;
 
     std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
+    // Per level, per pool group of that level's grouping: the unpinned live pages in eviction order.
+    std::array<std::vector<std::set<LruKey>>, kNumLevels> lru_;
+    uint64_t clock_ = 0;
     std::vector<std::pair<int64_t, Observer>> observers_;
     int64_t nextObserver_ = 1;
     std::exception_ptr observerError_;

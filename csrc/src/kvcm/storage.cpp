@@ -110,22 +110,85 @@ void StorageManager::buildHotLayout()
 void StorageManager::allocateHot()
 {
     // Hot bytes per lifecycle = its normalized weight of the quota, summed per hot pool group.
-    for (size_t g = 0; g < hot_.size(); ++g)
+    // Floors (minHotSlots, summed per group) clamp this split: a group whose share falls below
+    // its floor gets exactly the floor and the rest of the quota is re-split among the others by
+    // weight, until no unclamped group is below its floor (water filling).
+    size_t const numGroups = hot_.size();
+    std::vector<double> weight(numGroups, 0.0);
+    std::vector<uint64_t> floorSlots(numGroups, 0);
+    double floorBytes = 0;
+    size_t worst = 0; // Layer group with the largest floor in bytes, named when infeasible.
+    double worstBytes = -1;
+    for (size_t g = 0; g < numGroups; ++g)
+    {
+        for (LifeCycleId l : hot_[g].lifeCycles)
+        {
+            weight[g] += weights_[size_t(l)];
+            uint64_t const floor = config_.minHotSlots.empty() ? 0 : config_.minHotSlots[size_t(l)];
+            floorSlots[g] += floor;
+            double const bytes = double(floor) * double(hot_[g].pageBytes);
+            if (bytes > worstBytes)
+            {
+                worstBytes = bytes;
+                worst = size_t(l);
+            }
+        }
+        floorBytes += double(floorSlots[g]) * double(hot_[g].pageBytes);
+    }
+    if (floorBytes > double(config_.gpuQuotaBytes))
+    {
+        throw std::invalid_argument("config.minHotSlots needs " + std::to_string(uint64_t(floorBytes))
+            + " hot bytes but config.gpuQuotaBytes is " + std::to_string(config_.gpuQuotaBytes) + ": short by "
+            + std::to_string(uint64_t(floorBytes) - config_.gpuQuotaBytes) + " bytes (the largest floor is layer group "
+            + std::to_string(worst) + "'s minHotSlots[" + std::to_string(worst) + "] = "
+            + std::to_string(config_.minHotSlots[worst]) + " slots of "
+            + std::to_string(lifeCycles_[worst].hotPageBytes) + " bytes); lower the floors or raise the quota");
+    }
+    std::vector<bool> clamped(numGroups, false);
+    std::vector<uint64_t> slotsOf(numGroups, 0);
+    for (bool changed = true; changed;)
+    {
+        changed = false;
+        double rest = double(config_.gpuQuotaBytes);
+        double restWeight = 0;
+        for (size_t g = 0; g < numGroups; ++g)
+        {
+            if (clamped[g])
+            {
+                rest -= double(floorSlots[g]) * double(hot_[g].pageBytes);
+            }
+            else
+            {
+                restWeight += weight[g];
+            }
+        }
+        for (size_t g = 0; g < numGroups; ++g)
+        {
+            if (clamped[g])
+            {
+                slotsOf[g] = floorSlots[g];
+                continue;
+            }
+            double const bytes = std::max(0.0, rest) * weight[g] / restWeight;
+            slotsOf[g] = uint64_t(std::floor(bytes / double(hot_[g].pageBytes)));
+            if (slotsOf[g] < floorSlots[g])
+            {
+                clamped[g] = true;
+                changed = true;
+            }
+        }
+    }
+    for (size_t g = 0; g < numGroups; ++g)
     {
         HotPoolGroup& group = hot_[g];
-        double bytes = 0;
-        for (LifeCycleId l : group.lifeCycles)
-        {
-            bytes += weights_[size_t(l)] * double(config_.gpuQuotaBytes);
-        }
-        uint64_t slots = uint64_t(std::floor(bytes / double(group.pageBytes)));
-        slots = std::min<uint64_t>(slots, uint64_t(INT32_MAX));
+        uint64_t slots = std::min<uint64_t>(slotsOf[g], uint64_t(INT32_MAX));
         if (slots == 0)
         {
             throw std::invalid_argument("config.gpuQuotaBytes is " + std::to_string(config_.gpuQuotaBytes)
                 + ": hot pool group " + std::to_string(g) + " (layer groups " + idList(group.lifeCycles) + ", "
-                + std::to_string(group.pageBytes) + " bytes per page) gets " + std::to_string(uint64_t(bytes))
-                + " bytes, less than one page; raise the quota or these layer groups' poolRatio");
+                + std::to_string(group.pageBytes) + " bytes per page) gets less than one page"
+                + (floorBytes > 0 ? " after the minHotSlots floors" : "")
+                + "; raise the quota or these layer groups' poolRatio");
         }
         group.slots = SlotPool(slots);
         for (uint64_t slotBytes : group.slotBytes)
