@@ -138,7 +138,10 @@ static_assert(std::is_trivially_copyable_v<PoolGroupDesc>);
 ///  - All methods are noexcept; failures are reported through return values.
 ///  - A CUDA codec enqueues work on the supplied stream and never synchronizes it. A bool
 ///    result reports synchronous validation or submission success, not completion of the
-///    asynchronous work.
+///    asynchronous work. A call must not wait for earlier work on its stream or on the device
+///    either: allocate workspaces and load kernels (e.g. cudaFuncGetAttributes on each kernel)
+///    in configure(), since device allocations and lazy module loading on first launch can
+///    wait for queued work.
 ///  - A CPU reference codec takes host pointers, runs synchronously on the calling thread and
 ///    ignores the stream argument. Blobs of the CUDA and CPU implementations of one codec are
 ///    interchangeable.
