@@ -118,7 +118,7 @@ class KVCacheConfig:
         ``pool_ratio``; the cold levels are sized from ``pool_ratio`` alone.
     :param auto_evict: Allocation under hot pressure evicts least-recently-used unpinned pages to
         the next colder level (the last level drops) instead of raising ``CapacityError``.
-    :param max_gpu_quota: The largest hot quota :meth:`KVCacheManager.resize` may set (None:
+    :param max_gpu_quota: The largest hot quota :meth:`~kvcodec_sdk.KVCacheManager.resize` may set (None:
         ``gpu_quota``). The hot pools are allocated for it at construction, because the codec is
         configured with their addresses once; a resize changes only how many slots are usable.
     """
