@@ -118,6 +118,9 @@ class KVCacheConfig:
         ``pool_ratio``; the cold levels are sized from ``pool_ratio`` alone.
     :param auto_evict: Allocation under hot pressure evicts least-recently-used unpinned pages to
         the next colder level (the last level drops) instead of raising ``CapacityError``.
+    :param max_gpu_quota: The largest hot quota :meth:`~kvcodec_sdk.KVCacheManager.resize` may set (None:
+        ``gpu_quota``). The hot pools are allocated for it at construction, because the codec is
+        configured with their addresses once; a resize changes only how many slots are usable.
     """
 
     layer_groups: Sequence[LayerGroupConfig]
@@ -129,6 +132,7 @@ class KVCacheConfig:
     disk: DiskTierConfig | None = None
     min_hot_slots: Sequence[int] | None = None
     auto_evict: bool = True
+    max_gpu_quota: int | None = None
 
     def validate(self) -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -169,6 +173,11 @@ class KVCacheConfig:
                     raise KVCacheConfigError(f"{bw}.bytes is {buf.bytes}, not a multiple of the {dtype.name} item size {dtype.itemsize}")
         _int(f"{w}.gpu_quota", self.gpu_quota, 1)
         _int(f"{w}.host_quota", self.host_quota, 0)
+        if self.max_gpu_quota is not None:
+            _int(f"{w}.max_gpu_quota", self.max_gpu_quota, 1)
+            if self.max_gpu_quota < self.gpu_quota:
+                raise KVCacheConfigError(
+                    f"{w}.max_gpu_quota is {self.max_gpu_quota}; it must be at least gpu_quota ({self.gpu_quota})")
         _int(f"{w}.index_ring_bytes", self.index_ring_bytes, 64)
         if self.index_ring_bytes % 8:
             raise KVCacheConfigError(f"{w}.index_ring_bytes is {self.index_ring_bytes}; it must be a multiple of 8")
@@ -234,4 +243,5 @@ class KVCacheConfig:
                     _fault_rules(d._faults))
         return (groups, int(self.gpu_quota), int(self.host_quota), self.weights(), int(self.index_ring_bytes),
                 int(envelope_format_version), disk,
-                [int(n) for n in self.min_hot_slots] if self.min_hot_slots is not None else [], bool(self.auto_evict))
+                [int(n) for n in self.min_hot_slots] if self.min_hot_slots is not None else [], bool(self.auto_evict),
+                int(self.max_gpu_quota) if self.max_gpu_quota is not None else 0)

@@ -90,6 +90,16 @@ fi
 fi
 
 if want kvcm; then
+step "compute-sanitizer memcheck (KV-cache manager resize and defragmentation GPU tests)"
+if command -v compute-sanitizer > /dev/null; then
+  (cd "$OUT_DIR" && timeout 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
+     python3 -m pytest -q -m gpu -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
+     "$OLDPWD/tests/test_kvcm_resize_gpu.py") > "$OUT_DIR/memcheck-kvcm-resize.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck-kvcm-resize.log" | tail -5
+fi
+fi
+
+if want kvcm; then
 step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"

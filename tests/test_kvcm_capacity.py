@@ -278,8 +278,8 @@ GROUPS = [group([0], [48, 16]), group([1], [48, 16]), group([2], [40])]
 
 
 class CapacityMachine(RuleBasedStateMachine):
-    """Allocations (which evict), writes, touches, pins, priorities, explicit make_room and
-    onboards against a model: a live page always holds its bytes; a page disappears only by a
+    """Allocations (which evict), writes, touches, pins, priorities, explicit make_room, onboards,
+    run-time resizes and defragmentation against a model: a live page always holds its bytes; a page disappears only by a
     drop at the last level and only when unpinned; every level's quotas hold."""
 
     with_disk = False
@@ -296,8 +296,8 @@ class CapacityMachine(RuleBasedStateMachine):
             disk = DiskTierConfig(self.tmp.name, max_bytes=64 * 1024, container_bytes=64 * 1024, io_mode="buffered")
         c = make_test_codec(pad="1:16") if codec == "test" else None
         self.codec = codec
-        self.m = KVCacheManager(config(GROUPS, gpu_quota=64 * 12, host_quota=64 * 10, disk=disk, device=self.device),
-                                cold_page_codec=c)
+        self.m = KVCacheManager(config(GROUPS, gpu_quota=64 * 12, host_quota=64 * 10, disk=disk, device=self.device,
+                                       max_gpu_quota=64 * 16), cold_page_codec=c)
         self.last = max(l for l in (CacheLevel.HOT, CacheLevel.HOST, CacheLevel.DISK) if self.m._live().has_level(l))
         self.model: dict[int, np.ndarray] = {}
         self.lc: dict[int, int] = {}
@@ -377,6 +377,26 @@ class CapacityMachine(RuleBasedStateMachine):
         except CapacityError:
             pass
 
+    @rule(level=st.integers(0, 1), slots=st.integers(3, 16))
+    def resize(self, level, slots):
+        if not self.m._live().has_level(level):
+            return
+        try:
+            self.m.resize(level, 64 * slots)
+        except CapacityError:
+            pass  # too many pinned pages for the new size: nothing changed
+
+    @rule(level=st.integers(0, 1))
+    def defragment(self, level):
+        if not self.m._live().has_level(level):
+            return
+        self.m.defragment(level)
+        for g, (slots, free) in enumerate(self.m.slot_counts(level)):
+            used = sorted(PageHandle(self.m, pid).slot for pid in self.model
+                          if PageHandle(self.m, pid).is_live and PageHandle(self.m, pid).level == level
+                          and PageHandle(self.m, pid).pool_group == g)
+            assert used == list(range(len(used))), (level, g, used)
+
     @invariant()
     def pages_are_intact_and_quotas_hold(self):
         if not hasattr(self, "m"):
@@ -412,6 +432,11 @@ class CapacityMachine(RuleBasedStateMachine):
             for g, (slots, free) in enumerate(m.slot_counts(lvl)):
                 assert 0 <= free <= slots
                 assert slots - free == used.get((lvl, g), 0), (lvl, g)
+            if lvl != CacheLevel.DISK:
+                counts = [c for c, _ in m.slot_counts(lvl)]
+                held = sum(c * m.page_bytes(lvl, g) for g, c in enumerate(counts))
+                # The quota holds (a cold group's structural one-slot minimum may exceed it).
+                assert held <= m.quota(lvl) or (lvl == CacheLevel.HOST and min(counts) == 1), (lvl, counts)
 
     def dropped_total(self):
         return getattr(self, "_dropped", 0)

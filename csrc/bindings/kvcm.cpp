@@ -33,11 +33,11 @@ using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uin
 using DiskTuple = std::tuple<std::string, uint64_t, uint64_t, int32_t, uint32_t, std::string, uint32_t, std::string,
     std::string, std::string, std::vector<FaultTuple>>;
 using ConfigTuple = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t,
-    int32_t, DiskTuple, std::vector<uint64_t>, bool>;
+    int32_t, DiskTuple, std::vector<uint64_t>, bool, uint64_t>;
 
 kvcm::KvcmConfig toConfig(ConfigTuple const& t)
 {
-    auto const& [groups, gpu, host, ratio, ring, envelope, disk, minHotSlots, autoEvict] = t;
+    auto const& [groups, gpu, host, ratio, ring, envelope, disk, minHotSlots, autoEvict, maxGpu] = t;
     kvcm::KvcmConfig c;
     for (auto const& buffers : groups)
     {
@@ -55,6 +55,7 @@ kvcm::KvcmConfig toConfig(ConfigTuple const& t)
     c.envelopeFormatVersion = envelope;
     c.minHotSlots = minHotSlots;
     c.autoEvict = autoEvict;
+    c.maxGpuQuotaBytes = maxGpu;
     auto const& [path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
         layoutJson, faults] = disk;
     c.disk = {path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
@@ -356,8 +357,9 @@ void bindKvcm(py::module_& m)
                 py::list out;
                 for (size_t p = 0; p < group.pools.size(); ++p)
                 {
+                    // The whole reserve: views stay valid across resizes of the hot level.
                     out.append(py::make_tuple(reinterpret_cast<uintptr_t>(group.pools[p].data()), group.slotBytes[p],
-                        group.slots.numSlots()));
+                        group.capacitySlots));
                 }
                 return out;
             })
@@ -415,6 +417,34 @@ void bindKvcm(py::module_& m)
                 m.makeRoom(CacheLevel(l), g, slots, s);
             },
             py::arg("level"), py::arg("group"), py::arg("slots"), py::arg("stream").none(true))
+        .def(
+            "resize",
+            [](kvcm::KvCacheManager& m, int32_t l, uint64_t quota, std::optional<uintptr_t> stream) {
+                std::optional<runtime::Stream> s;
+                if (stream)
+                {
+                    s = toStream(*stream);
+                }
+                m.resize(CacheLevel(l), quota, s);
+            },
+            py::arg("level"), py::arg("quota_bytes"), py::arg("stream").none(true))
+        .def(
+            "defragment",
+            [](kvcm::KvCacheManager& m, int32_t l, std::optional<uintptr_t> stream) {
+                std::optional<runtime::Stream> s;
+                if (stream)
+                {
+                    s = toStream(*stream);
+                }
+                return m.defragment(CacheLevel(l), s);
+            },
+            py::arg("level"), py::arg("stream").none(true))
+        .def("hot_capacity_slots", &kvcm::KvCacheManager::hotCapacitySlots)
+        .def("quota",
+            [](kvcm::KvCacheManager& m, int32_t l) {
+                auto const& c = m.storage().config();
+                return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : c.disk.maxBytes;
+            })
         .def("get_and_reset_iteration_peak_block_stats",
             [](kvcm::KvCacheManager& m, int32_t l) { return m.getAndResetIterationPeakBlockStats(CacheLevel(l)); })
         .def("add_observer",

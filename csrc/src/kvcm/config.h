@@ -64,6 +64,9 @@ struct KvcmConfig
 {
     std::vector<LayerGroupConfig> layerGroups;
     uint64_t gpuQuotaBytes = 0;  ///< Hot tier bytes.
+    /// The largest hot quota a resize may set (0: gpuQuotaBytes). The hot pools are allocated for
+    /// it once: the codec is configured with their addresses and never reconfigured.
+    uint64_t maxGpuQuotaBytes = 0;
     uint64_t hostQuotaBytes = 0; ///< Host tier bytes; 0: no host tier (a GPU-only manager).
     /// One positive hot-tier byte weight per layer group, in layer-group order (normalized here).
     std::vector<double> poolRatio;

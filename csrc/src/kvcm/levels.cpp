@@ -2,11 +2,14 @@
 #include "kvcm/levels.h"
 
 #include <algorithm>
+#include <cstring>
+#include <stdexcept>
 
 namespace kvcodec::kvcm {
 
 SlotPool::SlotPool(uint64_t numSlots)
     : ready_(numSlots)
+    , count_(numSlots)
 {
     free_.reserve(numSlots);
     for (uint64_t s = numSlots; s-- > 0;)
@@ -36,6 +39,53 @@ void SlotPool::give(int32_t slot, EventPtr ready) noexcept
     free_.push_back(slot);
 }
 
+void SlotPool::withhold(uint64_t limit)
+{
+    auto const keep = std::stable_partition(free_.begin(), free_.end(), [&](int32_t s) { return uint64_t(s) < limit; });
+    withheld_.insert(withheld_.end(), keep, free_.end());
+    free_.erase(keep, free_.end());
+}
+
+void SlotPool::restore()
+{
+    free_.insert(free_.end(), withheld_.begin(), withheld_.end());
+    withheld_.clear();
+}
+
+uint64_t SlotPool::freeAtOrAbove(uint64_t limit) const noexcept
+{
+    auto const above = [&](int32_t s) { return uint64_t(s) >= limit; };
+    return uint64_t(std::count_if(free_.begin(), free_.end(), above) + std::count_if(withheld_.begin(), withheld_.end(), above));
+}
+
+void SlotPool::setNumSlots(uint64_t numSlots)
+{
+    restore();
+    std::vector<bool> isFree(std::max(numSlots, count_), false);
+    for (int32_t s : free_)
+    {
+        isFree[size_t(s)] = true;
+    }
+    for (uint64_t s = count_; s < numSlots; ++s)
+    {
+        isFree[size_t(s)] = true;
+    }
+    if (ready_.size() < numSlots)
+    {
+        ready_.resize(numSlots);
+    }
+    count_ = numSlots;
+    free_.clear();
+    for (uint64_t s = numSlots; s-- > 0;)
+    {
+        if (isFree[size_t(s)])
+        {
+            free_.push_back(int32_t(s)); // take() pops the lowest first
+        }
+    }
+    peak_ = std::max(peak_, usedSlots());
+}
+
 HostColdLevel::HostColdLevel(runtime::DeviceRuntime& runtime, std::vector<std::pair<uint64_t, uint64_t>> const& groups)
     : runtime_(runtime)
 {
@@ -44,6 +94,54 @@ HostColdLevel::HostColdLevel(runtime::DeviceRuntime& runtime, std::vector<std::p
     {
         pools_.push_back(Pool{runtime::HostMem(runtime, pageBytes * numSlots), pageBytes, SlotPool(numSlots)});
     }
+}
+
+void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
+{
+    Pool& pool = pools_[size_t(group)];
+    uint64_t const old = pool.slots.numSlots();
+    std::vector<bool> used(old, true);
+    // The old pool's bytes may still be read or written by transfers: wait for all of them.
+    runtime::Event* last = nullptr;
+    for (uint64_t s = 0; s < old; ++s)
+    {
+        EventPtr const& e = pool.slots.ready(int32_t(s));
+        if (e && e.get() != last)
+        {
+            e->synchronize();
+            last = e.get();
+        }
+        pool.slots.setReady(int32_t(s), nullptr);
+    }
+    pool.slots.restore();
+    for (int32_t s : pool.slots.freeList())
+    {
+        used[size_t(s)] = false;
+    }
+    runtime::HostMem memory(runtime_, size_t(pool.pageBytes * numSlots));
+    // Runs of used slots are copied on the host (both pools are host memory on every backend).
+    for (uint64_t s = 0; s < old;)
+    {
+        if (!used[size_t(s)])
+        {
+            ++s;
+            continue;
+        }
+        uint64_t e = s;
+        while (e < old && used[size_t(e)])
+        {
+            ++e;
+        }
+        if (e > numSlots)
+        {
+            throw std::logic_error("HostColdLevel::resize: a used slot lies beyond the new slot count");
+        }
+        std::memcpy(memory.data() + s * pool.pageBytes, pool.memory.data() + s * pool.pageBytes,
+            size_t((e - s) * pool.pageBytes));
+        s = e;
+    }
+    pool.memory = std::move(memory);
+    pool.slots.setNumSlots(numSlots);
 }
 
 bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* others, size_t count, bool out,

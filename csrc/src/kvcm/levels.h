@@ -28,7 +28,7 @@ public:
 
     [[nodiscard]] uint64_t numSlots() const noexcept
     {
-        return ready_.size();
+        return count_;
     }
     [[nodiscard]] uint64_t freeSlots() const noexcept
     {
@@ -36,7 +36,7 @@ public:
     }
     [[nodiscard]] uint64_t usedSlots() const noexcept
     {
-        return numSlots() - freeSlots();
+        return numSlots() - freeSlots() - withheld_.size();
     }
     [[nodiscard]] uint64_t peakUsedSlots() const noexcept
     {
@@ -59,16 +59,38 @@ public:
         ready_[size_t(slot)] = std::move(ready);
     }
 
+    /// Withholds the free slots at or above `limit` from take() until restore(): a compaction
+    /// then moves pages only into slots below `limit`.
+    void withhold(uint64_t limit);
+    void restore();
+    [[nodiscard]] std::vector<int32_t> const& freeList() const noexcept
+    {
+        return free_;
+    }
+    /// Free slots at or above `limit` (withheld ones included).
+    [[nodiscard]] uint64_t freeAtOrAbove(uint64_t limit) const noexcept;
+    /// Changes the slot count (nothing withheld; every slot at or above the new count is free).
+    /// The free list is rebuilt so take() returns the lowest free slot first; every slot keeps
+    /// its ready event (also across a shrink and a later grow).
+    void setNumSlots(uint64_t numSlots);
+
 private:
     std::vector<int32_t> free_;
+    std::vector<int32_t> withheld_;
+    // Ready events of every slot the pool ever had: a slot cut off by a shrink keeps the event
+    // of the copy that vacated it, so a later grow cannot hand it out before that copy finished.
     std::vector<EventPtr> ready_;
+    uint64_t count_ = 0;
     uint64_t peak_ = 0;
 };
 
-/// One hot pool group: pools allocated together (slot s of every pool is one page).
+/// One hot pool group: pools allocated together (slot s of every pool is one page). The pools
+/// hold `capacitySlots` slots (the codec is configured with them once); `slots` is the usable
+/// part, which a resize changes without moving the pools.
 struct HotPoolGroup
 {
     std::vector<runtime::Allocation> pools;
+    uint64_t capacitySlots = 0;
     std::vector<uint64_t> slotBytes;
     std::vector<LifeCycleId> lifeCycles;
     uint64_t pageBytes = 0;
@@ -139,6 +161,11 @@ public:
         std::string& error) noexcept override;
     bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count, Stream stream,
         std::string& error) noexcept override;
+
+    /// Reallocates a group's pool with `numSlots` slots and copies the used blobs over (same
+    /// slots). Every used slot is below `numSlots`; the host waits for every slot's last transfer
+    /// first (the codec never keeps cold addresses, so nothing else refers to the old pool).
+    void resize(PoolGroupIndex group, uint64_t numSlots);
 
 private:
     struct Pool

@@ -1153,6 +1153,156 @@ void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t f
     stats.evictions += moved.moved;
 }
 
+void KvCacheManager::checkResizable(CacheLevel level, char const* what) const
+{
+    checkLevel(level, "level");
+    if (level == CacheLevel::kDisk)
+    {
+        throw std::invalid_argument(std::string(what) + "'s level is the disk level; its regions are sized and place "
+            + "their blobs themselves when they open (reopen with another DiskTierConfig.max_bytes); "
+            + "valid levels are 0 (hot) and 1 (host)");
+    }
+}
+
+uint64_t KvCacheManager::hotCapacitySlots(PoolGroupIndex group) const
+{
+    auto const& groups = storage_->hotGroups();
+    if (group < 0 || size_t(group) >= groups.size())
+    {
+        throw std::invalid_argument("pool group is " + std::to_string(group) + "; the hot level has "
+            + std::to_string(groups.size()) + " pool groups");
+    }
+    return groups[size_t(group)].capacitySlots;
+}
+
+uint64_t KvCacheManager::compact(CacheLevel level, std::vector<uint64_t> const& limits, Stream stream)
+{
+    // Page indices in slots at or above their group's limit; every other free slot of the group
+    // is withheld so the relocation can only land below the limit.
+    std::vector<PageId> ids;
+    for (uint32_t index = 0; index < pages_.size(); ++index)
+    {
+        Page const& p = pages_[index];
+        if (p.level == int8_t(level)
+            && uint64_t(p.slot) >= limits[size_t(storage_->poolGroup(level, p.lifeCycle))])
+        {
+            ids.push_back(makeId(index, p.generation));
+        }
+    }
+    if (ids.empty())
+    {
+        return 0;
+    }
+    size_t const groups = storage_->numPoolGroups(level);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        storage_->slots(level, PoolGroupIndex(g)).withhold(limits[g]);
+    }
+    MigrationResult moved;
+    try
+    {
+        moved = migrate(ids.data(), ids.size(), level, stream);
+    }
+    catch (...)
+    {
+        for (size_t g = 0; g < groups; ++g)
+        {
+            storage_->slots(level, PoolGroupIndex(g)).restore();
+        }
+        throw;
+    }
+    for (size_t g = 0; g < groups; ++g)
+    {
+        storage_->slots(level, PoolGroupIndex(g)).restore();
+    }
+    return moved.moved;
+}
+
+void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional<Stream> stream)
+{
+    checkResizable(level, "resize");
+    if (quotaBytes == 0)
+    {
+        throw std::invalid_argument(std::string("quota_bytes is 0; a level's quota must be positive (the ")
+            + levelName(level) + " level cannot be removed at run time)");
+    }
+    std::vector<uint64_t> const target = storage_->projectSlots(level, quotaBytes);
+    size_t const groups = storage_->numPoolGroups(level);
+    // Everything is checked before anything changes.
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = storage_->slots(level, PoolGroupIndex(g));
+        if (level == CacheLevel::kHot && target[g] > storage_->hotGroups()[g].capacitySlots)
+        {
+            throw std::invalid_argument("quota_bytes is " + std::to_string(quotaBytes) + ": hot pool group "
+                + std::to_string(g) + " would need " + std::to_string(target[g]) + " slots but its pools were reserved for "
+                + std::to_string(storage_->hotGroups()[g].capacitySlots) + " (config.maxGpuQuotaBytes is "
+                + std::to_string(std::max(storage_->config().maxGpuQuotaBytes, storage_->config().gpuQuotaBytes))
+                + "); the hot pools never move, so raise max_gpu_quota at construction");
+        }
+        uint64_t const used = pool.usedSlots();
+        size_t const candidates = lru_[size_t(level)][g].size();
+        if (used > target[g] && used - target[g] > candidates)
+        {
+            throw CapacityError("cannot resize the " + std::string(levelName(level)) + " level to " + std::to_string(quotaBytes)
+                + " bytes: its pool group " + std::to_string(g) + " would have " + std::to_string(target[g])
+                + " slots but holds " + std::to_string(used) + " pages of which only " + std::to_string(candidates)
+                + " are evictable (the others are pinned); nothing was changed");
+        }
+    }
+    Stream const s = stream ? *stream : stream_;
+    // Shrinking: evict what no longer fits, then move the pages beyond the new count below it.
+    bool shrinks = false;
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = storage_->slots(level, PoolGroupIndex(g));
+        if (target[g] < pool.numSlots())
+        {
+            shrinks = true;
+            makeRoom(level, PoolGroupIndex(g), pool.numSlots() - target[g], s);
+        }
+    }
+    if (shrinks)
+    {
+        std::vector<uint64_t> limits(groups);
+        for (size_t g = 0; g < groups; ++g)
+        {
+            limits[g] = std::min(target[g], storage_->slots(level, PoolGroupIndex(g)).numSlots());
+        }
+        compact(level, limits, s);
+    }
+    for (size_t g = 0; g < groups; ++g)
+    {
+        if (level == CacheLevel::kHot)
+        {
+            storage_->hotGroup(PoolGroupIndex(g)).slots.setNumSlots(target[g]);
+        }
+        else if (target[g] != storage_->slots(level, PoolGroupIndex(g)).numSlots())
+        {
+            storage_->hostLevel()->resize(PoolGroupIndex(g), target[g]);
+        }
+    }
+    storage_->setQuota(level, quotaBytes);
+}
+
+uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stream)
+{
+    checkResizable(level, "defragment");
+    size_t const groups = storage_->numPoolGroups(level);
+    std::vector<uint64_t> limits(groups);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        limits[g] = storage_->slots(level, PoolGroupIndex(g)).usedSlots();
+    }
+    uint64_t const moved = compact(level, limits, stream ? *stream : stream_);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = storage_->slots(level, PoolGroupIndex(g));
+        pool.setNumSlots(pool.numSlots()); // The free list restarts at the lowest free slot.
+    }
+    return moved;
+}
+
 void KvCacheManager::closeDisk()
 {
     synchronize();

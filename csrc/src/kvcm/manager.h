@@ -158,6 +158,21 @@ public:
     /// makes room the same way; the last level drops. Throws CapacityError when too few pages are
     /// evictable (evictions already done stay done: no page is lost by them).
     void makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream);
+    /// Sets the hot or host level's quota at run time: each pool group's slot count is
+    /// re-projected as at construction. Growing extends the pools (hot: up to the capacity
+    /// reserved for config.maxGpuQuotaBytes; host: a larger pool, blobs copied). Shrinking first
+    /// evicts (least recently used, to the next colder level; the last level drops) what no longer
+    /// fits, then moves the pages beyond the new count into free slots below it through the
+    /// migration transaction (hot -> hot per-pool copies, host -> host raw blob copies). Throws
+    /// std::invalid_argument (disk level, hot quota above the reserve, infeasible projection) or
+    /// CapacityError (too few evictable pages) before changing anything.
+    void resize(CacheLevel level, uint64_t quotaBytes, std::optional<Stream> stream);
+    /// Compacts every pool group of the hot or host level: used slots become a prefix. Pages keep
+    /// their ids and contents (migration-transaction copies). Returns the pages moved.
+    uint64_t defragment(CacheLevel level, std::optional<Stream> stream);
+    /// Usable slots of the hot level's pool groups can grow up to this (the reserve).
+    [[nodiscard]] uint64_t hotCapacitySlots(PoolGroupIndex group) const;
+
     /// Evictable (unpinned) pages of one pool group of `level`.
     [[nodiscard]] size_t evictable(CacheLevel level, PoolGroupIndex group) const;
     [[nodiscard]] uint32_t pins(PageId page) const;
@@ -222,6 +237,10 @@ private:
     void notify(MigrationRecord const& record);
     size_t chunkPages(TransferKey const& key) const noexcept;
     std::string const& contentKey(uint32_t index) const noexcept;
+    void checkResizable(CacheLevel level, char const* what) const;
+    // Moves the pages in slots at or above limits[g] of every pool group of `level` into free
+    // slots below it; returns the pages moved.
+    uint64_t compact(CacheLevel level, std::vector<uint64_t> const& limits, Stream stream);
 
     std::unique_ptr<runtime::DeviceRuntime> runtime_;
     std::unique_ptr<StorageManager> storage_;

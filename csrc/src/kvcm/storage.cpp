@@ -107,7 +107,7 @@ void StorageManager::buildHotLayout()
     }
 }
 
-void StorageManager::allocateHot()
+std::vector<uint64_t> StorageManager::projectHot(uint64_t quota, char const* quotaField) const
 {
     // Hot bytes per lifecycle = its normalized weight of the quota, summed per hot pool group.
     // Floors (minHotSlots, summed per group) clamp this split: a group whose share falls below
@@ -135,11 +135,11 @@ void StorageManager::allocateHot()
         }
         floorBytes += double(floorSlots[g]) * double(hot_[g].pageBytes);
     }
-    if (floorBytes > double(config_.gpuQuotaBytes))
+    if (floorBytes > double(quota))
     {
         throw std::invalid_argument("config.minHotSlots needs " + std::to_string(uint64_t(floorBytes))
-            + " hot bytes but config.gpuQuotaBytes is " + std::to_string(config_.gpuQuotaBytes) + ": short by "
-            + std::to_string(uint64_t(floorBytes) - config_.gpuQuotaBytes) + " bytes (the largest floor is layer group "
+            + " hot bytes but " + quotaField + " is " + std::to_string(quota) + ": short by "
+            + std::to_string(uint64_t(floorBytes) - quota) + " bytes (the largest floor is layer group "
             + std::to_string(worst) + "'s minHotSlots[" + std::to_string(worst) + "] = "
             + std::to_string(config_.minHotSlots[worst]) + " slots of "
             + std::to_string(lifeCycles_[worst].hotPageBytes) + " bytes); lower the floors or raise the quota");
@@ -149,7 +149,7 @@ void StorageManager::allocateHot()
     for (bool changed = true; changed;)
     {
         changed = false;
-        double rest = double(config_.gpuQuotaBytes);
+        double rest = double(quota);
         double restWeight = 0;
         for (size_t g = 0; g < numGroups; ++g)
         {
@@ -180,20 +180,37 @@ void StorageManager::allocateHot()
     }
     for (size_t g = 0; g < numGroups; ++g)
     {
-        HotPoolGroup& group = hot_[g];
+        HotPoolGroup const& group = hot_[g];
         uint64_t slots = std::min<uint64_t>(slotsOf[g], uint64_t(INT32_MAX));
         if (slots == 0)
         {
-            throw std::invalid_argument("config.gpuQuotaBytes is " + std::to_string(config_.gpuQuotaBytes)
+            throw std::invalid_argument(std::string(quotaField) + " is " + std::to_string(quota)
                 + ": hot pool group " + std::to_string(g) + " (layer groups " + idList(group.lifeCycles) + ", "
                 + std::to_string(group.pageBytes) + " bytes per page) gets less than one page"
                 + (floorBytes > 0 ? " after the minHotSlots floors" : "")
                 + "; raise the quota or these layer groups' poolRatio");
         }
-        group.slots = SlotPool(slots);
+        slotsOf[g] = slots;
+    }
+    return slotsOf;
+}
+
+void StorageManager::allocateHot()
+{
+    // The pools are sized for the largest hot quota once (the codec is configured with their
+    // addresses and never again); resize() changes only how many of their slots are usable.
+    uint64_t const maxQuota = std::max(config_.maxGpuQuotaBytes, config_.gpuQuotaBytes);
+    std::vector<uint64_t> const capacity = projectHot(maxQuota,
+        config_.maxGpuQuotaBytes > config_.gpuQuotaBytes ? "config.maxGpuQuotaBytes" : "config.gpuQuotaBytes");
+    std::vector<uint64_t> const usable = projectHot(config_.gpuQuotaBytes, "config.gpuQuotaBytes");
+    for (size_t g = 0; g < hot_.size(); ++g)
+    {
+        HotPoolGroup& group = hot_[g];
+        group.capacitySlots = capacity[g];
+        group.slots = SlotPool(std::min(usable[g], capacity[g]));
         for (uint64_t slotBytes : group.slotBytes)
         {
-            group.pools.emplace_back(runtime_, runtime::MemoryKind::kDevice, size_t(slotBytes * slots));
+            group.pools.emplace_back(runtime_, runtime::MemoryKind::kDevice, size_t(slotBytes * capacity[g]));
         }
     }
 }
@@ -206,7 +223,7 @@ void StorageManager::configureCodec()
         runtime::HotLayoutStorage::Group g;
         for (size_t p = 0; p < group.pools.size(); ++p)
         {
-            g.pools.push_back({group.pools[p].data(), group.slotBytes[p], group.slots.numSlots()});
+            g.pools.push_back({group.pools[p].data(), group.slotBytes[p], group.capacitySlots});
         }
         for (LifeCycleId l : group.lifeCycles)
         {
@@ -343,20 +360,15 @@ void StorageManager::allocateCold()
         maxColdPageBytes = std::max(maxColdPageBytes, lifeCycles_[l].coldPageBytes);
         total += bytes;
     }
+    coldWeight_ = coldWeight;
+    coldPageBytes_ = pageBytes;
     if (config_.hostQuotaBytes != 0)
     {
+        std::vector<uint64_t> const slots = projectCold(config_.hostQuotaBytes);
         std::vector<std::pair<uint64_t, uint64_t>> groups;
         for (size_t g = 0; g < numGroups; ++g)
         {
-            double const bytes = double(config_.hostQuotaBytes) * coldWeight[g] / total;
-            // Structural minimum of the slot allocator: one slot.
-            uint64_t slots = std::max<uint64_t>(1, uint64_t(std::floor(bytes / double(pageBytes[g]))));
-            slots = std::min<uint64_t>(slots, uint64_t(INT32_MAX));
-            if (pageBytes[g] > UINT64_MAX / slots)
-            {
-                throw std::invalid_argument("cold pool group " + std::to_string(g) + " size overflows");
-            }
-            groups.emplace_back(pageBytes[g], slots);
+            groups.emplace_back(pageBytes[g], slots[g]);
         }
         host_ = std::make_unique<HostColdLevel>(runtime_, groups);
     }
@@ -373,6 +385,43 @@ void StorageManager::allocateCold()
             runtime_, StagingManager::Backing(runtime::HostMem(runtime_, size_t(pageRingBytes(maxColdPageBytes)))));
         disk_ = std::make_unique<DiskColdLevel>(runtime_, config_.disk, groups);
     }
+}
+
+std::vector<uint64_t> StorageManager::projectCold(uint64_t quota) const
+{
+    double total = 0;
+    for (double w : coldWeight_)
+    {
+        total += w;
+    }
+    std::vector<uint64_t> out;
+    for (size_t g = 0; g < coldWeight_.size(); ++g)
+    {
+        double const bytes = double(quota) * coldWeight_[g] / total;
+        // Structural minimum of the slot allocator: one slot.
+        uint64_t slots = std::max<uint64_t>(1, uint64_t(std::floor(bytes / double(coldPageBytes_[g]))));
+        slots = std::min<uint64_t>(slots, uint64_t(INT32_MAX));
+        if (coldPageBytes_[g] > UINT64_MAX / slots)
+        {
+            throw std::invalid_argument("cold pool group " + std::to_string(g) + " size overflows");
+        }
+        out.push_back(slots);
+    }
+    return out;
+}
+
+std::vector<uint64_t> StorageManager::projectSlots(CacheLevel level, uint64_t quota) const
+{
+    if (level == CacheLevel::kHot)
+    {
+        return projectHot(quota, "quota_bytes");
+    }
+    return projectCold(quota);
+}
+
+void StorageManager::setQuota(CacheLevel level, uint64_t quota) noexcept
+{
+    (level == CacheLevel::kHot ? config_.gpuQuotaBytes : config_.hostQuotaBytes) = quota;
 }
 
 size_t StorageManager::numPoolGroups(CacheLevel level) const noexcept

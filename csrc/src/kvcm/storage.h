@@ -80,6 +80,22 @@ public:
     {
         return hot_;
     }
+    [[nodiscard]] HotPoolGroup& hotGroup(PoolGroupIndex group) noexcept
+    {
+        return hot_[size_t(group)];
+    }
+    /// The host tier, or null without one.
+    [[nodiscard]] HostColdLevel* hostLevel() const noexcept
+    {
+        return static_cast<HostColdLevel*>(host_.get()); // host_ is always a HostColdLevel.
+    }
+
+    /// Slots per pool group of `level` for a quota of `quota` bytes, with the construction's
+    /// projection: the pool ratio, the hot-only floors (hot level) or the structural minimum of
+    /// one slot (cold levels). Throws std::invalid_argument for an infeasible hot quota.
+    [[nodiscard]] std::vector<uint64_t> projectSlots(CacheLevel level, uint64_t quota) const;
+    /// Records the level's quota after a resize (hot or host).
+    void setQuota(CacheLevel level, uint64_t quota) noexcept;
     [[nodiscard]] ColdLevel* coldLevel(CacheLevel level) const noexcept
     {
         return level == CacheLevel::kHost ? host_.get() : level == CacheLevel::kDisk ? disk_.get() : nullptr;
@@ -132,6 +148,8 @@ public:
 
 private:
     void buildHotLayout();
+    [[nodiscard]] std::vector<uint64_t> projectHot(uint64_t quota, char const* quotaField) const;
+    [[nodiscard]] std::vector<uint64_t> projectCold(uint64_t quota) const;
     void allocateHot();
     void configureCodec();
     void queryCodec();
@@ -147,6 +165,8 @@ private:
     std::vector<LifeCycleInfo> lifeCycles_;
     std::vector<double> weights_; ///< Normalized pool ratio, per lifecycle.
     std::vector<HotPoolGroup> hot_;
+    std::vector<double> coldWeight_;      ///< Cold byte weight per cold pool group.
+    std::vector<uint64_t> coldPageBytes_; ///< Blob bytes per cold pool group.
     std::unique_ptr<ColdLevel> host_;
     std::array<std::vector<PoolGroupIndex>, kNumLevels> lifeCycleToPoolGroup_;
     std::unique_ptr<StagingManager> indexRing_;

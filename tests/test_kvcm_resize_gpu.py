@@ -1,0 +1,56 @@
+"""Resize and defragmentation on the CUDA backend: pages written by torch on a side stream are
+compacted, then moved by a hot shrink and a host shrink, all ordered on that stream without a host
+synchronization in between; contents and handles survive. Skips cleanly without a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcodec_sdk import CacheLevel, KVCacheManager, _native
+
+from test_kvcm_support import config, group, hot_bytes
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
+        reason="needs a CUDA device and torch with CUDA",
+    ),
+]
+
+
+def test_shrink_and_defragment_after_side_stream_writes():
+    page = 4096
+    m = KVCacheManager(config([group([0], [3072, 1024])], gpu_quota=page * 64, host_quota=page * 64,
+                              max_gpu_quota=page * 96, device="cuda:0"))
+    s = torch.cuda.Stream()
+    pages = m.allocate(0, 64, stream=s)
+    with torch.cuda.stream(s):
+        for i, p in enumerate(pages):
+            for v in m.page_view(p):
+                v.fill_(i % 251 + 1)
+    m.free(pages[::2])
+    keep = list(pages[1::2])  # slots 1, 3, ..., 63
+    assert m.defragment(CacheLevel.HOT, stream=s) == 16
+    assert sorted(p.slot for p in keep) == list(range(32))
+    m.resize(CacheLevel.HOT, page * 96, stream=s)  # grow within the reserve
+    more = m.allocate(0, 64, stream=s)
+    m.free(more)
+    m.free(keep[:16])  # survivors now sit in scattered slots below 32
+    m.resize(CacheLevel.HOT, page * 8, stream=s)  # 16 pages, 8 slots: 8 evicted, 8 moved
+    assert m.slot_counts(CacheLevel.HOT) == [(8, 0)]
+    m.resize(CacheLevel.HOST, page * 4, stream=s)  # 8 on the host, 4 slots: 4 dropped (last level)
+    s.synchronize()
+    index = {p.id: i for i, p in enumerate(pages)}
+    live = [p for p in keep[16:] if p.is_live]
+    assert len(live) == 12
+    for p in live:
+        i = index[p.id]
+        if p.level == CacheLevel.HOT:
+            assert np.all(hot_bytes(m, p) == i % 251 + 1)
+        else:
+            assert np.all(np.asarray(m.page_view(p)[0]) == i % 251 + 1)
+    m.close()
