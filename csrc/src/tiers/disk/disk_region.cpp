@@ -43,7 +43,36 @@ bool exists(std::string const& p)
     return ::stat(p.c_str(), &st) == 0;
 }
 
-bool readWholeFile(std::string const& p, std::string& out, int& err)
+/// A whole file in one uninitialized buffer: recovery reads journals and snapshots of hundreds
+/// of MB, and zero-filling them first would cost as much as the read.
+struct FileText
+{
+    std::unique_ptr<char[]> data;
+    size_t size = 0;
+    [[nodiscard]] std::string_view view() const noexcept
+    {
+        return {data.get(), size};
+    }
+};
+
+bool preadFully(int fd, char* dst, size_t n, uint64_t off, size_t& got)
+{
+    got = 0;
+    while (got < n)
+    {
+        ssize_t r = ::pread(fd, dst + got, n - got, off_t(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return false;
+        if (r == 0)
+            break;
+        got += size_t(r);
+    }
+    return true;
+}
+
+bool readWholeFile(std::string const& p, FileText& out, int& err)
 {
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -58,20 +87,42 @@ bool readWholeFile(std::string const& p, std::string& out, int& err)
         ::close(fd);
         return false;
     }
-    out.resize(size_t(st.st_size));
+    out.data.reset(new char[size_t(st.st_size) + 1]);
     size_t got = 0;
-    while (got < out.size())
-    {
-        ssize_t n = ::read(fd, out.data() + got, out.size() - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += size_t(n);
-    }
-    out.resize(got);
+    bool ok = preadFully(fd, out.data.get(), size_t(st.st_size), 0, got);
+    if (!ok)
+        err = errno;
     ::close(fd);
+    out.size = got;
+    return ok;
+}
+
+bool readWholeFile(std::string const& p, std::string& out, int& err)
+{
+    FileText text;
+    if (!readWholeFile(p, text, err))
+        return false;
+    out.assign(text.data.get(), text.size);
     return true;
+}
+
+/// The first and the last `n` bytes of a file (both the whole file when it is small); false
+/// when it cannot be read.
+bool readHeadTail(std::string const& p, size_t n, std::string& head, std::string& tail, uint64_t& size)
+{
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    bool ok = ::fstat(fd, &st) == 0;
+    size = ok ? uint64_t(st.st_size) : 0;
+    size_t got = 0;
+    head.resize(std::min<uint64_t>(n, size));
+    ok = ok && preadFully(fd, head.data(), head.size(), 0, got) && got == head.size();
+    tail.resize(std::min<uint64_t>(n, size));
+    ok = ok && preadFully(fd, tail.data(), tail.size(), size - tail.size(), got) && got == tail.size();
+    ::close(fd);
+    return ok;
 }
 
 void mkdirs(std::string const& dir)
@@ -452,42 +503,71 @@ void DiskRegion::openFiles()
     }
 }
 
-void DiskRegion::applyRecord(JournalRecord const& r)
+bool DiskRegion::generationCovered(std::string const& file, std::string const& header, uint64_t lastSeq) const
 {
-    Slot& s = slots_[r.slot];
-    if (r.put)
+    // Records are appended in sequence order: when the last one is already in the snapshot, so
+    // is the whole generation (the common case after a rotation). Only the first and last bytes
+    // are read; anything unusual (a long last line, damage) goes to the full replay instead.
+    constexpr size_t kEdge = 64 << 10;
+    std::string head, tail;
+    uint64_t size = 0;
+    if (lastSeq == 0 || !readHeadTail(file, kEdge, head, tail, size))
+        return false;
+    size_t nl = head.find('\n');
+    if (nl == std::string::npos || head.compare(0, nl, header) != 0 || size <= nl + 2 || tail.back() != '\n')
+        return false;
+    size_t lastInTail = tail.rfind('\n', tail.size() - 2);
+    if (lastInTail == std::string::npos)
+        return false;
+    uint64_t lastStart = size - tail.size() + lastInTail + 1;
+    JournalRecord last;
+    std::string why;
+    return lastStart > nl
+        && parseRecord(std::string_view(tail).substr(lastInTail + 1, tail.size() - 2 - lastInTail), slotsPerContainer_,
+            numSlots_, last, why)
+        && last.seq <= lastSeq;
+}
+
+void DiskRegion::applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t tag, uint64_t seq)
+{
+    Slot& s = slots_[slot];
+    if (s.state == kLive && slotKeys_[slot] != key)
     {
-        if (s.state == kLive && slotKeys_[r.slot] != r.key)
-        {
-            // Only damage (a lost retirement record) puts two keys in one slot: the later wins.
-            index_.erase(slotKeys_[r.slot]);
-            ++recovery_.droppedEntries;
-        }
-        auto it = index_.find(r.key);
-        if (it != index_.end() && it->second != r.slot)
+        // Only damage (a lost retirement record) puts two keys in one slot: the later wins.
+        index_.erase(slotKeys_[slot]);
+        ++recovery_.droppedEntries;
+    }
+    // One hash lookup whether the key is new or moves.
+    auto [it, inserted] = index_.try_emplace(key, slot);
+    if (!inserted)
+    {
+        if (it->second != slot)
         {
             slots_[it->second].state = kFree;
             slotKeys_[it->second].clear();
         }
-        if (it != index_.end())
-            it->second = r.slot;
-        else
-            index_.emplace(r.key, r.slot);
-        s.state = kLive;
-        s.crc = r.crc;
-        s.tag = r.tag;
-        s.seq = r.seq;
-        slotKeys_[r.slot] = r.key;
+        it->second = slot;
     }
-    else
+    s.state = kLive;
+    s.crc = crc;
+    s.tag = tag;
+    s.seq = seq;
+    slotKeys_[slot] = std::move(key);
+}
+
+void DiskRegion::applyRecord(JournalRecord&& r)
+{
+    if (r.put)
     {
-        auto it = index_.find(r.key);
-        if (it != index_.end() && it->second == r.slot)
-        {
-            index_.erase(it);
-            s.state = kFree;
-            slotKeys_[r.slot].clear();
-        }
+        applyPut(std::move(r.key), r.slot, r.crc, r.tag, r.seq);
+        return;
+    }
+    auto it = index_.find(r.key);
+    if (it != index_.end() && it->second == r.slot)
+    {
+        index_.erase(it);
+        slots_[r.slot].state = kFree;
+        slotKeys_[r.slot].clear();
     }
 }
 
@@ -504,23 +584,39 @@ void DiskRegion::recover()
 
     if (!recovery_.created)
     {
-        // 1. The newest intact snapshot.
-        std::vector<SnapshotEntry> entries;
+        // 1. The newest intact snapshot, applied entry by entry as it is parsed.
         bool anySnapshot = false;
         for (char const* leaf : {kSnapshot, kSnapshotBak})
         {
-            std::string text, why;
+            FileText text;
+            std::string why;
             int err = 0;
             if (!exists(path(leaf)))
                 continue;
             anySnapshot = true;
+            SnapshotView snap;
             if (!readWholeFile(path(leaf), text, err))
                 why = errnoText(err);
-            else if (parseSnapshot(text, identity, slotsPerContainer_, numSlots_, snapSeq, entries, why))
+            else if (checkSnapshot(text.view(), identity, snap, why))
             {
-                recovery_.snapshotUsed = leaf;
-                mainSnapshotGood_ = std::string(leaf) == kSnapshot;
-                break;
+                uint64_t const droppedBefore = recovery_.droppedEntries;
+                bool const ok = forEachSnapshotEntry(
+                    snap, slotsPerContainer_, numSlots_,
+                    [this](SnapshotEntryView const& e) { applyPut(std::string(e.key), e.slot, e.crc, e.tag, e.seq); },
+                    why);
+                if (ok)
+                {
+                    snapSeq = snap.seq;
+                    recovery_.snapshotEntries = snap.count;
+                    recovery_.snapshotUsed = leaf;
+                    mainSnapshotGood_ = std::string(leaf) == kSnapshot;
+                    break;
+                }
+                // A malformed entry behind a good checksum: undo what was applied before it.
+                index_.clear();
+                slots_.assign(numSlots_, Slot{});
+                slotKeys_.assign(numSlots_, std::string());
+                recovery_.droppedEntries = droppedBefore;
             }
             damaged = true;
             recovery_.warnings.push_back("disk region " + quoted(dir_) + ": snapshot " + leaf + " is damaged (" + why
@@ -532,36 +628,26 @@ void DiskRegion::recover()
                 + ": no intact snapshot; recovering from the journal alone (pages recorded only in the "
                   "snapshots are lost and read as misses)");
         recovery_.snapshotSeq = snapSeq;
-        recovery_.snapshotEntries = entries.size();
-        for (auto& e : entries)
-        {
-            JournalRecord r;
-            r.put = true;
-            r.seq = e.seq;
-            r.key = std::move(e.key); // the entries are discarded next: no copy per page
-            r.slot = e.slot;
-            r.crc = e.crc;
-            r.tag = e.tag;
-            applyRecord(r);
-        }
-        entries.clear();
-        entries.shrink_to_fit();
 
         // 2. The journal tail: the previous generation, then the current one.
         uint64_t lastSeq = snapSeq;
         std::string const header = "{\"kvcodec_disk_journal\":1,\"identity\":" + jsonQuote(identity) + "}";
         for (char const* leaf : {kJournalOld, kJournal})
         {
-            std::string text;
             int err = 0;
             if (!exists(path(leaf)))
                 continue;
-            if (!readWholeFile(path(leaf), text, err))
+            bool const current = std::string(leaf) == kJournal;
+            if (!current && generationCovered(path(leaf), header, lastSeq))
+                continue;
+            FileText file;
+            if (!readWholeFile(path(leaf), file, err))
             {
                 recovery_.warnings.push_back("disk region " + quoted(dir_) + ": cannot read journal " + leaf + ": "
                     + errnoText(err));
                 continue;
             }
+            std::string_view const text = file.view();
             size_t nl = text.find('\n');
             if (nl == std::string::npos || text.compare(0, nl, header) != 0)
             {
@@ -577,7 +663,6 @@ void DiskRegion::recover()
             }
             size_t pos = nl + 1;
             size_t good = pos;
-            bool const current = std::string(leaf) == kJournal;
             if (!current && text.size() > pos + 1 && text.back() == '\n')
             {
                 // Records are appended in sequence order: when the last one is already in the
@@ -585,7 +670,7 @@ void DiskRegion::recover()
                 size_t lastStart = text.rfind('\n', text.size() - 2) + 1;
                 JournalRecord last;
                 std::string why;
-                if (lastStart > nl && parseRecord(std::string_view(text).substr(lastStart, text.size() - 1 - lastStart),
+                if (lastStart > nl && parseRecord(text.substr(lastStart, text.size() - 1 - lastStart),
                         slotsPerContainer_, numSlots_, last, why)
                     && last.seq <= lastSeq)
                     continue;
@@ -602,7 +687,7 @@ void DiskRegion::recover()
                 {
                     if (r.seq > lastSeq)
                     {
-                        applyRecord(r);
+                        applyRecord(std::move(r));
                         lastSeq = r.seq;
                         ++recovery_.journalRecordsReplayed;
                     }
@@ -647,7 +732,8 @@ void DiskRegion::recover()
         lastSeq_ = lastSeq;
 
         // 3. Pages in containers that were missing or short are gone.
-        for (auto it = index_.begin(); it != index_.end();)
+        bool const anyFresh = std::find(freshContainers_.begin(), freshContainers_.end(), true) != freshContainers_.end();
+        for (auto it = anyFresh ? index_.begin() : index_.end(); it != index_.end();)
         {
             if (freshContainers_[it->second / slotsPerContainer_])
             {

@@ -285,7 +285,9 @@ private:
     void runTask(Task& t, void* bounce);
     void commitBatch(std::vector<CommitItem>& batch);
     void writeSnapshotLocked(); // commitMu_ held
-    void applyRecord(JournalRecord const& r);
+    bool generationCovered(std::string const& file, std::string const& header, uint64_t lastSeq) const;
+    void applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t tag, uint64_t seq);
+    void applyRecord(JournalRecord&& r);
     int64_t allocateSlotLocked();
     void freeSlotLocked(uint32_t slot);
     void maybeReleaseLocked(uint32_t slot);

@@ -240,8 +240,7 @@ std::string formatSnapshot(std::string const& identityLine, uint64_t seq, std::v
     return out;
 }
 
-bool parseSnapshot(std::string_view text, std::string const& identityLine, uint32_t slotsPerContainer,
-    uint32_t numSlots, uint64_t& seq, std::vector<SnapshotEntry>& entries, std::string& why)
+bool checkSnapshot(std::string_view text, std::string const& identityLine, SnapshotView& out, std::string& why)
 {
     size_t nl = text.find('\n');
     if (nl == std::string_view::npos)
@@ -250,7 +249,7 @@ bool parseSnapshot(std::string_view text, std::string const& identityLine, uint3
         return false;
     }
     Cursor h{text.substr(0, nl)};
-    uint64_t count = 0;
+    uint64_t count = 0, seq = 0;
     std::string expectedIdentity = ",\"identity\":" + jsonQuote(identityLine) + "}";
     if (!(h.lit("{\"kvcodec_disk_snapshot\":1,\"seq\":") && h.u64(seq) && h.lit(",\"entries\":") && h.u64(count)))
     {
@@ -295,46 +294,121 @@ bool parseSnapshot(std::string_view text, std::string const& identityLine, uint3
         why = "body checksum mismatch";
         return false;
     }
-    entries.clear();
-    entries.reserve(count);
-    size_t pos = 0;
-    while (pos < body.size())
-    {
-        size_t end = body.find('\n', pos);
-        std::string_view line = body.substr(pos, end - pos);
-        pos = end + 1;
-        Cursor c{line};
-        SnapshotEntry e{};
-        uint32_t container = 0, slot = 0;
-        unsigned long long s = 0;
-        if (!(c.hexUntil(' ', e.key) && c.lit(" ") && c.u32(container) && c.lit(" ") && c.u32(slot) && c.lit(" ")
-                && c.u32(e.tag) && c.lit(" ") && c.hexWord(e.crc) && c.lit(" ")))
-        {
-            why = "malformed entry " + std::to_string(entries.size());
-            return false;
-        }
-        uint64_t sq = 0;
-        if (!c.u64(sq) || c.i != line.size() || e.key.empty())
-        {
-            why = "malformed entry " + std::to_string(entries.size());
-            return false;
-        }
-        s = sq;
-        if (slot >= slotsPerContainer || uint64_t(container) * slotsPerContainer + slot >= numSlots)
-        {
-            why = "entry " + std::to_string(entries.size()) + " lies outside the region";
-            return false;
-        }
-        e.slot = container * slotsPerContainer + slot;
-        e.seq = s;
-        entries.push_back(std::move(e));
-    }
-    if (entries.size() != count)
-    {
-        why = "holds " + std::to_string(entries.size()) + " entries, header says " + std::to_string(count);
-        return false;
-    }
+    out.seq = seq;
+    out.count = count;
+    out.body = body;
     return true;
+}
+
+namespace {
+
+// Hex digit values (0xFF: not a digit), so the per-entry key decoding is one load per digit.
+struct HexTable
+{
+    uint8_t v[256];
+    constexpr HexTable() : v{}
+    {
+        for (int i = 0; i < 256; ++i)
+            v[i] = 0xFF;
+        for (int i = 0; i < 10; ++i)
+            v['0' + i] = uint8_t(i);
+        for (int i = 0; i < 6; ++i)
+        {
+            v['a' + i] = uint8_t(10 + i);
+            v['A' + i] = uint8_t(10 + i);
+        }
+    }
+};
+constexpr HexTable kHex;
+
+// Decimal field followed by `sep` (or the end of the line when sep is 0), as Cursor::u64 accepts it.
+inline bool decField(char const*& p, char const* end, char sep, uint64_t& v)
+{
+    char const* start = p;
+    v = 0;
+    while (p < end && unsigned(*p - '0') < 10)
+    {
+        if (p - start >= 19)
+            return false;
+        v = v * 10 + uint64_t(*p - '0');
+        ++p;
+    }
+    if (p == start)
+        return false;
+    if (sep == 0)
+        return p == end;
+    if (p == end || *p != sep)
+        return false;
+    ++p;
+    return true;
+}
+
+} // namespace
+
+char const* parseSnapshotLine(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf,
+    SnapshotEntryView& out)
+{
+    // "<key hex> <container> <slot> <tag> <crc: 8 hex> <seq>"
+    char const* p = line.data();
+    char const* const end = p + line.size();
+    char const* sp = static_cast<char const*>(std::memchr(p, ' ', line.size()));
+    if (sp == nullptr)
+        return "is malformed (no key)";
+    size_t hexLen = size_t(sp - p);
+    if (hexLen == 0 || hexLen % 2 != 0 || hexLen / 2 > kMaxKeyBytes)
+        return "is malformed (key length)";
+    for (size_t i = 0; i < hexLen / 2; ++i)
+    {
+        uint8_t hi = kHex.v[uint8_t(p[2 * i])];
+        uint8_t lo = kHex.v[uint8_t(p[2 * i + 1])];
+        if ((hi | lo) & 0xF0)
+            return "is malformed (key is not hex)";
+        keyBuf[i] = char((hi << 4) | lo);
+    }
+    p = sp + 1;
+    uint64_t container = 0, slot = 0, tag = 0, seq = 0;
+    if (!decField(p, end, ' ', container) || !decField(p, end, ' ', slot) || !decField(p, end, ' ', tag))
+        return "is malformed (numbers)";
+    if (container > 0xFFFFFFFFull || slot > 0xFFFFFFFFull || tag > 0xFFFFFFFFull)
+        return "is malformed (number out of range)";
+    if (end - p < 9 || p[8] != ' ')
+        return "is malformed (crc)";
+    uint32_t crc = 0;
+    for (int k = 0; k < 8; ++k)
+    {
+        uint8_t h = kHex.v[uint8_t(p[k])];
+        if (h & 0xF0)
+            return "is malformed (crc)";
+        crc = (crc << 4) | h;
+    }
+    p += 9;
+    if (!decField(p, end, 0, seq))
+        return "is malformed (seq)";
+    if (slot >= slotsPerContainer || container * slotsPerContainer + slot >= numSlots)
+        return "lies outside the region";
+    out.key = std::string_view(keyBuf, hexLen / 2);
+    out.slot = uint32_t(container * slotsPerContainer + slot);
+    out.crc = crc;
+    out.tag = uint32_t(tag);
+    out.seq = seq;
+    return nullptr;
+}
+
+bool parseSnapshot(std::string_view text, std::string const& identityLine, uint32_t slotsPerContainer,
+    uint32_t numSlots, uint64_t& seq, std::vector<SnapshotEntry>& entries, std::string& why)
+{
+    SnapshotView snap;
+    if (!checkSnapshot(text, identityLine, snap, why))
+        return false;
+    seq = snap.seq;
+    entries.clear();
+    entries.reserve(snap.count);
+    return forEachSnapshotEntry(
+        snap, slotsPerContainer, numSlots,
+        [&](SnapshotEntryView const& e) {
+            entries.push_back(SnapshotEntry{std::string(e.key), e.slot, e.crc, e.tag, e.seq});
+        },
+        why);
 }
 
 std::string jsonQuote(std::string_view s)

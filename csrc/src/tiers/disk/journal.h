@@ -58,6 +58,71 @@ std::string formatSnapshot(std::string const& identityLine, uint64_t seq, std::v
 bool parseSnapshot(std::string_view text, std::string const& identityLine, uint32_t slotsPerContainer,
     uint32_t numSlots, uint64_t& seq, std::vector<SnapshotEntry>& entries, std::string& why);
 
+/// A snapshot whose header, trailer and body checksum were verified; the body is not parsed yet.
+struct SnapshotView
+{
+    uint64_t seq = 0;
+    uint64_t count = 0;
+    std::string_view body; ///< The entry lines, each ending with a newline.
+};
+
+/// Checks the header (format, identity), the trailer (count) and the body CRC-32C. False with
+/// `why` on any damage.
+bool checkSnapshot(std::string_view text, std::string const& identityLine, SnapshotView& out, std::string& why);
+
+/// One parsed entry; `key` points into the caller's key buffer and is valid until the next entry.
+struct SnapshotEntryView
+{
+    std::string_view key;
+    uint32_t slot = 0; ///< Global slot.
+    uint32_t crc = 0;
+    uint32_t tag = 0;
+    uint64_t seq = 0;
+};
+
+/// Longest key a region accepts (bytes).
+constexpr size_t kMaxKeyBytes = 255;
+
+/// Parses one body line (without its newline) into `out`, decoding the key into `keyBuf`
+/// (kMaxKeyBytes). Returns nullptr, or what is wrong with the line.
+char const* parseSnapshotLine(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf,
+    SnapshotEntryView& out);
+
+/// Calls `f(SnapshotEntryView const&)` for every entry of a checked snapshot, in file order, as
+/// it parses them (no intermediate copy of the index: recovery applies entries directly). False
+/// with `why` on a malformed entry or a count that differs from the header's; entries already
+/// passed to `f` are then the caller's to discard.
+template <class F>
+bool forEachSnapshotEntry(SnapshotView const& snap, uint32_t slotsPerContainer, uint32_t numSlots, F&& f,
+    std::string& why)
+{
+    char keyBuf[kMaxKeyBytes];
+    SnapshotEntryView e;
+    std::string_view const body = snap.body;
+    uint64_t n = 0;
+    size_t pos = 0;
+    while (pos < body.size())
+    {
+        size_t end = body.find('\n', pos);
+        if (end == std::string_view::npos)
+            end = body.size();
+        if (char const* bad = parseSnapshotLine(body.substr(pos, end - pos), slotsPerContainer, numSlots, keyBuf, e))
+        {
+            why = "entry " + std::to_string(n) + " " + bad;
+            return false;
+        }
+        f(static_cast<SnapshotEntryView const&>(e));
+        ++n;
+        pos = end + 1;
+    }
+    if (n != snap.count)
+    {
+        why = "holds " + std::to_string(n) + " entries, header says " + std::to_string(snap.count);
+        return false;
+    }
+    return true;
+}
+
 /// A flat JSON object of string and integer values (region.json).
 using FlatJson = std::map<std::string, std::string>;
 
