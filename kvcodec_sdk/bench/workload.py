@@ -64,6 +64,7 @@ class Workload:
     seed: int = 1
 
     def validate(self) -> None:
+        """Raises ValueError naming the first invalid field, its value and what is valid."""
         for name in ("sessions", "turns", "prefixes", "prefix_pages", "new_pages", "layers", "piece_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -81,6 +82,7 @@ class Workload:
 
     @property
     def page_bytes(self) -> int:
+        """Bytes of one hot page (a K and a V buffer per layer)."""
         return 2 * self.layers * self.piece_bytes
 
     def working_set(self) -> int:
@@ -92,14 +94,18 @@ class Workload:
         return self.prefix_pages + self.turns * self.new_pages
 
     def hot_slots(self) -> int:
+        """Hot slots of both runs: ``hot_fraction`` of the working set."""
         return int(self.working_set() * self.hot_fraction)
 
     def host_slots(self) -> int:
+        """Host slots of the host-tier run: ``host_fraction`` of the working set."""
         return int(self.working_set() * self.host_fraction)
 
 
 @dataclass
 class RunReport:
+    """One run's measurements (see the module docstring for each metric's definition)."""
+
     host_tier: bool
     hot_slots: int
     host_slots: int
@@ -123,6 +129,9 @@ class RunReport:
 
 @dataclass
 class Report:
+    """Both runs of one invocation and their ratios (host-tier run / hot-only run; None where the
+    hot-only value is 0 or absent)."""
+
     device: str
     workload: dict
     runs: list = field(default_factory=list)  # [with host tier, hot only]
@@ -130,6 +139,7 @@ class Report:
     info: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The report as plain JSON-serializable data."""
         out = asdict(self)
         out["runs"] = [asdict(r) for r in self.runs]
         return out
@@ -421,6 +431,7 @@ def _f(x, fmt: str) -> str:
 
 
 def format_table(report: Report) -> str:
+    """The report as a text table: one line per run, then the ratios."""
     w = report.workload
     lines = [
         f"prefix-reuse workload on {report.device}: {w['sessions']} sessions x {w['turns']} turns, {w['prefixes']} "
