@@ -33,7 +33,9 @@ a GPU-only manager whose evictions drop). Reported per run:
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -401,9 +403,6 @@ def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | 
     _log(progress, f"{w.sessions} sessions x {w.turns} turns, {w.prefixes} prefixes of {w.prefix_pages} pages, "
                    f"{w.new_pages} new pages/turn; working set {w.working_set()} pages of {w.page_bytes // KiB} KiB, "
                    f"hot {w.hot_slots()} slots, host {w.host_slots()} slots")
-    import os
-    import tempfile
-
     for host_tier in (True, False):
         if disk_dir is None:
             report.runs.append(_run_once(w, device, torch, host_tier, None, progress))
