@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [OUT_DIR]      (default: ./gpu-results, or $OUT when set)
 #   KVCODEC_GPU_STEPS=pytest,fp8 scripts/gpu-check.sh OUT_DIR    (a subset; default: all)
 #
-# Steps: pytest memcheck conformance bench-concat fp8 kvcm disk template nvcomp (the build
+# Steps: pytest memcheck conformance bench-concat fp8 kvcm workload disk template nvcomp (the build
 # always runs).
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
@@ -103,6 +103,13 @@ if want kvcm; then
 step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
+fi
+
+if want workload; then
+step "kvcodec bench workload (prefix reuse: host tier vs hot only)"
+(cd "$OUT_DIR" && timeout 240 kvcodec bench workload --device cuda --sessions 256 --turns 4 --prefix-pages 64 \
+   --json bench-workload.json) > "$OUT_DIR/bench-workload.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-workload.txt"
 fi
 
 if want disk; then

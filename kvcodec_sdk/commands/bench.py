@@ -13,7 +13,8 @@ HELP = "benchmark a codec against the copy ceiling and a baseline"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("codec", help="what to benchmark: concat (the codec), kvcm (the KV-cache manager) or disk (the disk tier)")
+    p.add_argument("codec", help="what to benchmark: concat (the codec), kvcm (the KV-cache manager), workload (the manager under a "
+                        "prefix-reuse engine workload) or disk (the disk tier)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
     p.add_argument("--pools", type=int, default=3, help="hot pools per page (default 3)")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",")],
@@ -24,6 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--pages", type=int, default=10_000, help="kvcm: scattered pages per migrate call (default 10000)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    wl = p.add_argument_group("workload", "options of `kvcodec bench workload`")
+    wl.add_argument("--sessions", type=int, default=64, help="sessions (default 64)")
+    wl.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
+    wl.add_argument("--prefix-pages", type=int, default=32, help="pages of each shared prefix (default 32)")
+    wl.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes (default 4)")
+    wl.add_argument("--new-pages", type=int, default=4, help="new pages per turn (default 4)")
+    wl.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
+    wl.add_argument("--disk-dir", default=None, help="also give both runs a disk tier in a temp dir under this path")
     disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
     disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
     disk.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
@@ -45,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 json.dump(report.to_json(), f, indent=2)
         return 0
+    if args.codec == "workload":
+        return _run_workload(args)
     if args.sizes is None:
         from ..bench.concat import DEFAULT_SIZES
 
@@ -52,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.codec == "disk":
         return _run_disk(args)
     if args.codec != "concat":
-        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm, disk", file=sys.stderr)
+        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm, workload, disk", file=sys.stderr)
         return 2
     from ..bench import concat
 
@@ -73,6 +84,20 @@ def _run_disk(args: argparse.Namespace) -> int:
                       io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
                       progress=not args.quiet)
     print(disk.format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _run_workload(args: argparse.Namespace) -> int:
+    from ..bench import workload
+
+    w = workload.Workload(sessions=args.sessions, turns=args.turns, prefixes=args.prefixes,
+                          prefix_pages=args.prefix_pages, new_pages=args.new_pages, piece_bytes=args.piece_bytes)
+    report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet)
+    print(workload.format_table(report))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_json(), f, indent=2)

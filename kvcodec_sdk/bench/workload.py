@@ -1,0 +1,451 @@
+"""``kvcodec bench workload``: a multi-turn, prefix-reuse engine workload on the KV-cache manager.
+
+A deterministic (seeded) simulation of an inference engine: ``sessions`` sessions, each bound to
+one of ``prefixes`` long shared prefixes (``prefix_pages`` pages, named by content keys shared by
+every session of that prefix), take ``turns`` turns in a shuffled interleaving. A turn needs the
+session's prefix pages and all pages of its earlier turns, plus ``new_pages`` fresh pages. Per turn
+the engine:
+
+1. looks every needed page up by its key: a *hot* hit, a *host* hit, a *disk* hit (with a disk
+   tier) or a *miss* (never made, or dropped by the last level);
+2. pins and touches the pages it found (in use: never evicted while the turn runs);
+3. makes room on the hot level and onboards the host (and disk) hits;
+4. allocates the misses (recompute) and the new pages in one call — under pressure this evicts
+   least-recently-used pages to the host tier (or drops them without one) — and writes them;
+5. verifies every page it uses, byte for byte, against a pattern derived from its key (a wrong
+   byte fails the benchmark), then unpins at the turn's end.
+
+The working set (all prefixes plus every session's pages) is larger than the hot quota. The same
+workload runs twice in one invocation: with the host tier and with it disabled (``host_quota=0``,
+a GPU-only manager whose evictions drop). Reported per run:
+
+* hit rate per level (lookups found at each level / all lookups; the rest are misses, of which
+  ``cold_misses`` were never written before: the first use of a prefix);
+* pages moved per second: pages the manager migrated (observer records) / seconds spent in the
+  manager's migrating calls (``make_room``, ``onboard``, ``allocate``), completion included;
+* host CPU microseconds per migrated page: thread CPU time inside those calls / pages moved
+  (on the CPU backend the codec copies on the calling thread, so this includes the copy);
+* allocation under pressure: wall time of each ``allocate`` call that found too few free hot
+  slots (completion included), median and p99, and microseconds per allocated page;
+* the ratio of the host-tier run to the hot-only run for each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .. import _native
+from ..kvcm_config import BufferConfig, DiskTierConfig, KVCacheConfig, LayerGroupConfig
+from ..layout import Role
+from ..manager import CacheLevel, KVCacheManager
+
+KiB = 1024
+LEVELS = ("hot", "host", "disk", "miss")
+
+
+@dataclass
+class Workload:
+    """Shape of the simulated workload (all sizes in pages unless named otherwise)."""
+
+    sessions: int = 64
+    turns: int = 4
+    prefixes: int = 4
+    prefix_pages: int = 32
+    new_pages: int = 4  # fresh pages per turn
+    layers: int = 2  # each layer has a K and a V buffer of piece_bytes
+    piece_bytes: int = 4 * KiB
+    hot_fraction: float = 0.25  # hot quota as a fraction of the working set
+    host_fraction: float = 0.75  # host quota as a fraction of the working set (host run)
+    seed: int = 1
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first invalid field, its value and what is valid."""
+        for name in ("sessions", "turns", "prefixes", "prefix_pages", "new_pages", "layers", "piece_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"workload {name} is {value!r}; it must be an integer >= 1")
+        if self.prefixes > self.sessions:
+            raise ValueError(f"workload prefixes is {self.prefixes}; it must be at most sessions ({self.sessions})")
+        for name in ("hot_fraction", "host_fraction"):
+            value = getattr(self, name)
+            if not 0 < value <= 4:
+                raise ValueError(f"workload {name} is {value!r}; it must be in (0, 4]")
+        if self.hot_slots() < self.turn_pages():
+            raise ValueError(
+                f"workload hot_fraction is {self.hot_fraction}: {self.hot_slots()} hot slots, but one turn pins up to "
+                f"{self.turn_pages()} pages; the hot level needs at least that many")
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one hot page (a K and a V buffer per layer)."""
+        return 2 * self.layers * self.piece_bytes
+
+    def working_set(self) -> int:
+        """Distinct pages the whole workload writes."""
+        return self.prefixes * self.prefix_pages + self.sessions * self.turns * self.new_pages
+
+    def turn_pages(self) -> int:
+        """Most pages one turn uses (and pins) at once."""
+        return self.prefix_pages + self.turns * self.new_pages
+
+    def hot_slots(self) -> int:
+        """Hot slots of both runs: ``hot_fraction`` of the working set."""
+        return int(self.working_set() * self.hot_fraction)
+
+    def host_slots(self) -> int:
+        """Host slots of the host-tier run: ``host_fraction`` of the working set."""
+        return int(self.working_set() * self.host_fraction)
+
+
+@dataclass
+class RunReport:
+    """One run's measurements (see the module docstring for each metric's definition)."""
+
+    host_tier: bool
+    hot_slots: int
+    host_slots: int
+    lookups: int
+    hits: dict  # level -> lookups found there (plus "miss")
+    hit_rate: dict  # level -> fraction of lookups
+    cold_misses: int  # misses of pages never written before (any cache misses them)
+    pages_moved: int
+    pages_dropped: int  # pages the last level dropped (evictions of the hot-only run)
+    migrate_seconds: float
+    pages_moved_per_s: float
+    host_us_per_moved_page: float | None
+    allocations_under_pressure: int
+    alloc_p50_us: float | None
+    alloc_p99_us: float | None
+    alloc_us_per_page: float | None
+    pages_verified: int
+    wall_seconds: float
+    level_stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Both runs of one invocation and their ratios (host-tier run / hot-only run; None where the
+    hot-only value is 0 or absent)."""
+
+    device: str
+    workload: dict
+    runs: list = field(default_factory=list)  # [with host tier, hot only]
+    ratios: dict = field(default_factory=dict)  # host-tier run / hot-only run
+    info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The report as plain JSON-serializable data."""
+        out = asdict(self)
+        out["runs"] = [asdict(r) for r in self.runs]
+        return out
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _seed_of(key: bytes) -> tuple[int, int]:
+    """Two pattern parameters derived from a page's key: an offset and an odd multiplier."""
+    d = hashlib.blake2b(key, digest_size=8).digest()
+    return d[0] | (d[1] << 8), (d[2] | 1)
+
+
+class _Pattern:
+    """Page contents derived from keys: byte ``i`` of a page is ``((i + offset) * mult) mod 256``,
+    computed on the hot pools' framework (numpy on the CPU backend, torch on CUDA)."""
+
+    def __init__(self, torch, device: str, page_bytes: int):
+        self.torch = torch
+        if torch is not None:
+            self.index = torch.arange(page_bytes, dtype=torch.int64, device=device)
+            self.device = device
+        else:
+            self.index = np.arange(page_bytes, dtype=np.int64)
+
+    def expected(self, keys: list) -> object:
+        seeds = [_seed_of(k) for k in keys]
+        if self.torch is not None:
+            t = self.torch.tensor(seeds, dtype=self.torch.int64, device=self.device)
+            return ((self.index[None, :] + t[:, :1]) * t[:, 1:]).remainder(256).to(self.torch.uint8)
+        s = np.array(seeds, dtype=np.int64).reshape(-1, 2)
+        return (((self.index[None, :] + s[:, :1]) * s[:, 1:]) & 0xFF).astype(np.uint8)
+
+
+class _Engine:
+    """One run of the workload on one manager."""
+
+    def __init__(self, w: Workload, device: str, torch, host_tier: bool, disk_dir: str | None):
+        self.w, self.torch, self.device = w, torch, device
+        buffers = [BufferConfig(layer, role, w.piece_bytes) for layer in range(w.layers) for role in (Role.KEY, Role.VALUE)]
+        disk = None
+        if disk_dir is not None:
+            disk = DiskTierConfig(disk_dir, max_bytes=2 * w.working_set() * w.page_bytes, io_threads=2)
+        self.cfg = KVCacheConfig(
+            layer_groups=[LayerGroupConfig(buffers)], gpu_quota=w.hot_slots() * w.page_bytes,
+            host_quota=w.host_slots() * w.page_bytes if host_tier else 0, device=device, disk=disk)
+        self.m = KVCacheManager(self.cfg)
+        self.host_tier = host_tier
+        self.disk = disk is not None
+        self.hot_group = self.m.lifecycle_to_pool_group(CacheLevel.HOT)[0]
+        self.pools = self.m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+        self.pool_bytes = [int(p.shape[1]) for p in self.pools]
+        self.pattern = _Pattern(torch, device, w.page_bytes)
+        self.pages: dict[bytes, int] = {}  # key -> page id (may have been dropped since)
+        self.moved = 0
+        self.m.add_migration_observer(self._observe)
+        self.hits = dict.fromkeys(LEVELS, 0)
+        self.migrate_s = 0.0
+        self.migrate_cpu = 0.0
+        self.alloc_s: list[float] = []
+        self.alloc_pages = 0
+        self.verified = 0
+        self.cold_misses = 0
+
+    def _observe(self, rec) -> None:
+        self.moved += rec.pages
+
+    def _sync(self) -> None:
+        self.m.synchronize()
+        if self.torch is not None:
+            self.torch.cuda.synchronize(self.device)
+
+    def _timed(self, call):
+        """Runs a migrating manager call; accounts its wall time (completion included) and its
+        host CPU time (submission only: a blocking wait may spin)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = call()
+        c1 = time.thread_time()
+        self.m.synchronize()
+        dt = time.perf_counter() - t0
+        self.migrate_s += dt
+        self.migrate_cpu += c1 - c0
+        return out, dt
+
+    def _slots(self, ids: np.ndarray) -> np.ndarray:
+        return np.array([self.m._live().info(int(i))[2] for i in ids.tolist()], dtype=np.int64)
+
+    def _write(self, ids: np.ndarray, keys: list) -> None:
+        exp = self.pattern.expected(keys)
+        slots = self._slots(ids)
+        if self.torch is not None:
+            slots = self.torch.as_tensor(slots, device=self.device)
+        off = 0
+        for pool, nb in zip(self.pools, self.pool_bytes):
+            pool[slots] = exp[:, off:off + nb]
+            off += nb
+
+    def _verify(self, ids: np.ndarray, keys: list, what: str) -> None:
+        if not len(keys):
+            return
+        exp = self.pattern.expected(keys)
+        slots = self._slots(ids)
+        if self.torch is not None:
+            slots = self.torch.as_tensor(slots, device=self.device)
+        off = 0
+        for p, (pool, nb) in enumerate(zip(self.pools, self.pool_bytes)):
+            got = pool[slots]
+            bad = got != exp[:, off:off + nb]
+            if bool(bad.any()):
+                row = int(np.argwhere(bad.cpu().numpy() if self.torch is not None else bad)[0][0])
+                raise RuntimeError(f"page {keys[row]!r} ({what}) has wrong bytes in hot pool {p}: the manager "
+                                   f"corrupted or lost it")
+            off += nb
+        self.verified += len(keys)
+
+    def _lookup(self, key: bytes) -> int:
+        page = self.pages.get(key)
+        if page is None or not self.m._live().is_live(page):
+            return -1
+        return int(self.m._live().info(page)[1])
+
+    def turn(self, session: int, turn: int) -> None:
+        w, m = self.w, self.m
+        prefix = session % w.prefixes
+        needed = [f"p{prefix}/{i}".encode() for i in range(w.prefix_pages)]
+        needed += [f"s{session}/{i}".encode() for i in range(turn * w.new_pages)]
+        found: dict[int, list] = {CacheLevel.HOT: [], CacheLevel.HOST: [], CacheLevel.DISK: []}
+        missing: list[bytes] = []
+        for key in needed:
+            level = self._lookup(key)
+            if level < 0:
+                missing.append(key)
+                self.hits["miss"] += 1
+                self.cold_misses += key not in self.pages
+            else:
+                found[level].append(key)
+                self.hits[CacheLevel.name(level)] += 1
+        fresh = [f"s{session}/{turn * w.new_pages + i}".encode() for i in range(w.new_pages)]
+        in_use = [self.pages[k] for lvl in found.values() for k in lvl]
+        ids_in_use = np.array(in_use, dtype=np.uint64)
+        m.pin(ids_in_use)  # before any room is made: the pages this turn found stay put
+        m.touch(ids_in_use)
+        try:
+            hot_ids = np.array([self.pages[k] for k in found[CacheLevel.HOT]], dtype=np.uint64)
+            self._verify(hot_ids, found[CacheLevel.HOT], "hot hit")
+            for source in (CacheLevel.HOST, CacheLevel.DISK):
+                keys = found[source]
+                if not keys:
+                    continue
+                ids = np.array([self.pages[k] for k in keys], dtype=np.uint64)
+                need = len(keys) - m.slot_counts(CacheLevel.HOT)[self.hot_group][1]
+                if need > 0:
+                    self._timed(lambda: m.make_room(CacheLevel.HOT, self.hot_group, len(keys)))
+                res, _ = self._timed(lambda: m.onboard(ids, source=source))
+                if len(res.dropped):
+                    raise RuntimeError(f"{len(res.dropped)} pages were dropped while onboarding from "
+                                       f"{CacheLevel.name(source)} (concat has no envelope: none should be)")
+                self._verify(ids, keys, f"{CacheLevel.name(source)} hit, onboarded")
+            # Recompute the misses and allocate the new pages in one call.
+            make = missing + fresh
+            pressure = m.slot_counts(CacheLevel.HOT)[self.hot_group][1] < len(make)
+            pages, dt = self._timed(lambda: m.allocate(0, len(make)))
+            if pressure:
+                self.alloc_s.append(dt)
+                self.alloc_pages += len(make)
+            if self.disk:
+                m.set_keys(pages, make)
+            for k, pid in zip(make, pages.ids.tolist()):
+                self.pages[k] = pid
+            m.pin(pages)
+            self._write(pages.ids, make)
+            self._verify(pages.ids, make, "written this turn")
+            # The earlier checks ran before this turn's evictions: re-check the pages in use, so an
+            # eviction that touched a pinned page shows up.
+            self._verify(ids_in_use, [k for lvl in found.values() for k in lvl], "in use at the turn's end")
+            m.unpin(pages)
+        finally:
+            m.unpin(ids_in_use)
+
+    def close(self) -> None:
+        self.m.close()
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(np.array(values), q)) * 1e6 if values else None
+
+
+def _run_once(w: Workload, device: str, torch, host_tier: bool, disk_dir: str | None, progress: bool) -> RunReport:
+    engine = _Engine(w, device, torch, host_tier, disk_dir)
+    rng = np.random.default_rng(w.seed)
+    # Every session's turns in order, sessions interleaved at random (deterministic per seed).
+    order = np.repeat(np.arange(w.sessions), w.turns)
+    rng.shuffle(order)
+    next_turn = [0] * w.sessions
+    t0 = time.perf_counter()
+    for s in order.tolist():
+        engine.turn(s, next_turn[s])
+        next_turn[s] += 1
+    engine._sync()
+    wall = time.perf_counter() - t0
+    m = engine.m
+    stats = {CacheLevel.name(lv): m.level_stats(lv)
+             for lv in (CacheLevel.HOT, CacheLevel.HOST, CacheLevel.DISK)
+             if (lv != CacheLevel.HOST or host_tier) and (lv != CacheLevel.DISK or engine.disk)}
+    lookups = sum(engine.hits.values())
+    moved = engine.moved
+    host_slots = m.slot_counts(CacheLevel.HOST)[0][0] if host_tier else 0
+    report = RunReport(
+        host_tier=host_tier, hot_slots=m.slot_counts(CacheLevel.HOT)[engine.hot_group][0], host_slots=host_slots,
+        lookups=lookups, hits=dict(engine.hits),
+        hit_rate={k: (v / lookups if lookups else 0.0) for k, v in engine.hits.items()},
+        cold_misses=engine.cold_misses,
+        pages_moved=moved, pages_dropped=sum(g["drops"] for level in stats.values() for g in level),
+        migrate_seconds=engine.migrate_s,
+        pages_moved_per_s=moved / engine.migrate_s if engine.migrate_s > 0 else 0.0,
+        host_us_per_moved_page=engine.migrate_cpu / moved * 1e6 if moved else None,
+        allocations_under_pressure=len(engine.alloc_s),
+        alloc_p50_us=_pct(engine.alloc_s, 50), alloc_p99_us=_pct(engine.alloc_s, 99),
+        alloc_us_per_page=sum(engine.alloc_s) / engine.alloc_pages * 1e6 if engine.alloc_pages else None,
+        pages_verified=engine.verified, wall_seconds=wall, level_stats=stats)
+    engine.close()
+    _log(progress, f"{'host tier' if host_tier else 'hot only '}: hit rate "
+                   + ", ".join(f"{k} {v:.3f}" for k, v in report.hit_rate.items())
+                   + f"; {moved} pages moved; {report.allocations_under_pressure} allocations under pressure; "
+                   f"{wall:.2f} s")
+    return report
+
+
+def _ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | None = None,
+        progress: bool = True) -> Report:
+    """Runs the workload with the host tier and without it on ``device`` ('auto', 'cpu',
+    'cuda[:N]'); ``disk_dir`` adds a disk tier to both runs. Raises RuntimeError on a wrong byte."""
+    w = workload or Workload()
+    w.validate()
+    if device == "auto":
+        device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
+    torch = None
+    if device != "cpu":
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeError("the GPU workload writes and verifies pages with torch; install torch with CUDA") from None
+        if device == "cuda":
+            device = "cuda:0"
+        torch.cuda.set_device(torch.device(device))
+    report = Report(device, asdict(w) | {"working_set_pages": w.working_set(), "page_bytes": w.page_bytes},
+                    info=dict(_native.driver_info()))
+    if torch is not None:
+        report.info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    _log(progress, f"{w.sessions} sessions x {w.turns} turns, {w.prefixes} prefixes of {w.prefix_pages} pages, "
+                   f"{w.new_pages} new pages/turn; working set {w.working_set()} pages of {w.page_bytes // KiB} KiB, "
+                   f"hot {w.hot_slots()} slots, host {w.host_slots()} slots")
+    for host_tier in (True, False):
+        if disk_dir is None:
+            report.runs.append(_run_once(w, device, torch, host_tier, None, progress))
+        else:
+            with tempfile.TemporaryDirectory(dir=disk_dir) as d:
+                report.runs.append(_run_once(w, device, torch, host_tier, os.path.join(d, "kv"), progress))
+    with_host, hot_only = report.runs
+    reuse = lambda r: 1.0 - r.hit_rate["miss"]  # noqa: E731
+    report.ratios = {
+        "hit_rate": _ratio(reuse(with_host), reuse(hot_only)),
+        "hot_hit_rate": _ratio(with_host.hit_rate["hot"], hot_only.hit_rate["hot"]),
+        "misses": _ratio(with_host.hits["miss"], hot_only.hits["miss"]),
+        "pages_dropped": _ratio(with_host.pages_dropped, hot_only.pages_dropped),
+        "pages_moved_per_s": _ratio(with_host.pages_moved_per_s, hot_only.pages_moved_per_s),
+        "host_us_per_moved_page": _ratio(with_host.host_us_per_moved_page, hot_only.host_us_per_moved_page),
+        "alloc_p50": _ratio(with_host.alloc_p50_us, hot_only.alloc_p50_us),
+        "alloc_p99": _ratio(with_host.alloc_p99_us, hot_only.alloc_p99_us),
+        "wall": _ratio(with_host.wall_seconds, hot_only.wall_seconds),
+    }
+    return report
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_table(report: Report) -> str:
+    """The report as a text table: one line per run, then the ratios."""
+    w = report.workload
+    lines = [
+        f"prefix-reuse workload on {report.device}: {w['sessions']} sessions x {w['turns']} turns, {w['prefixes']} "
+        f"prefixes of {w['prefix_pages']} pages, {w['new_pages']} new pages/turn, working set {w['working_set_pages']} "
+        f"pages of {w['page_bytes'] // KiB} KiB",
+        f"{'run':10} {'hot':>6} {'host':>6} {'disk':>6} {'miss':>6} {'moved':>7} {'dropped':>7} {'pages/s':>10} {'cpu us/pg':>9} "
+        f"{'alloc p50 us':>12} {'alloc p99 us':>12} {'us/alloc pg':>11} {'verified':>9}",
+    ]
+    for r in report.runs:
+        hr = r.hit_rate
+        lines.append(
+            f"{'host tier' if r.host_tier else 'hot only':10} {hr['hot']:6.3f} {hr['host']:6.3f} {hr['disk']:6.3f} "
+            f"{hr['miss']:6.3f} {r.pages_moved:7d} {r.pages_dropped:7d} {r.pages_moved_per_s:10.0f} {_f(r.host_us_per_moved_page, '9.2f')} "
+            f"{_f(r.alloc_p50_us, '12.1f')} {_f(r.alloc_p99_us, '12.1f')} {_f(r.alloc_us_per_page, '11.2f')} "
+            f"{r.pages_verified:9d}")
+    rt = report.ratios
+    lines.append("host tier / hot only: " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in rt.items()))
+    return "\n".join(lines)
