@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cma
 
 def test_headers_are_installed():
     include = Path(kvcodec_sdk.get_include())
-    for header in ("codec.h", "plugin.h", "layout.h", "params.h"):
+    for header in ("codec.h", "plugin.h", "layout.h", "params.h", "device_scope.h"):
         assert (include / "kvcodec" / header).is_file(), header
 
 

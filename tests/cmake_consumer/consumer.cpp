@@ -1,5 +1,6 @@
 // Compiles every public header in a translation unit of its own and exports a factory.
 #include <kvcodec/codec.h>
+#include <kvcodec/device_scope.h>
 #include <kvcodec/layout.h>
 #include <kvcodec/params.h>
 #include <kvcodec/plugin.h>

@@ -5,29 +5,24 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kvcodec/device_scope.h"
 #include "runtime/driver_api.h"
 #include "runtime/index_upload.h"
 
 namespace kvcodec::runtime {
 namespace {
 
-// Makes the runtime's device current for the scope, restoring the caller's device afterwards.
+// Makes the runtime's device current for the scope (restoring the caller's device afterwards),
+// throwing when the switch fails.
 class DeviceGuard
 {
 public:
     explicit DeviceGuard(int device)
+        : scope_(device)
     {
-        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        if (!scope_.ok())
         {
             check(cudaSetDevice(device), "cudaSetDevice");
-            restore_ = true;
-        }
-    }
-    ~DeviceGuard()
-    {
-        if (restore_)
-        {
-            cudaSetDevice(previous_);
         }
     }
     static void check(cudaError_t st, char const* what)
@@ -40,8 +35,7 @@ public:
     }
 
 private:
-    int previous_ = 0;
-    bool restore_ = false;
+    DeviceScope scope_;
 };
 
 class CudaEvent final : public Event
@@ -166,9 +160,7 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
 
 void CudaRuntime::deallocate(MemoryKind kind, void* ptr) noexcept
 {
-    int previous = 0;
-    bool const switched = cudaGetDevice(&previous) == cudaSuccess && previous != ordinal_
-        && cudaSetDevice(ordinal_) == cudaSuccess;
+    DeviceScope scope(ordinal_);
     if (kind == MemoryKind::kDevice)
     {
         cudaFree(ptr);
@@ -176,10 +168,6 @@ void CudaRuntime::deallocate(MemoryKind kind, void* ptr) noexcept
     else
     {
         cudaFreeHost(ptr);
-    }
-    if (switched)
-    {
-        cudaSetDevice(previous);
     }
 }
 
@@ -285,13 +273,10 @@ bool CudaRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t byte
         }
         return true;
     }
-    int previous = 0;
-    bool const switched = cudaGetDevice(&previous) == cudaSuccess && previous != ordinal_
-        && cudaSetDevice(ordinal_) == cudaSuccess;
-    cudaError_t const st = uploadThroughKernelParams(dst, hostSrc, bytes, stream);
-    if (switched)
+    cudaError_t st;
     {
-        cudaSetDevice(previous);
+        DeviceScope scope(ordinal_);
+        st = uploadThroughKernelParams(dst, hostSrc, bytes, stream);
     }
     if (st != cudaSuccess)
     {

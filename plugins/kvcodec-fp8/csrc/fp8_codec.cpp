@@ -19,6 +19,7 @@
 #include "fp8_format.h"
 #include "fp8_kernel.h"
 #include "fp8_plan.h"
+#include "kvcodec/device_scope.h"
 #include "kvcodec/layout.h"
 
 namespace kvcodec::fp8 {
@@ -386,36 +387,6 @@ std::string cudaText(cudaError_t st)
 {
     return std::string(cudaGetErrorName(st)) + " (" + cudaGetErrorString(st) + ")";
 }
-
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class DeviceScope
-{
-public:
-    explicit DeviceScope(int device) noexcept
-    {
-        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-        {
-            ok_ = cudaSetDevice(device) == cudaSuccess;
-            restore_ = ok_;
-        }
-    }
-    ~DeviceScope()
-    {
-        if (restore_)
-        {
-            cudaSetDevice(previous_);
-        }
-    }
-    [[nodiscard]] bool ok() const noexcept
-    {
-        return ok_;
-    }
-
-private:
-    int previous_ = -1;
-    bool ok_ = true;
-    bool restore_ = false;
-};
 
 class Fp8CodecCuda final : public Fp8CodecBase
 {

@@ -29,6 +29,7 @@
 
 #include "codec_base.h"
 #include "codec_factories.h"
+#include "kvcodec/device_scope.h"
 #include "nvcomp_ops.h"
 
 namespace kvcodec::nvcomp_plugin {
@@ -527,29 +528,6 @@ __global__ void decodeScatter(DecodeArgs a)
 // ------------------------------------------------------------------------------------------
 // Host side
 // ------------------------------------------------------------------------------------------
-
-class DeviceScope
-{
-public:
-    explicit DeviceScope(int device) noexcept
-    {
-        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-        {
-            ok_ = cudaSetDevice(device) == cudaSuccess;
-            restore_ = ok_;
-        }
-    }
-    ~DeviceScope()
-    {
-        if (restore_) cudaSetDevice(previous_);
-    }
-    [[nodiscard]] bool ok() const noexcept { return ok_; }
-
-private:
-    int previous_ = -1;
-    bool ok_ = true;
-    bool restore_ = false;
-};
 
 // Device allocations freed together.
 class DeviceArena

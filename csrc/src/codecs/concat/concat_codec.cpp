@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "concat_gather.h"
+#include "kvcodec/device_scope.h"
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
 #include "kvcodec/plugin.h"
@@ -331,38 +332,6 @@ private:
 // ---------------------------------------------------------------------------------------------
 // CUDA
 // ---------------------------------------------------------------------------------------------
-
-// Makes `device` current for the scope and restores the caller's device afterwards.
-class DeviceScope
-{
-public:
-    explicit DeviceScope(int device) noexcept
-    {
-        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-        {
-            ok_ = cudaSetDevice(device) == cudaSuccess;
-            restore_ = ok_;
-        }
-    }
-
-    ~DeviceScope()
-    {
-        if (restore_)
-        {
-            cudaSetDevice(previous_);
-        }
-    }
-
-    [[nodiscard]] bool ok() const noexcept
-    {
-        return ok_;
-    }
-
-private:
-    int previous_ = -1;
-    bool ok_ = true;
-    bool restore_ = false;
-};
 
 // Registration boundaries of host memory: HostMem may register one allocation as adjacent
 // regions, and a copy descriptor must not cross one. Boundaries are queried from the driver.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <kvcodec/device_scope.h>
 #include <kvcodec/layout.h>
 #include <kvcodec/params.h>
 
@@ -348,7 +349,8 @@ public:
 private:
     bool configureBackend() override
     {
-        if (cudaSetDevice(device_) != cudaSuccess)
+        kvcodec::DeviceScope scope(device_); // the caller's device is restored on return
+        if (!scope.ok())
         {
             return fail("cannot use CUDA device " + std::to_string(device_));
         }
@@ -412,7 +414,8 @@ private:
         {
             return fail("non-empty calls need a non-legacy CUDA stream");
         }
-        if (cudaSetDevice(device_) != cudaSuccess)
+        kvcodec::DeviceScope scope(device_); // the caller's device is restored on return
+        if (!scope.ok())
         {
             return fail("cannot use CUDA device " + std::to_string(device_));
         }

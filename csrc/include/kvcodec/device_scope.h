@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// A scoped CUDA device switch for codecs and hosts: codec calls arrive on the caller's thread with
+// whatever device is current, so work for another device switches for the call and restores the
+// caller's device afterwards. Header-only, for use inside codecs (built-in or plugin).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace kvcodec {
+
+/// Makes `device` current for the scope and restores the caller's device on exit. Never throws;
+/// `ok()` is false when the switch failed (the caller's device is then unchanged).
+class DeviceScope
+{
+public:
+    explicit DeviceScope(int device) noexcept
+    {
+        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        {
+            ok_ = cudaSetDevice(device) == cudaSuccess;
+            restore_ = ok_;
+        }
+    }
+
+    ~DeviceScope()
+    {
+        if (restore_)
+        {
+            cudaSetDevice(previous_);
+        }
+    }
+
+    DeviceScope(DeviceScope const&) = delete;
+    DeviceScope& operator=(DeviceScope const&) = delete;
+
+    [[nodiscard]] bool ok() const noexcept
+    {
+        return ok_;
+    }
+
+private:
+    int previous_ = -1;
+    bool ok_ = true;
+    bool restore_ = false;
+};
+
+} // namespace kvcodec
