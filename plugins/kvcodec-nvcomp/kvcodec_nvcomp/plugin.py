@@ -63,37 +63,28 @@ _COMMON = (
     f"(format {FORMAT_VERSION}, CRC-32C)"
 )
 
+def _spec(name: str, what: str, factory, devices: tuple[str, ...], max_chunk: int) -> CodecSpec:
+    # Every nvCOMP codec writes the same enveloped chunk format: the host checks each blob's
+    # envelope (did-not-fit, checksum) before decoding it.
+    return CodecSpec(
+        name=name,
+        description=f"{what}: {_COMMON}",
+        version=__version__,
+        format_version=FORMAT_VERSION,
+        lossless=True,
+        factory=factory,
+        devices=devices,
+        params=_params(max_chunk),
+        envelope=True,
+    )
+
+
 SPECS = (
-    CodecSpec(
-        name="nvcomp-lz4",
-        description=f"nvCOMP LZ4 (standard LZ4 blocks): {_COMMON}",
-        version=__version__,
-        format_version=FORMAT_VERSION,
-        lossless=True,
-        factory=_ext.lz4_factory,
-        devices=("cpu", "cuda"),
-        params=_params(1 << 24),
-    ),
-    CodecSpec(
-        name="nvcomp-gdeflate",
-        description=f"nvCOMP gdeflate (CPU reference through nvCOMP's CPU library): {_COMMON}",
-        version=__version__,
-        format_version=FORMAT_VERSION,
-        lossless=True,
-        factory=_ext.gdeflate_factory,
-        devices=("cpu", "cuda"),
-        params=_params(1 << 16),
-    ),
-    CodecSpec(
-        name="nvcomp-ans",
-        description=f"nvCOMP ANS (CUDA only: nvCOMP ships no CPU ANS coder): {_COMMON}",
-        version=__version__,
-        format_version=FORMAT_VERSION,
-        lossless=True,
-        factory=_ext.ans_factory,
-        devices=("cuda",),
-        params=_params(1 << 24),
-    ),
+    _spec("nvcomp-lz4", "nvCOMP LZ4 (standard LZ4 blocks)", _ext.lz4_factory, ("cpu", "cuda"), 1 << 24),
+    _spec("nvcomp-gdeflate", "nvCOMP gdeflate (CPU reference through nvCOMP's CPU library)", _ext.gdeflate_factory,
+          ("cpu", "cuda"), 1 << 16),
+    _spec("nvcomp-ans", "nvCOMP ANS (CUDA only: nvCOMP ships no CPU ANS coder)", _ext.ans_factory, ("cuda",),
+          1 << 24),
 )
 
 
