@@ -16,19 +16,17 @@ microseconds per page spent in the encode/decode call (descriptor building and s
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from ._common import KiB, MiB, fmt_size as _fmt_size, log as _log
 from .. import _native
 from ..layout import PoolDesc, PoolGroupDesc, LifeCycleDesc
 from ..registry import create_codec
 
-KiB = 1024
-MiB = 1024 * KiB
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
 TARGET_RATIO = 0.9
 
@@ -62,15 +60,6 @@ class Report:
         out = asdict(self)
         out["rows"] = [asdict(r) for r in self.rows]
         return out
-
-
-def _fmt_size(n: int) -> str:
-    return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def _layout(bases: list[int], piece: int, slots: int) -> list[PoolGroupDesc]:

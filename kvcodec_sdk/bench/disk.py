@@ -27,9 +27,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..disk import DiskRegion
+from ._common import KiB, MiB
 
-KiB = 1024
-MiB = 1024 * KiB
 TARGET_RATIO = 0.8
 TARGET_RECOVERY_S = 2.0
 

@@ -19,20 +19,18 @@ Each direction's result is checked byte-exact before timing.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ._common import KiB, MiB, fmt_size as _fmt, log as _log
 from .. import _native
 from ..kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
-from ..manager import CacheLevel, KVCacheManager
+from ..manager import KVCacheManager
 from ..registry import create_codec
 
-KiB = 1024
-MiB = 1024 * KiB
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB)
 TARGET_RATIO_TO_CODEC = 0.9
 TARGET_HOST_US_PER_PAGE = 1.0
@@ -65,15 +63,6 @@ class Report:
         out = asdict(self)
         out["rows"] = [asdict(r) for r in self.rows]
         return out
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def _fmt(n: int) -> str:
-    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
 
 
 def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, pages: int = 10_000,

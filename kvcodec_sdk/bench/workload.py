@@ -34,19 +34,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ._common import KiB, log as _log
 from .. import _native
 from ..kvcm_config import BufferConfig, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
 
-KiB = 1024
 LEVELS = ("hot", "host", "disk", "miss")
 
 
@@ -145,11 +144,6 @@ class Report:
         out = asdict(self)
         out["runs"] = [asdict(r) for r in self.runs]
         return out
-
-
-def _log(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def _seed_of(key: bytes) -> tuple[int, int]:

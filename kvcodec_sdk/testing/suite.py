@@ -498,7 +498,6 @@ def _poisoned_sequence(h: Harness, lcs: list[int], clause_name: str) -> None:
         # Index arrays and their poison are made before the stream is blocked (allocations and
         # uploads would wait for the block); while blocked, only enqueueing happens.
         arrays = [(h.index_array(lc, d, s_), _poison_for(h, d, s_)) for _, _, d, s_ in steps]
-        keep = list(arrays)
         with (h.blocked_stream() if h.stream is not None else _null()) as b:
             for (op, cold, d, s_), (idx, poison) in zip(steps, arrays):
                 if b is not None:
