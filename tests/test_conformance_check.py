@@ -104,3 +104,23 @@ def test_a_hanging_conformance_test_is_diagnosed_not_stalled(pytester):
     assert result.ret != 0
     err = result.stderr.str()
     assert "Timeout" in err and "test_codec_that_blocks" in err, err
+
+
+def test_a_hang_that_holds_the_interpreter_lock_is_still_diagnosed(pytester):
+    """A codec stuck in native code while holding the GIL (here: libc sleep() through ctypes.PyDLL,
+    which keeps the lock) starves the Python-level watchdog; the native one still dumps the stacks
+    and ends the run."""
+    pytester.makepyfile(test_hang="""
+        import ctypes
+        from kvcodec_sdk.testing.clauses import clause
+
+        @clause("stream-no-wait")
+        def test_native_call_that_never_returns():
+            ctypes.PyDLL(None).sleep(60)
+    """)
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kvcodec-timeout", "1")
+    assert time.monotonic() - started < 30
+    assert result.ret != 0
+    err = result.stderr.str()
+    assert "Timeout" in err and "test_native_call_that_never_returns" in err, err

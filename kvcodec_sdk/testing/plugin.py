@@ -6,7 +6,10 @@ Options:
 - ``--kvcodec-device cpu|cuda|all``: which implementations to test (default all available);
 - ``--kvcodec-timeout SECONDS``: a conformance test running longer than this dumps every
   thread's stack and ends the run (default 300; 0 disables), so a hanging codec is diagnosed
-  instead of stalling the run.
+  instead of stalling the run. A thread stuck in native code while holding the interpreter lock
+  cannot run Python, so a second, native watchdog (:mod:`faulthandler`) dumps the stacks and ends
+  the process up to ``WATCHDOG_GRACE_S`` seconds later (not when pytest's own ``faulthandler_timeout`` is
+  set, which uses the same mechanism).
 
 The suite is collected only when asked: when either option is given, the module
 ``kvcodec_sdk.testing.selected`` is added to the run, parametrized over the named codecs (every
@@ -27,6 +30,23 @@ from pathlib import Path
 import pytest
 
 from .clauses import clause_of
+
+#: Seconds after ``--kvcodec-timeout`` (at most; never more than the timeout itself) at which the
+#: native watchdog ends a run whose Python-level watchdog could not (a thread holding the
+#: interpreter lock is stuck in native code).
+WATCHDOG_GRACE_S = 15.0
+
+
+def _stderr_fd() -> int:
+    # The real standard error, duplicated when the plugin loads (before pytest captures fd 2),
+    # so the native watchdog's dump reaches the terminal and not a capture file.
+    try:
+        return os.dup(2)
+    except OSError:
+        return 2
+
+
+_WATCHDOG_FD = _stderr_fd()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,6 +91,8 @@ def selected_codecs(config: pytest.Config) -> list[tuple[str, dict]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kvcodec_clause(name): the codec contract clause a conformance test checks")
+    # The suite's CUDA cases carry it, so `pytest -m gpu` selects them on a GPU host.
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped cleanly without one)")
     if config.getoption("kvcodec") or config.getoption("kvcodec_device"):
         for text in config.getoption("kvcodec") or []:
             parse_selection(text)  # a usage error before collection
@@ -111,17 +133,30 @@ def _on_timeout(item: pytest.Item, timeout: float) -> None:
     os._exit(3)
 
 
+def _pytest_faulthandler_timeout(config: pytest.Config) -> float:
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except (ValueError, TypeError):  # pytest's faulthandler plugin is disabled
+        return 0.0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     # A codec that blocks (on a stream, on the device) would otherwise stall the run silently.
     timeout = float(item.config.getoption("kvcodec_timeout") or 0)
     timer = None
+    native = False
     if timeout > 0 and clause_of(item) is not None:
         timer = threading.Timer(timeout, _on_timeout, args=(item, timeout))
         timer.daemon = True
         timer.start()
+        if not _pytest_faulthandler_timeout(item.config):
+            faulthandler.dump_traceback_later(timeout + min(WATCHDOG_GRACE_S, timeout), exit=True, file=_WATCHDOG_FD)
+            native = True
     try:
         yield
     finally:
         if timer is not None:
             timer.cancel()
+        if native:
+            faulthandler.cancel_dump_traceback_later()

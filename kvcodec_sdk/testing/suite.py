@@ -96,10 +96,10 @@ class BaseFixtures:
             )
         return Path(self.golden_vectors) / f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"
 
-    @pytest.fixture(params=["cpu", "cuda"])
+    @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
     def kvcodec_device(self, request, kvcodec_spec) -> str:
         """The device under test: every implementation the codec ships on every available device,
-        narrowed by ``--kvcodec-device``."""
+        narrowed by ``--kvcodec-device``. The CUDA cases carry the ``gpu`` marker."""
         device = request.param
         selected = request.config.getoption("kvcodec_device", default="all") or "all"
         if selected not in ("all", device):

@@ -2,9 +2,11 @@
 #include "stream_blocker.h"
 
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "driver_api.h"
 
@@ -27,6 +29,51 @@ void storeFlag(uint32_t* flag, uint32_t value) noexcept
     __atomic_store_n(flag, value, __ATOMIC_SEQ_CST);
 }
 
+// Flags come from blocks of mapped pinned memory that live as long as the process. Freeing pinned
+// memory synchronizes the device (it would wait for any stream still held by another blocker) and
+// allocating it may order against queued work, so blocks are only ever added, one per 64 blockers
+// alive at the same time (in practice: one, allocated by the first blocker, before any stream is
+// held).
+class FlagPool
+{
+public:
+    uint32_t* acquire()
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (free_.empty())
+        {
+            void* block = nullptr;
+            check(cudaHostAlloc(&block, kFlagsPerBlock * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable),
+                "cudaHostAlloc(flags, mapped)");
+            auto* flags = static_cast<uint32_t*>(block);
+            for (size_t i = kFlagsPerBlock; i-- > 0;)
+            {
+                free_.push_back(flags + i);
+            }
+        }
+        uint32_t* flag = free_.back();
+        free_.pop_back();
+        return flag;
+    }
+
+    void give_back(uint32_t* flag)
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        free_.push_back(flag);
+    }
+
+private:
+    static constexpr size_t kFlagsPerBlock = 64;
+    std::mutex mutex_;
+    std::vector<uint32_t*> free_;
+};
+
+FlagPool& flagPool()
+{
+    static auto* pool = new FlagPool(); // never destroyed: blocks outlive every blocker
+    return *pool;
+}
+
 } // namespace
 
 StreamBlocker::StreamBlocker(cudaStream_t stream)
@@ -38,8 +85,7 @@ StreamBlocker::StreamBlocker(cudaStream_t stream)
         throw std::runtime_error("StreamBlocker: the CUDA driver (version " + std::to_string(api.driverVersion)
             + ") provides no cuStreamWaitValue32");
     }
-    check(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable),
-        "cudaHostAlloc(flag, mapped)");
+    flag_ = flagPool().acquire();
     storeFlag(flag_, 0);
     try
     {
@@ -64,7 +110,9 @@ StreamBlocker::StreamBlocker(cudaStream_t stream)
     }
     catch (...)
     {
-        cudaFreeHost(flag_);
+        // The wait may be enqueued: leave the flag open (and out of the pool, 4 bytes) so the stream
+        // is never held by a blocker that does not exist.
+        storeFlag(flag_, 1);
         throw;
     }
 }
@@ -74,12 +122,14 @@ StreamBlocker::~StreamBlocker()
     release();
     if (passed_ != nullptr)
     {
-        cudaEventSynchronize(passed_); // the device no longer reads the flag after this
+        // The device no longer reads the flag once the stream passed the wait: the flag can serve
+        // the next blocker.
+        bool const passed = cudaEventSynchronize(passed_) == cudaSuccess;
         cudaEventDestroy(passed_);
-    }
-    if (flag_ != nullptr)
-    {
-        cudaFreeHost(flag_);
+        if (passed)
+        {
+            flagPool().give_back(flag_);
+        }
     }
 }
 

@@ -19,8 +19,10 @@ public:
     /// alive until the blocker is released.
     explicit StreamBlocker(cudaStream_t stream);
 
-    /// Releases the stream (if still blocked) and waits until it has passed the wait, so the flag
-    /// can be freed. Never waits for work enqueued after the wait.
+    /// Releases the stream (if still blocked), waits until it has passed the wait and returns the
+    /// flag to the pool. Never waits for work enqueued after the wait, and never frees pinned
+    /// memory: cudaFreeHost synchronizes the whole device, so a blocker destroyed while another
+    /// blocker holds a stream would wait for it forever.
     ~StreamBlocker();
 
     StreamBlocker(StreamBlocker const&) = delete;
@@ -40,7 +42,7 @@ public:
 
 private:
     cudaStream_t stream_;
-    uint32_t* flag_ = nullptr;     // mapped pinned host memory
+    uint32_t* flag_ = nullptr;     // mapped pinned host memory, from a process-wide pool
     cudaEvent_t passed_ = nullptr; // recorded right after the wait
     bool released_ = false;
 };
