@@ -145,5 +145,8 @@ def test_device_auto_follows_the_codec():
 def test_random_migration_sequences_on_the_gpu(params, ops, seed):
     from test_kvcm_migration import GROUPS, run_sequence
 
-    m = cuda_manager(GROUPS, ("concat", params), gpu_quota=64 * 40 * 2, host_quota=64 * 50, index_ring_bytes=64)
+    # Explicit migrations only, as in the CPU version: with automatic eviction an allocation under
+    # pressure may drop pages the model still holds.
+    m = cuda_manager(GROUPS, ("concat", params), gpu_quota=64 * 40 * 2, host_quota=64 * 50, index_ring_bytes=64,
+                     auto_evict=False)
     run_sequence(m, ops, "concat", np.random.default_rng(seed))
