@@ -26,6 +26,12 @@ step "environment"
 { nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } \
   > "$OUT_DIR/env.txt" 2>&1
 
+if compgen -G ".whl/*.whl" > /dev/null; then
+  step "wheels from .whl/ (hosts without network access)"
+  python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl > "$OUT_DIR/wheels.log" 2>&1 \
+    || tail -5 "$OUT_DIR/wheels.log"
+fi
+
 step "build"
 if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/build.log" 2>&1; then
   tail -40 "$OUT_DIR/build.log"; echo "build failed"; exit 1
@@ -35,7 +41,7 @@ fi
 if want pytest; then
 step "pytest -m gpu"
 # Run from outside the source tree so the installed package is what gets tested.
-(cd "$OUT_DIR" && python3 -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
+(cd "$OUT_DIR" && timeout -s ABRT 480 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
    "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -25 "$OUT_DIR/pytest-gpu.log"
 fi
@@ -52,21 +58,21 @@ fi
 
 if want conformance; then
 step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
-{ (cd "$OUT_DIR" && kvcodec check concat --device cuda --timeout 60 --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
-  && (cd "$OUT_DIR" && kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
+{ (cd "$OUT_DIR" && timeout -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
+  && (cd "$OUT_DIR" && timeout -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
         --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
 cat "$OUT_DIR/conformance.txt"
 fi
 
 if want bench-concat; then
 step "kvcodec bench concat"
-(cd "$OUT_DIR" && kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
+(cd "$OUT_DIR" && timeout 240 kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
 fi
 
 if want fp8; then
 step "fp8 plugin: build, GPU tests, memcheck, benchmark"
-bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
+timeout 480 bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
 fi
 
 if want kvcm; then
@@ -101,7 +107,7 @@ fi
 
 if want kvcm; then
 step "kvcodec bench kvcm"
-(cd "$OUT_DIR" && kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
+(cd "$OUT_DIR" && timeout 240 kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
 fi
 
@@ -121,8 +127,8 @@ fi
 if want template; then
 step "template: kvcodec new -> build -> kvcodec check (CPU and CUDA)"
 if python3 -c 'import cookiecutter' 2> /dev/null; then
-  (cd "$OUT_DIR" && python3 -m pytest -q -s -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
-     "$OLDPWD/tests/test_template.py") > "$OUT_DIR/template.log" 2>&1 || status=1
+  (cd "$OUT_DIR" && timeout -s ABRT 480 python3 -X faulthandler -m pytest -v -s -p no:cacheprovider \
+     -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$OLDPWD/tests/test_template.py") > "$OUT_DIR/template.log" 2>&1 || status=1
   grep -E "kvcodec new ->|passed|failed" "$OUT_DIR/template.log"
 else
   echo "cookiecutter is not installed: template step skipped"
@@ -131,7 +137,7 @@ fi
 
 if want nvcomp; then
 step "nvcomp plugin (build, tests, memcheck, benchmark)"
-bash plugins/kvcodec-nvcomp/scripts/gpu-check.sh "$OUT_DIR" || status=1
+timeout 900 bash plugins/kvcodec-nvcomp/scripts/gpu-check.sh "$OUT_DIR" || status=1
 fi
 
 step "done (status $status)"
