@@ -181,8 +181,11 @@ bool NvcompCodecBase::configure(PoolGroupDesc const* gpuDescs, PoolGroupIndex nu
                 return fail(where + " has " + std::to_string(plan.coldBytes)
                     + "-byte cold pages; the envelope holds at most 2^32 - 1 bytes");
             }
-            plan.maxPagesPerBatch = std::max<uint64_t>(
-                1, std::min<uint64_t>(group.numSlots, options_.maxBatchBytes / group.pageBytes));
+            // Bytes alone would let a layout of tiny pages put 100k pages into one batch: cap
+            // the chunks too (a batch keeps at least one page).
+            plan.maxPagesPerBatch = std::max<uint64_t>(1,
+                std::min<uint64_t>({group.numSlots, options_.maxBatchBytes / group.pageBytes,
+                    kMaxBatchChunks / plan.chunks.size()}));
             plans_.push_back(std::move(plan));
         }
         if (!configureBackend())

@@ -27,6 +27,9 @@ struct AlgorithmInfo
 /// The algorithms this plugin implements (those with a registry name are offered).
 AlgorithmInfo const& algorithmInfo(Algorithm id);
 
+/// Most chunks one batch (one nvCOMP call) holds; larger calls run in several batches.
+inline constexpr uint64_t kMaxBatchChunks = 65536;
+
 struct CodecOptions
 {
     Algorithm algorithm = Algorithm::kLz4;

@@ -14,8 +14,8 @@
 //           fixed) -> nvCOMP batched decompress -> scatter kernel (raw chunks, un-shuffle,
 //           writes only pages whose every chunk decoded).
 //
-// Workspaces are allocated at configure time for the largest batch (max_batch_bytes), two per
-// direction ("lanes", each with its own internal stream). A call is cut into batches that
+// Workspaces are allocated at configure time for the largest batch, two per direction ("lanes",
+// each with its own internal stream); workspace.h sizes them from the layout's real chunks. A call is cut into batches that
 // alternate between the lanes, so one batch's PCIe transfer overlaps the next one's
 // (de)compression; the lanes wait for the caller's stream through an event and the caller's
 // stream waits for both lanes, so the call is ordered on the caller's stream as if enqueued there.
@@ -31,13 +31,12 @@
 #include "codec_factories.h"
 #include "kvcodec/device_scope.h"
 #include "nvcomp_ops.h"
+#include "workspace.h"
 
 namespace kvcodec::nvcomp_plugin {
 namespace {
 
 constexpr uint32_t kThreads = 256;
-constexpr uint64_t kDummyRawBytes = 256;
-constexpr uint64_t kStagingAlign = 256;
 
 std::string cudaText(cudaError_t e)
 {
@@ -92,6 +91,21 @@ __device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
     for (uint64_t b = threadIdx.x; b < bytes; b += blockDim.x)
     {
         dst[b] = src[b];
+    }
+}
+
+// Zeroes bytes [begin, end) of dst; `end` and dst 16-byte aligned.
+__device__ void blockZero(uint8_t* dst, uint64_t begin, uint64_t end)
+{
+    uint64_t const head = min(roundUp(begin, 16), end);
+    for (uint64_t b = begin + threadIdx.x; b < head; b += blockDim.x)
+    {
+        dst[b] = 0;
+    }
+    auto* d = reinterpret_cast<uint4*>(dst);
+    for (uint64_t v = head / 16 + threadIdx.x; v < end / 16; v += blockDim.x)
+    {
+        d[v] = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -201,6 +215,7 @@ struct EncodeArgs
     void** outPtrs;
     uint8_t* compStaging;
     uint64_t compStride;
+    uint32_t zeroCompressed; // clear each compressed chunk's slot before nvCOMP writes it
     size_t const* outBytes;
     nvcompStatus_t const* statuses;
     uint32_t* entries;
@@ -236,7 +251,14 @@ __global__ void encodePrepare(EncodeArgs a)
         {
             blockCopy(dst, src, ch.bytes);
         }
+        // The compressor sees only the chunk's bytes, but the rest of the slot must not carry
+        // another call's data: a blob depends on its page alone.
+        blockZero(dst, ch.bytes, a.chunkStride);
         in = dst;
+    }
+    if (a.zeroCompressed)
+    {
+        blockZero(a.compStaging + k * a.compStride, 0, a.compStride);
     }
     if (threadIdx.x == 0)
     {
@@ -575,11 +597,6 @@ void check(nvcompStatus_t st, char const* what)
     }
 }
 
-bool aligned(uint64_t v, uint64_t a)
-{
-    return a <= 1 || v % a == 0;
-}
-
 class NvcompCodecCuda final : public NvcompCodecBase
 {
 public:
@@ -670,46 +687,33 @@ private:
             }
             ops_ = makeNvcompOps(options_.algorithm, options_.elementBytes);
             arena_ = std::make_unique<DeviceArena>();
-            nvcompAlignmentRequirements_t ca{}, da{};
-            check(ops_->compressAlignment(&ca), "nvCOMP compress alignment query");
+            nvcompAlignmentRequirements_t da{};
             check(ops_->decompressAlignment(&da), "nvCOMP decompress alignment query");
             if (da.input > kPayloadAlign)
             {
                 return fail(std::string(algorithmInfo(options_.algorithm).name) + ": nvCOMP needs "
                     + std::to_string(da.input) + "-byte aligned compressed chunks; format version 1 aligns to 16");
             }
-            check(ops_->maxCompressedChunk(options_.chunkBytes, &maxCompressed_), "nvCOMP max chunk size query");
-            chunkStride_ = roundUp(options_.chunkBytes, kStagingAlign);
-            compStride_ = roundUp(maxCompressed_, std::max<uint64_t>(kStagingAlign, ca.output));
-
-            uint64_t maxChunks = 0, maxBlob = 0, maxPages = 0;
-            bool encodeStaging = false, decodeStaging = false;
+            // Sizes every buffer from the layout's real chunks and may lower maxPagesPerBatch.
+            plan_ = planWorkspace(options_, layout_, plans_, *ops_);
+            chunkStride_ = plan_.chunkStride;
+            compStride_ = plan_.compStride;
             groups_.resize(plans_.size());
             for (size_t g = 0; g < plans_.size(); ++g)
             {
                 auto const& group = layout_.groups()[g];
-                auto const& plan = plans_[g];
                 std::vector<DevChunk> table;
-                bool inOk = true, outOk = true;
-                for (auto const& c : plan.chunks)
+                for (auto const& c : plans_[g].chunks)
                 {
                     auto const& pool = group.pools[c.pool];
                     table.push_back({pool.base, pool.slotBytes, c.offset, c.bytes, c.pool});
-                    inOk = inOk && aligned(pool.base, ca.input) && aligned(pool.slotBytes, ca.input) && aligned(c.offset, ca.input);
-                    outOk = outOk && aligned(pool.base, da.output) && aligned(pool.slotBytes, da.output) && aligned(c.offset, da.output);
                 }
-                groups_[g].encodeDirect = !options_.bitshuffle && inOk;
-                groups_[g].decodeDirect = !options_.bitshuffle && outOk;
-                encodeStaging = encodeStaging || !groups_[g].encodeDirect;
-                decodeStaging = decodeStaging || !groups_[g].decodeDirect;
+                groups_[g].encodeDirect = plan_.encodeDirect[g];
+                groups_[g].decodeDirect = plan_.decodeDirect[g];
                 groups_[g].chunks = arena_->alloc<DevChunk>(table.size(), "the chunk table");
                 check(cudaMemcpy(groups_[g].chunks, table.data(), table.size() * sizeof(DevChunk), cudaMemcpyHostToDevice),
                     "copying the chunk table");
-                maxChunks = std::max<uint64_t>(maxChunks, plan.maxPagesPerBatch * plan.chunks.size());
-                maxBlob = std::max<uint64_t>(maxBlob, plan.maxPagesPerBatch * roundUp(plan.coldBytes, kStagingAlign));
-                maxPages = std::max<uint64_t>(maxPages, plan.maxPagesPerBatch);
             }
-            maxChunks_ = maxChunks;
 
             std::vector<uint32_t> xpow(64);
             crcPowerTable(xpow.data());
@@ -720,8 +724,8 @@ private:
 
             for (int l = 0; l < kLanes; ++l)
             {
-                allocEncode(encLanes_[l].enc, maxChunks, maxBlob, encodeStaging);
-                allocDecode(decLanes_[l].dec, maxChunks, maxBlob, decodeStaging);
+                allocEncode(encLanes_[l].enc);
+                allocDecode(decLanes_[l].dec);
                 for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
                 {
                     check(cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking), "creating a codec stream");
@@ -739,38 +743,40 @@ private:
         }
     }
 
-    void allocEncode(EncodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    // Every stride here is the one the kernels index with (chunkStride_, compStride_, the blob
+    // stride roundUp(coldBytes, kStagingAlign), kDummyRawBytes), for plan_.maxChunks chunks.
+    void allocEncode(EncodeWorkspace& w)
     {
-        w.inPtrs = arena_->alloc<void const*>(maxChunks, "encode tables");
-        w.inBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
-        w.outPtrs = arena_->alloc<void*>(maxChunks, "encode tables");
-        w.outBytes = arena_->alloc<size_t>(maxChunks, "encode tables");
-        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "encode tables");
-        w.entries = arena_->alloc<uint32_t>(maxChunks, "encode tables");
-        w.offsets = arena_->alloc<uint64_t>(maxChunks, "encode tables");
-        w.compStaging = arena_->alloc<uint8_t>(maxChunks * compStride_, "compressed-chunk staging");
-        w.inStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "shuffle staging") : nullptr;
-        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "encode blob staging");
-        check(ops_->compressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
-            "nvCOMP compress temp-size query");
+        uint64_t const n = plan_.maxChunks;
+        w.inPtrs = arena_->alloc<void const*>(n, "encode tables");
+        w.inBytes = arena_->alloc<size_t>(n, "encode tables");
+        w.outPtrs = arena_->alloc<void*>(n, "encode tables");
+        w.outBytes = arena_->alloc<size_t>(n, "encode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(n, "encode tables");
+        w.entries = arena_->alloc<uint32_t>(n, "encode tables");
+        w.offsets = arena_->alloc<uint64_t>(n, "encode tables");
+        w.compStaging = arena_->alloc<uint8_t>(n * compStride_, "compressed-chunk staging");
+        w.inStaging = plan_.encodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "shuffle staging") : nullptr;
+        w.blobStaging = arena_->alloc<uint8_t>(plan_.blobBytes, "encode blob staging");
+        w.tempBytes = plan_.compressTempBytes;
         w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP compress workspace");
     }
 
-    void allocDecode(DecodeWorkspace& w, uint64_t maxChunks, uint64_t maxBlob, bool staging)
+    void allocDecode(DecodeWorkspace& w)
     {
-        w.inPtrs = arena_->alloc<void const*>(maxChunks, "decode tables");
-        w.inBytes = arena_->alloc<size_t>(maxChunks, "decode tables");
-        w.capacity = arena_->alloc<size_t>(maxChunks, "decode tables");
-        w.actual = arena_->alloc<size_t>(maxChunks, "decode tables");
-        w.outPtrs = arena_->alloc<void*>(maxChunks, "decode tables");
-        w.statuses = arena_->alloc<nvcompStatus_t>(maxChunks, "decode tables");
-        w.kinds = arena_->alloc<uint8_t>(maxChunks, "decode tables");
-        w.offsets = arena_->alloc<uint64_t>(maxChunks, "decode tables");
-        w.outStaging = staging ? arena_->alloc<uint8_t>(maxChunks * chunkStride_, "decompression staging") : nullptr;
-        w.dummyOut = arena_->alloc<uint8_t>(maxChunks * kDummyRawBytes, "dummy outputs");
-        w.blobStaging = arena_->alloc<uint8_t>(maxBlob, "decode blob staging");
-        check(ops_->decompressTemp(maxChunks, options_.chunkBytes, maxChunks * options_.chunkBytes, &w.tempBytes, nullptr),
-            "nvCOMP decompress temp-size query");
+        uint64_t const n = plan_.maxChunks;
+        w.inPtrs = arena_->alloc<void const*>(n, "decode tables");
+        w.inBytes = arena_->alloc<size_t>(n, "decode tables");
+        w.capacity = arena_->alloc<size_t>(n, "decode tables");
+        w.actual = arena_->alloc<size_t>(n, "decode tables");
+        w.outPtrs = arena_->alloc<void*>(n, "decode tables");
+        w.statuses = arena_->alloc<nvcompStatus_t>(n, "decode tables");
+        w.kinds = arena_->alloc<uint8_t>(n, "decode tables");
+        w.offsets = arena_->alloc<uint64_t>(n, "decode tables");
+        w.outStaging = plan_.decodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "decompression staging") : nullptr;
+        w.dummyOut = arena_->alloc<uint8_t>(n * kDummyRawBytes, "dummy outputs");
+        w.blobStaging = arena_->alloc<uint8_t>(plan_.blobBytes, "decode blob staging");
+        w.tempBytes = plan_.decompressTempBytes;
         w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP decompress workspace");
     }
 
@@ -808,6 +814,18 @@ private:
     PageIndexLocation location() const noexcept override
     {
         return PageIndexLocation::kDevice;
+    }
+
+    // On the GPU a page's gdeflate blob changed with the other pages of its call (same sizes,
+    // bytes inside compressed chunks differing) while LZ4 and ANS blobs did not. nvCOMP does not
+    // promise to write every byte of a compressed chunk up to its reported size (gdeflate ends
+    // its 32 interleaved bit streams in partial words that the decoder ignores), so stale bytes
+    // of another chunk in the same staging slot can reach the blob. Clearing the slot first
+    // makes the blob depend on its page alone; test_nvcomp_gpu.py's stale-memory test checks
+    // which buffer matters.
+    bool zeroCompressed() const noexcept
+    {
+        return options_.algorithm == Algorithm::kGdeflate;
     }
 
     bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
@@ -872,12 +890,12 @@ private:
         EncodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
             options_.bitshuffle ? 1u : 0u, groups_[g].encodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
             options_.chunkBytes, chunkStride_, enc_.inStaging, zeroChunk_, enc_.inPtrs, enc_.inBytes, enc_.outPtrs,
-            enc_.compStaging, compStride_, enc_.outBytes, enc_.statuses, enc_.entries, enc_.offsets, enc_.blobStaging,
+            enc_.compStaging, compStride_, zeroCompressed() ? 1u : 0u, enc_.outBytes, enc_.statuses, enc_.entries, enc_.offsets, enc_.blobStaging,
             roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
         encodePrepare<<<unsigned(total), 128, 0, stream>>>(a);
         cudaError_t st = cudaGetLastError();
         if (st != cudaSuccess) return "prepare kernel launch failed: " + cudaText(st);
-        nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, options_.chunkBytes, total, enc_.temp,
+        nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, plan_.maxChunkBytes, total, enc_.temp,
             enc_.tempBytes, enc_.outPtrs, enc_.outBytes, enc_.statuses, stream);
         if (ns != nvcompSuccess) return "nvCOMP batched compress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
         encodeFinish<<<unsigned(m), kThreads, 0, stream>>>(a);
@@ -917,10 +935,9 @@ private:
     std::vector<GroupState> groups_;
     Lane encLanes_[kLanes];
     Lane decLanes_[kLanes];
-    size_t maxCompressed_ = 0;
+    WorkspacePlan plan_;
     uint64_t chunkStride_ = 0;
     uint64_t compStride_ = 0;
-    uint64_t maxChunks_ = 0;
     uint32_t* xpow_ = nullptr;
     uint8_t* zeroChunk_ = nullptr;
     uint8_t* dummyIn_ = nullptr;
@@ -1051,6 +1068,60 @@ DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr
     r.compressMs = cms / std::max(iterations, 1);
     r.decompressMs = dms / std::max(iterations, 1);
     return r;
+}
+
+std::vector<std::string> compressChunksForTest(Algorithm algorithm, uint32_t elementBytes, uintptr_t data,
+    std::vector<uint64_t> const& sizes, uint8_t inFill, uint8_t outFill, uint8_t tempFill)
+{
+    auto ops = makeNvcompOps(algorithm, elementBytes);
+    uint64_t const n = sizes.size();
+    if (n == 0) return {};
+    uint64_t const maxChunk = *std::max_element(sizes.begin(), sizes.end());
+    uint64_t total = 0;
+    for (uint64_t b : sizes) total += b;
+    size_t maxOut = 0, temp = 0;
+    check(ops->maxCompressedChunk(maxChunk, &maxOut), "nvCOMP max chunk size query");
+    check(ops->compressTemp(n, maxChunk, total, &temp, nullptr), "nvCOMP compress temp-size query");
+    uint64_t const inStride = roundUp(maxChunk, kStagingAlign);
+    uint64_t const outStride = roundUp(maxOut, kStagingAlign);
+    DeviceArena arena;
+    auto* in = arena.alloc<uint8_t>(n * inStride, "input chunks");
+    auto* out = arena.alloc<uint8_t>(n * outStride, "output chunks");
+    auto* tempPtr = arena.alloc<uint8_t>(std::max<size_t>(temp, 1), "compress workspace");
+    auto* tables = arena.alloc<uint64_t>(4 * n, "tables");
+    auto* statuses = arena.alloc<nvcompStatus_t>(n, "statuses");
+    check(cudaMemset(in, inFill, n * inStride), "filling the input chunks");
+    check(cudaMemset(out, outFill, n * outStride), "filling the output chunks");
+    check(cudaMemset(tempPtr, tempFill, std::max<size_t>(temp, 1)), "filling the workspace");
+    std::vector<uint64_t> host(4 * n);
+    uint64_t off = 0;
+    for (uint64_t k = 0; k < n; ++k)
+    {
+        check(cudaMemcpy(in + k * inStride, reinterpret_cast<uint8_t const*>(data) + off, sizes[k], cudaMemcpyDeviceToDevice),
+            "staging a chunk");
+        off += sizes[k];
+        host[k] = reinterpret_cast<uint64_t>(in + k * inStride);
+        host[n + k] = sizes[k];
+        host[2 * n + k] = reinterpret_cast<uint64_t>(out + k * outStride);
+    }
+    check(cudaMemcpy(tables, host.data(), host.size() * sizeof(uint64_t), cudaMemcpyHostToDevice), "copying the tables");
+    check(ops->compress(reinterpret_cast<void const* const*>(tables), reinterpret_cast<size_t const*>(tables + n),
+              maxChunk, n, tempPtr, temp, reinterpret_cast<void* const*>(tables + 2 * n),
+              reinterpret_cast<size_t*>(tables + 3 * n), statuses, nullptr),
+        "nvCOMP compress");
+    check(cudaDeviceSynchronize(), "nvCOMP compress");
+    std::vector<nvcompStatus_t> st(n);
+    check(cudaMemcpy(host.data(), tables, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost), "reading the sizes");
+    check(cudaMemcpy(st.data(), statuses, n * sizeof(nvcompStatus_t), cudaMemcpyDeviceToHost), "reading the statuses");
+    std::vector<std::string> result(n);
+    for (uint64_t k = 0; k < n; ++k)
+    {
+        check(st[k], "nvCOMP compress of a chunk");
+        result[k].resize(host[3 * n + k]);
+        check(cudaMemcpy(result[k].data(), out + k * outStride, result[k].size(), cudaMemcpyDeviceToHost),
+            "reading a compressed chunk");
+    }
+    return result;
 }
 
 } // namespace kvcodec::nvcomp_plugin

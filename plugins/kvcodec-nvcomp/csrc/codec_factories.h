@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "codec_base.h"
 #include "kvcodec/plugin.h"
@@ -36,5 +37,12 @@ struct DirectResult
 /// benchmark's baseline). Throws std::runtime_error on failure.
 DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr_t data, uint64_t bytes,
     uint64_t chunkBytes, int iterations, cudaStream_t stream);
+
+/// Compresses `sizes[k]`-byte chunks, read back to back from device address `data`, in one
+/// nvCOMP batch whose input padding, output buffers and temp memory are first filled with
+/// `inFill`, `outFill` and `tempFill`; returns each compressed chunk (its reported size). For
+/// tests of what nvCOMP's output depends on. Throws std::runtime_error on failure.
+std::vector<std::string> compressChunksForTest(Algorithm algorithm, uint32_t elementBytes, uintptr_t data,
+    std::vector<uint64_t> const& sizes, uint8_t inFill, uint8_t outFill, uint8_t tempFill);
 
 } // namespace kvcodec::nvcomp_plugin

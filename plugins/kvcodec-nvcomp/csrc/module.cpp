@@ -3,12 +3,14 @@
 // kvcodec_nvcomp._ext: one factory capsule per algorithm, plus the benchmark's direct-nvCOMP
 // baseline and test hooks for the format's pieces.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <stdexcept>
 
 #include "codec_factories.h"
 #include "lz4_block.h"
 #include "nvcomp_ops.h"
+#include "workspace.h"
 
 namespace py = pybind11;
 using namespace kvcodec::nvcomp_plugin;
@@ -89,6 +91,58 @@ PYBIND11_MODULE(_ext, m)
         },
         py::arg("data"), py::arg("capacity"),
         "The CPU reference's LZ4 block decoder; None for a malformed block or one larger than capacity.");
+
+    m.def(
+        "workspace_plan",
+        [](std::string const& algorithm, std::string const& paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
+            std::vector<uint64_t> const& numSlots) {
+            WorkspacePlan w;
+            std::string error;
+            if (!probeWorkspace(algorithmNamed(algorithm), paramsJson.c_str(), slotBytes, numSlots, w, error))
+            {
+                throw py::value_error(error);
+            }
+            py::dict d;
+            d["max_chunk_bytes"] = w.maxChunkBytes;
+            d["max_chunks_per_batch"] = w.maxChunks;
+            d["max_pages_per_batch"] = w.maxPages;
+            d["chunk_stride"] = w.chunkStride;
+            d["compressed_stride"] = w.compStride;
+            d["max_compressed_chunk"] = w.maxCompressedChunk;
+            d["blob_staging_bytes"] = w.blobBytes;
+            d["compress_temp_bytes"] = w.compressTempBytes;
+            d["decompress_temp_bytes"] = w.decompressTempBytes;
+            d["temp_budget_bytes"] = w.tempBudget;
+            d["encode_lane_bytes"] = w.encodeLaneBytes;
+            d["decode_lane_bytes"] = w.decodeLaneBytes;
+            d["device_bytes"] = 2 * (w.encodeLaneBytes + w.decodeLaneBytes);
+            return d;
+        },
+        py::arg("algorithm"), py::arg("params_json"), py::arg("slot_bytes"), py::arg("num_slots"),
+        "The device workspace the CUDA codec of `algorithm` ('lz4', 'gdeflate', 'ans', 'zstd') would "
+        "allocate at configure() for pool groups of slot sizes `slot_bytes[g]` and `num_slots[g]` "
+        "slots (pools taken as 4 KiB aligned); needs no device. Raises ValueError for rejected "
+        "parameters or layouts.");
+
+    m.def(
+        "compress_chunks",
+        [](std::string const& algorithm, uint32_t elementBytes, uintptr_t data, std::vector<uint64_t> const& sizes,
+            uint8_t inFill, uint8_t outFill, uint8_t tempFill) {
+            Algorithm const a = algorithmNamed(algorithm);
+            std::vector<std::string> chunks;
+            {
+                py::gil_scoped_release release;
+                chunks = compressChunksForTest(a, elementBytes, data, sizes, inFill, outFill, tempFill);
+            }
+            py::list out;
+            for (auto const& c : chunks) out.append(py::bytes(c));
+            return out;
+        },
+        py::arg("algorithm"), py::arg("element_bytes"), py::arg("data"), py::arg("sizes"), py::arg("in_fill") = 0,
+        py::arg("out_fill") = 0, py::arg("temp_fill") = 0,
+        "Compresses chunks of sizes `sizes`, back to back at device address `data`, in one nvCOMP batch "
+        "whose input padding, output buffers and temp memory are pre-filled with the given bytes; "
+        "returns the compressed chunks. For tests of what nvCOMP's output depends on.");
 
     m.def(
         "direct_benchmark",

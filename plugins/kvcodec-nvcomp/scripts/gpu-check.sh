@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Builds and checks the nvCOMP plugin on a GPU host, after the SDK is installed: GPU tests, a
-# memcheck pass and the benchmark. Logs and results go into OUT_DIR/nvcomp/.
+# Builds and checks the nvCOMP plugin on a GPU host, after the SDK is installed: GPU tests,
+# compute-sanitizer passes and the benchmark. Logs and results go into OUT_DIR/nvcomp/.
 #
 #   plugins/kvcodec-nvcomp/scripts/gpu-check.sh OUT_DIR      (run from anywhere)
+#
+# Every step runs under `timeout` with its output capped (LOG_CAP bytes per log); a failing step
+# sets the exit status and the script goes on with the next one. The limits are upper bounds
+# (about 9 minutes in all); a healthy run takes a fraction of that.
 #
 # Offline hosts: wheels in <repo>/.whl/ (nvidia_libnvcomp_cu13-6.*.whl, lz4) are installed first.
 set -uo pipefail
@@ -10,36 +14,55 @@ ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PLUGIN="$ROOT/plugins/kvcodec-nvcomp"
 OUT_DIR=$(mkdir -p "${1:?usage: gpu-check.sh OUT_DIR}/nvcomp" && cd "$1/nvcomp" && pwd)
 export PYTHONUNBUFFERED=1
+LOG_CAP=2000000
 status=0
 step() { echo "== nvcomp: $* ($(date +%T))"; }
 
+# run LOG SECONDS CMD...: runs CMD in OUT_DIR under timeout, output capped into LOG.
+run() {
+  local log=$1 limit=$2 rc
+  shift 2
+  (cd "$OUT_DIR" && timeout -k 10 "$limit" "$@") 2>&1 | head -c "$LOG_CAP" > "$OUT_DIR/$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    [ "$rc" -eq 124 ] && echo "$log: timed out after ${limit}s" || echo "$log: exit status $rc"
+  fi
+  return "$rc"
+}
+
+PYTEST=(python3 -m pytest -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" --tb=short)
+
 step "install"
 if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps "$ROOT"/.whl/*.whl > "$OUT_DIR/wheels.log" 2>&1 \
-    || { tail -20 "$OUT_DIR/wheels.log"; echo "installing .whl/ failed"; exit 1; }
+  run wheels.log 60 python3 -m pip install -q --no-index --no-deps "$ROOT"/.whl/*.whl || tail -5 "$OUT_DIR/wheels.log"
 fi
-if ! python3 -m pip install --no-build-isolation --no-deps -v "$PLUGIN" > "$OUT_DIR/build.log" 2>&1; then
-  tail -40 "$OUT_DIR/build.log"; echo "plugin build failed"; exit 1
-fi
-(cd "$OUT_DIR" && kvcodec list) | tee "$OUT_DIR/list.txt"
+run build.log 150 python3 -m pip install --no-build-isolation --no-deps -v "$PLUGIN" || tail -30 "$OUT_DIR/build.log"
+run list.txt 30 kvcodec list; cat "$OUT_DIR/list.txt"
 
 step "pytest (CPU and GPU)"
-(cd "$OUT_DIR" && python3 -m pytest -v -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" \
-   "$PLUGIN/tests" --junitxml=pytest.xml) > "$OUT_DIR/pytest.log" 2>&1 || status=1
-tail -15 "$OUT_DIR/pytest.log"
+run pytest.log 150 "${PYTEST[@]}" -v "$PLUGIN/tests" --junitxml=pytest.xml
+grep -E "^(FAILED|ERROR)" "$OUT_DIR/pytest.log" | head -30
+tail -3 "$OUT_DIR/pytest.log"
 
-step "compute-sanitizer memcheck"
 if command -v compute-sanitizer > /dev/null; then
-  (cd "$OUT_DIR" && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 \
-     python3 -m pytest -q -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" "$PLUGIN/tests/test_nvcomp_gpu.py" \
-     -k "odd_layout or corrupted or did_not_fit or interchangeable") > "$OUT_DIR/memcheck.log" 2>&1 || status=1
+  step "compute-sanitizer memcheck"
+  run memcheck.log 60 compute-sanitizer --tool memcheck --error-exitcode 3 "${PYTEST[@]}" -q \
+    "$PLUGIN/tests/test_nvcomp_gpu.py" -k "odd_layout or corrupted or did_not_fit or interchangeable"
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
+
+  # initcheck: no uninitialized device bytes may reach nvCOMP or a blob (gdeflate's batch dependence).
+  step "compute-sanitizer initcheck"
+  run initcheck.log 45 compute-sanitizer --tool initcheck --error-exitcode 3 "${PYTEST[@]}" -q \
+    "$PLUGIN/tests/test_nvcomp_gpu.py" -k "rest_of_the_call and staged and plain"
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/initcheck.log" | tail -5
 fi
 
 step "benchmark"
-(cd "$OUT_DIR" && timeout 300 python3 "$PLUGIN/bench/bench_nvcomp.py" --json bench-nvcomp.json \
-   --markdown bench-nvcomp.md) > "$OUT_DIR/bench.log" 2>&1 || status=1
-grep -v '^\[bench\]' "$OUT_DIR/bench.log"
+run bench.log 90 python3 "$PLUGIN/bench/bench_nvcomp.py" --budget-s 60 --json bench-nvcomp.json \
+  --markdown bench-nvcomp.md
+grep -v '^\[bench\]' "$OUT_DIR/bench.log" | head -40
+grep -E "FAILED|skipped" "$OUT_DIR/bench.log" | head -10
 
 step "done (status $status)"
 exit $status

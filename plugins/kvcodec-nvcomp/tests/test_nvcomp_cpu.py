@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -299,3 +300,44 @@ def test_corrupted_blobs_are_refused(name, rng):
         assert all((p == 0x55).all() for p in layout.pools), f"corruption at byte {pos} wrote a hot page"
     codec.decode(0, cold, pairs([0], [0]))
     assert layout.page(0) == original
+
+
+# -- CUDA workspace sizing (host-side planner; no device needed) -------------------------------
+
+MANY_PAGES = ([[32, 32]], [100_001])  # the conformance suite's many-pages layout
+
+
+@pytest.mark.parametrize("algorithm", ["lz4", "gdeflate", "ans"])
+def test_workspace_of_tiny_slots_is_sized_from_the_real_chunks(algorithm):
+    w = _ext.workspace_plan(algorithm, "{}", *MANY_PAGES)
+    assert w["max_chunk_bytes"] == 32
+    assert w["chunk_stride"] < 65536
+    assert 2 <= w["max_chunks_per_batch"] <= 65536
+    assert w["max_chunks_per_batch"] == 2 * w["max_pages_per_batch"]
+    assert max(w["compress_temp_bytes"], w["decompress_temp_bytes"]) <= w["temp_budget_bytes"]
+    # Configure used to ask for 72 GB (gdeflate temp) and 18 GB (ans staging) here.
+    assert w["device_bytes"] < 2 << 30, w
+
+
+@pytest.mark.parametrize("algorithm", ["lz4", "gdeflate", "ans"])
+def test_workspace_of_full_chunks_keeps_max_batch_bytes(algorithm):
+    w = _ext.workspace_plan(algorithm, "{}", [[65536, 65536]], [4096])
+    assert w["max_chunk_bytes"] == 65536 and w["chunk_stride"] == 65536
+    assert w["max_pages_per_batch"] == (64 << 20) // (2 * 65536)
+    small = _ext.workspace_plan(algorithm, json.dumps({"chunk_bytes": 4096}), [[1000, 20000]], [10])
+    assert small["max_chunk_bytes"] == 4096
+    assert small["max_pages_per_batch"] == 10  # the pool's slots
+
+
+def test_workspace_caps_chunks_per_batch():
+    # 1 GiB batches of 256-byte chunks would be 4M chunks; the cap keeps 65536.
+    w = _ext.workspace_plan("ans", json.dumps({"chunk_bytes": 256, "max_batch_bytes": 1 << 30}), [[65536]], [100_000])
+    assert w["max_chunks_per_batch"] <= 65536
+    assert w["max_pages_per_batch"] == 65536 // 256
+
+
+def test_workspace_plan_rejects_what_configure_rejects():
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        _ext.workspace_plan("lz4", json.dumps({"chunk_bytes": 17}), *MANY_PAGES)
+    with pytest.raises(ValueError, match="num_slots"):
+        _ext.workspace_plan("lz4", "{}", [[32]], [])

@@ -14,7 +14,7 @@ import kvcodec_sdk as kv
 import nvcomp_blobs as blobs
 from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
 
-plugin_ext()
+_ext = plugin_ext()
 
 torch = pytest.importorskip("torch")
 lz4_block = pytest.importorskip("lz4.block")
@@ -54,13 +54,42 @@ class GpuLayout:
                 lifecycles=[kv.LifeCycleDesc(0)],
             )
         ]
+        torch.cuda.synchronize()  # the copies ran on torch's stream; codec calls use others
 
     def page(self, slot):
         return b"".join(p[slot].cpu().numpy().tobytes() for p in self.pools)
 
-    def fill_(self, value):
-        for p in self.pools:
-            p.fill_(value)
+    def fill_(self, value, stream=None):
+        """Overwrites every slot. With `stream`, ordered on it (after work already queued
+        there); without, finished before returning, so no queued codec call races it."""
+        if stream is None:
+            for p in self.pools:
+                p.fill_(value)
+            torch.cuda.synchronize()
+            return
+        with torch.cuda.stream(stream):
+            for p in self.pools:
+                p.fill_(value)
+
+
+def assert_pages(layout, slots, expect, what="decoded page"):
+    """Hot slots `slots` hold the byte strings `expect`; reports the first differing page and
+    byte offset instead of handing pytest large sequences to diff."""
+    assert len(slots) == len(expect)
+    for i, (s, want) in enumerate(zip(slots, expect)):
+        got = layout.page(s)
+        if got != want:
+            at = next((b for b, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+            pytest.fail(f"{what} {i} (hot slot {s}) differs at byte {at} of {len(want)}")
+
+
+def assert_blobs(got, expect, what="blob"):
+    """Like assert_pages for lists of blobs."""
+    assert len(got) == len(expect)
+    for i, (g, e) in enumerate(zip(got, expect)):
+        if g != e:
+            at = next((b for b, (x, y) in enumerate(zip(g, e)) if x != y), min(len(g), len(e)))
+            pytest.fail(f"{what} {i} differs at byte {at} of {len(e)}")
 
 
 def dev_pairs(dst, src):
@@ -82,8 +111,7 @@ def encode_decode(name, params, layout, n, stream, *, pinned=True):
     layout.fill_(0)
     codec.decode(0, cold, dev_pairs(torch.arange(n), perm), stream=stream)
     stream.synchronize()
-    for s in range(n):
-        assert layout.page(s) == originals[s], f"page {s}"
+    assert_pages(layout, range(n), originals)
     return codec, blobs_out, originals
 
 
@@ -131,16 +159,14 @@ def test_gpu_and_cpu_blobs_are_interchangeable(name, params, stream):
     for h in host_pools:
         h[:] = 0
     cpu.decode(0, cold, pairs(range(n), range(n)))
-    for s in range(n):
-        assert b"".join(h[s].tobytes() for h in host_pools) == originals[s]
+    assert_blobs([b"".join(h[s].tobytes() for h in host_pools) for s in range(n)], originals, "CPU-decoded page")
     # CPU blobs decode on the GPU.
     cpu_cold = np.zeros(n * cb, dtype=np.uint8)
     cpu.encode(0, cpu_cold, pairs(range(n), range(n)))
     layout.fill_(0)
     gpu.decode(0, torch.from_numpy(cpu_cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
     stream.synchronize()
-    for s in range(n):
-        assert layout.page(s) == originals[s]
+    assert_pages(layout, range(n), originals)
 
 
 def test_gpu_lz4_chunks_decode_with_the_lz4_package(stream):
@@ -158,7 +184,7 @@ def test_gpu_lz4_chunks_decode_with_the_lz4_package(stream):
             start = offsets[pool] + off
             expect = blobs.bitshuffle(originals[s][start : start + nbytes], 2)
             got = lz4_block.decompress(stored, uncompressed_size=nbytes) if is_comp else stored
-            assert got == expect
+            assert_blobs([got], [expect], f"chunk at {start} of page {s}")
             compressed += is_comp
     assert compressed > 0
 
@@ -182,7 +208,7 @@ def test_lz4_package_blobs_decode_on_the_gpu(stream):
     layout.fill_(3)
     codec.decode(0, torch.from_numpy(cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
     stream.synchronize()
-    assert [layout.page(s) for s in range(n)] == expect
+    assert_pages(layout, range(n), expect)
 
 
 @pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
@@ -191,6 +217,7 @@ def test_slot_ratio_did_not_fit(name, stream):
     layout = GpuLayout((65536,), n, "random")
     layout.pools[0][1].zero_()
     layout.pools[0][3].zero_()
+    torch.cuda.synchronize()  # torch's stream zeroed them; the encode runs on `stream`
     codec = kv.create_codec(name, {"slot_ratio": 0.5}, device="cuda")
     codec.configure(layout.groups)
     cb = codec.cold_page_bytes(0)
@@ -203,11 +230,11 @@ def test_slot_ratio_did_not_fit(name, stream):
     before = [layout.page(s) for s in range(n)]
     layout.pools[0][1].fill_(9)
     layout.pools[0][3].fill_(9)
+    torch.cuda.synchronize()  # the fills ran on torch's stream, the decode runs on `stream`
     codec.decode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
     stream.synchronize()
     # Pages that fit decode; pages that did not fit leave their hot slot untouched.
-    assert layout.page(0) == before[0] and layout.page(2) == before[2]
-    assert layout.page(1) == bytes(65536) and layout.page(3) == bytes(65536)
+    assert_pages(layout, [0, 2, 1, 3], [before[0], before[2], bytes(65536), bytes(65536)])
 
 
 def test_slot_ratio_below_the_header_is_refused():
@@ -236,9 +263,7 @@ def test_corrupted_blobs_are_never_decoded(name, stream):
     layout.fill_(0x5A)
     codec.decode(0, torch.from_numpy(cold).pin_memory(), dev_pairs(range(n), range(n)), stream=stream)
     stream.synchronize()
-    assert layout.page(0) == originals[0]
-    for s in range(1, n):
-        assert layout.page(s) == bytes([0x5A]) * len(originals[s]), f"corrupted page {s} was decoded"
+    assert_pages(layout, range(n), [originals[0]] + [bytes([0x5A]) * len(o) for o in originals[1:]])
 
 
 def test_calls_do_not_synchronize(stream):
@@ -255,13 +280,13 @@ def test_calls_do_not_synchronize(stream):
         torch.cuda._sleep(100_000_000)  # tens of ms of GPU work ahead of the codec on its stream
     codec.encode(0, cold, idx, stream=stream)
     assert not stream.query(), "encode() waited for the stream"
-    layout.fill_(0)
+    layout.fill_(0, stream=stream)  # behind the queued encode, which still reads the pages
     with torch.cuda.stream(stream):
         torch.cuda._sleep(100_000_000)
     codec.decode(0, cold, idx, stream=stream)
     assert not stream.query(), "decode() waited for the stream"
     stream.synchronize()
-    assert [layout.page(s) for s in range(16)] == expect
+    assert_pages(layout, range(16), expect)
 
 
 def test_calls_on_two_streams_share_the_workspace_safely():
@@ -279,4 +304,93 @@ def test_calls_on_two_streams_share_the_workspace_safely():
     layout.fill_(0)
     codec.decode(0, cold, dev_pairs(range(32), range(32)), stream=s2)
     torch.cuda.synchronize()
-    assert [layout.page(s) for s in range(32)] == expect
+    assert_pages(layout, range(32), expect)
+
+
+# -- batch independence: a page's blob depends on that page alone ------------------------------
+
+
+def encode_blobs(codec, layout, slots, cb, stream, *, per_page):
+    cold = torch.zeros((len(slots), cb), dtype=torch.uint8).pin_memory()
+    if per_page:
+        for i, s in enumerate(slots):
+            codec.encode(0, cold, dev_pairs([i], [s]), stream=stream)
+    else:
+        codec.encode(0, cold, dev_pairs(range(len(slots)), slots), stream=stream)
+    stream.synchronize()
+    return [cold[i].numpy().tobytes() for i in range(len(slots))]
+
+
+BATCH_LAYOUTS = {
+    "staged": (8192, 8192, 37),  # the conformance suite's failing group: odd slot, staged input
+    "direct": (65536, 16384),
+}
+
+
+@pytest.mark.parametrize("name", GPU_CODECS)
+@pytest.mark.parametrize("shape", list(BATCH_LAYOUTS))
+@pytest.mark.parametrize("params", [{}, {"data_type": "uint16", "bitshuffle": True, "chunk_bytes": 4096}], ids=["plain", "u16-shuffle"])
+def test_blob_does_not_depend_on_the_rest_of_the_call(name, shape, params, stream):
+    slots = BATCH_LAYOUTS[shape]
+    if params.get("data_type") == "uint16" and any(s % 2 for s in slots):
+        params = {k: v for k, v in params.items() if k != "data_type"}
+    n = 9
+    layout = GpuLayout(slots, 2 * n, "kv", seed=5)
+    codec = kv.create_codec(name, params, device="cuda")
+    codec.configure(layout.groups)
+    cb = codec.cold_page_bytes(0)
+    order = list(range(n, 2 * n))  # other pages than the dirtying call's
+    # Stale staging first: a call over the other n pages leaves their bytes in every slot.
+    encode_blobs(codec, layout, list(range(n)), cb, stream, per_page=False)
+    joined = encode_blobs(codec, layout, order, cb, stream, per_page=False)
+    separate = encode_blobs(codec, layout, order, cb, stream, per_page=True)
+    reversed_ = encode_blobs(codec, layout, order[::-1], cb, stream, per_page=False)[::-1]
+    assert_blobs(separate, joined, "blob of one call per page vs one call, page")
+    assert_blobs(reversed_, joined, "blob of the call in reverse order vs forward order, page")
+
+
+@pytest.mark.parametrize("name", ["lz4", "gdeflate", "ans"])
+def test_nvcomp_output_ignores_stale_memory(name):
+    """Which nvCOMP buffers a compressed chunk depends on: input padding past the chunk, the
+    output buffer's old bytes, the temp memory's old bytes, the chunk's place in the batch.
+    The codec clears input padding for all algorithms and the output slot for gdeflate; a
+    failure here for another buffer means the codec must clear that one too."""
+    rng = np.random.default_rng(11)
+    sizes = [8192, 8192, 37, 65536, 1000]
+    data = torch.from_numpy(np.concatenate([fill("kv", rng, s) for s in sizes])).cuda()
+    torch.cuda.synchronize()
+    base = _ext.compress_chunks(name, 1, data.data_ptr(), sizes)
+    for what, fills in {"input padding": (0xFF, 0, 0), "output buffer": (0, 0xFF, 0), "temp memory": (0, 0, 0xFF),
+                        "all": (0x5A, 0xA5, 0x3C)}.items():
+        got = _ext.compress_chunks(name, 1, data.data_ptr(), sizes, *fills)
+        assert_blobs(got, base, f"{name} chunk compressed over stale {what}: chunk")
+    # The same chunk alone and after others in one batch.
+    offset = sum(sizes[:3])
+    alone = _ext.compress_chunks(name, 1, data.data_ptr() + offset, [sizes[3]])
+    assert_blobs(alone, [base[3]], f"{name} chunk compressed alone vs in a batch of {len(sizes)}:")
+
+
+@pytest.mark.parametrize("name", GPU_CODECS)
+def test_many_tiny_pages_configure_and_round_trip(name, stream):
+    # The conformance suite's many-pages shape: 32-byte slots, 100001 of them, one large call.
+    n = 100_001
+    layout = GpuLayout((32, 32), n, "kv", seed=3)
+    codec = kv.create_codec(name, {}, device="cuda")
+    codec.configure(layout.groups)  # used to fail: workspace sized for 64 KiB chunks
+    cb = codec.cold_page_bytes(0)
+    m = n - 1
+    want = torch.cat(layout.pools, dim=1)[:m].clone()
+    cold = torch.zeros((m, cb), dtype=torch.uint8, device="cuda")
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(1))
+    torch.cuda.synchronize()
+    codec.encode(0, cold, dev_pairs(perm, torch.arange(m)), stream=stream)
+    layout.fill_(0x77, stream=stream)  # behind the queued encode
+    codec.decode(0, cold, dev_pairs(torch.arange(m), perm), stream=stream)
+    stream.synchronize()
+    got = torch.cat(layout.pools, dim=1)[:m]
+    bad = (got != want).any(dim=1).nonzero()
+    if bad.numel():
+        s = int(bad[0])
+        at = int((got[s] != want[s]).nonzero()[0])
+        pytest.fail(f"{bad.numel()} of {m} pages differ; first page {s} at byte {at}")
+    assert bool((torch.cat(layout.pools, dim=1)[m] == 0x77).all()), "a slot outside the call was written"

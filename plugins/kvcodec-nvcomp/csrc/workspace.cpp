@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "workspace.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace kvcodec::nvcomp_plugin {
+namespace {
+
+void require(nvcompStatus_t st, char const* what)
+{
+    if (st != nvcompSuccess)
+    {
+        throw std::runtime_error(std::string(what) + " failed: nvcompStatus_t " + std::to_string(int(st)));
+    }
+}
+
+bool aligned(uint64_t v, uint64_t a)
+{
+    return a <= 1 || v % a == 0;
+}
+
+struct Temp
+{
+    size_t compress = 0;
+    size_t decompress = 0;
+};
+
+} // namespace
+
+WorkspacePlan planWorkspace(CodecOptions const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
+    NvcompOps const& ops)
+{
+    WorkspacePlan w;
+    nvcompAlignmentRequirements_t ca{}, da{};
+    require(ops.compressAlignment(&ca), "nvCOMP compress alignment query");
+    require(ops.decompressAlignment(&da), "nvCOMP decompress alignment query");
+    if (std::max({ca.input, ca.output, da.output}) > kStagingAlign)
+    {
+        throw std::runtime_error("nvCOMP asks for buffer alignments above " + std::to_string(kStagingAlign) + " bytes");
+    }
+    for (size_t g = 0; g < plans.size(); ++g)
+    {
+        auto const& group = layout.groups()[g];
+        bool inOk = true, outOk = true;
+        for (auto const& c : plans[g].chunks)
+        {
+            auto const& pool = group.pools[c.pool];
+            w.maxChunkBytes = std::max<uint64_t>(w.maxChunkBytes, c.bytes);
+            inOk = inOk && aligned(pool.base, ca.input) && aligned(pool.slotBytes, ca.input) && aligned(c.offset, ca.input);
+            outOk = outOk && aligned(pool.base, da.output) && aligned(pool.slotBytes, da.output) && aligned(c.offset, da.output);
+        }
+        w.encodeDirect.push_back(!options.bitshuffle && inOk);
+        w.decodeDirect.push_back(!options.bitshuffle && outOk);
+        w.encodeStaging = w.encodeStaging || !w.encodeDirect.back();
+        w.decodeStaging = w.decodeStaging || !w.decodeDirect.back();
+    }
+    w.decodeMaxChunkBytes = std::max(w.maxChunkBytes, kDummyRawBytes);
+
+    // Staged chunks sit at a stride of the largest real chunk, not of chunk_bytes: a layout of
+    // 32-byte slots must not reserve 64 KiB per chunk.
+    size_t maxOut = 0;
+    require(ops.maxCompressedChunk(w.maxChunkBytes, &maxOut), "nvCOMP max chunk size query");
+    w.maxCompressedChunk = maxOut;
+    w.chunkStride = roundUp(w.maxChunkBytes, kStagingAlign);
+    w.compStride = roundUp(maxOut, kStagingAlign);
+
+    auto measure = [&]() {
+        w.maxChunks = w.maxPages = w.blobBytes = w.compressTotalBytes = 0;
+        for (size_t g = 0; g < plans.size(); ++g)
+        {
+            auto const& plan = plans[g];
+            w.maxChunks = std::max<uint64_t>(w.maxChunks, plan.maxPagesPerBatch * plan.chunks.size());
+            w.maxPages = std::max<uint64_t>(w.maxPages, plan.maxPagesPerBatch);
+            w.blobBytes = std::max<uint64_t>(w.blobBytes, plan.maxPagesPerBatch * roundUp(plan.coldBytes, kStagingAlign));
+            w.compressTotalBytes = std::max<uint64_t>(w.compressTotalBytes, plan.maxPagesPerBatch * layout.groups()[g].pageBytes);
+        }
+        Temp t;
+        require(ops.compressTemp(w.maxChunks, w.maxChunkBytes, w.compressTotalBytes, &t.compress, nullptr),
+            "nvCOMP compress temp-size query");
+        require(ops.decompressTemp(w.maxChunks, w.decodeMaxChunkBytes, w.maxChunks * w.decodeMaxChunkBytes,
+                    &t.decompress, nullptr),
+            "nvCOMP decompress temp-size query");
+        w.compressTempBytes = t.compress;
+        w.decompressTempBytes = t.decompress;
+    };
+
+    // The budget: what a max_batch_bytes batch of full chunk_bytes chunks needs anyway, at least
+    // kTempBudgetFloor. Per-chunk temp costs (LZ4's hash table, gdeflate's match state) would
+    // otherwise reach gigabytes for layouts of tiny slots.
+    uint64_t const fullChunks = std::max<uint64_t>(1, options.maxBatchBytes / options.chunkBytes);
+    Temp full;
+    require(ops.compressTemp(fullChunks, options.chunkBytes, fullChunks * options.chunkBytes, &full.compress, nullptr),
+        "nvCOMP compress temp-size query");
+    require(ops.decompressTemp(fullChunks, std::max(options.chunkBytes, kDummyRawBytes),
+                fullChunks * std::max(options.chunkBytes, kDummyRawBytes), &full.decompress, nullptr),
+        "nvCOMP decompress temp-size query");
+    w.tempBudget = std::max<uint64_t>({kTempBudgetFloor, full.compress, full.decompress});
+
+    measure();
+    while (std::max(w.compressTempBytes, w.decompressTempBytes) > w.tempBudget && w.maxPages > 1)
+    {
+        // Halve the chunk count of the largest batches; a batch keeps at least one page.
+        uint64_t const cap = w.maxChunks / 2;
+        for (auto& plan : plans)
+        {
+            uint64_t const pages = std::max<uint64_t>(1, cap / plan.chunks.size());
+            plan.maxPagesPerBatch = std::min(plan.maxPagesPerBatch, pages);
+        }
+        measure();
+    }
+
+    uint64_t const tables = sizeof(void*) * 2 + sizeof(size_t) * 2 + sizeof(nvcompStatus_t) + sizeof(uint32_t) + sizeof(uint64_t);
+    w.encodeLaneBytes = w.maxChunks * (tables + w.compStride + (w.encodeStaging ? w.chunkStride : 0)) + w.blobBytes
+        + w.compressTempBytes;
+    uint64_t const dtables = sizeof(void*) * 2 + sizeof(size_t) * 3 + sizeof(nvcompStatus_t) + 1 + sizeof(uint64_t);
+    w.decodeLaneBytes = w.maxChunks * (dtables + kDummyRawBytes + (w.decodeStaging ? w.chunkStride : 0)) + w.blobBytes
+        + w.decompressTempBytes;
+    return w;
+}
+
+namespace {
+
+// Runs NvcompCodecBase::configure (the same validation and chunk plans as the real codecs) and
+// then only plans the CUDA workspace.
+class WorkspaceProbe final : public NvcompCodecBase
+{
+public:
+    explicit WorkspaceProbe(CodecOptions options) : NvcompCodecBase(options) {}
+
+    WorkspacePlan plan;
+
+private:
+    bool configureBackend() override
+    {
+        try
+        {
+            auto ops = makeNvcompOps(options_.algorithm, options_.elementBytes);
+            plan = planWorkspace(options_, layout_, plans_, *ops);
+            return true;
+        }
+        catch (std::exception const& e)
+        {
+            return fail(std::string("configure(): ") + e.what());
+        }
+    }
+
+    PageIndexLocation location() const noexcept override
+    {
+        return PageIndexLocation::kDevice;
+    }
+
+    bool submit(PoolGroupIndex, uintptr_t, PageIndexPair const*, size_t, cudaStream_t, bool) override
+    {
+        return fail("a workspace probe neither encodes nor decodes");
+    }
+};
+
+} // namespace
+
+bool probeWorkspace(Algorithm algorithm, char const* paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
+    std::vector<uint64_t> const& numSlots, WorkspacePlan& out, std::string& error)
+{
+    if (slotBytes.size() != numSlots.size())
+    {
+        error = "slot_bytes has " + std::to_string(slotBytes.size()) + " groups but num_slots has "
+            + std::to_string(numSlots.size()) + "; give one slot count per group";
+        return false;
+    }
+    CodecOptions options;
+    if (!parseOptions(paramsJson, algorithm, options, error))
+    {
+        return false;
+    }
+    std::vector<std::vector<PoolDesc>> pools(slotBytes.size());
+    std::vector<LifeCycleDesc> lifeCycles(slotBytes.size());
+    std::vector<PoolGroupDesc> groups(slotBytes.size());
+    uintptr_t base = uintptr_t(1) << 20; // Never dereferenced: only the alignment matters.
+    for (size_t g = 0; g < slotBytes.size(); ++g)
+    {
+        for (uint64_t s : slotBytes[g])
+        {
+            pools[g].push_back({reinterpret_cast<void*>(base), s, numSlots[g]});
+            base += roundUp(s * numSlots[g], 4096) + 4096;
+        }
+        lifeCycles[g] = {LifeCycleId(g), 0, nullptr};
+        groups[g] = {PoolGroupIndex(g), uint32_t(pools[g].size()), pools[g].data(), 1, &lifeCycles[g]};
+    }
+    WorkspaceProbe probe(options);
+    if (!probe.configure(groups.data(), PoolGroupIndex(groups.size())))
+    {
+        error = probe.lastError();
+        return false;
+    }
+    out = probe.plan;
+    return true;
+}
+
+} // namespace kvcodec::nvcomp_plugin
