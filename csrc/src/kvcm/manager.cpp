@@ -480,6 +480,44 @@ MigrationResult KvCacheManager::migrate(
     return result;
 }
 
+// Defined before its callers and inline, so the migration loop inlines it.
+inline void KvCacheManager::lruPush(LruQueue& q, Page& p, uint32_t index)
+{
+    if (q.heap.size() >= 2 * q.live + 64)
+    {
+        // Stale entries outnumber the live ones: sweep them out (amortized O(1) per insert).
+        if (q.live == 0)
+        {
+            q.heap.clear(); // All stale (every page left, as after migrating a whole batch away).
+        }
+        else
+        {
+            auto const stale = [&](LruEntry const& e) { return pages_[e.index].lruStamp != e.stamp; };
+            q.heap.erase(std::remove_if(q.heap.begin(), q.heap.end(), stale), q.heap.end());
+            std::make_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
+        }
+    }
+    LruEntry const entry{p.priority, index, p.tick, lruSerial_ + 1};
+    // Sift up by hand (std::push_heap re-reads the entry it just stored): a new tick is the
+    // largest of its priority, so this usually stops at the first parent.
+    size_t i = q.heap.size();
+    q.heap.emplace_back();
+    LruEntry* heap = q.heap.data();
+    while (i > 0)
+    {
+        size_t const parent = (i - 1) / 2;
+        if (!laterVictimOf(heap[parent], entry))
+        {
+            break;
+        }
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    heap[i] = entry;
+    p.lruStamp = ++lruSerial_;
+    ++q.live;
+}
+
 bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count,
     Stream stream, MigrationResult& result, std::string& error)
 {
@@ -631,6 +669,15 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         }
     }
 
+    // Room for step 5's queue entries, taken before anything is submitted (step 5 cannot fail).
+    {
+        auto& heap = lru_[size_t(key.dst)][size_t(key.dstGroup)].heap;
+        if (heap.capacity() < heap.size() + count)
+        {
+            heap.reserve(std::max(heap.size() + count, 2 * heap.capacity()));
+        }
+    }
+
     // Step 2: the stream waits for the source pages and the destination slots.
     s.events.clear();
     s.pairs.resize(count);
@@ -777,7 +824,11 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
     }
 
-    // Step 5: ownership moves to the destination; the source slots are released.
+    // Step 5: ownership moves to the destination; the source slots are released. Every page
+    // leaves the source group's eviction queue and joins the destination group's (unless pinned).
+    LruQueue& srcQueue = lru_[size_t(key.src)][size_t(key.srcGroup)];
+    LruQueue& dstQueue = lru_[size_t(key.dst)][size_t(key.dstGroup)];
+    bool const hotter = key.dst < key.src;
     for (size_t i = 0; i < count; ++i)
     {
         Page& p = pages_[pages[i]];
@@ -786,14 +837,21 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
             disk->release(key.srcGroup, p.slot);
         }
         srcPool.give(p.slot, finish);
-        lruErase(pages[i]);
+        if (p.lruStamp != 0)
+        {
+            p.lruStamp = 0;
+            --srcQueue.live;
+        }
         p.level = int8_t(key.dst);
         p.slot = dstSlots[i];
-        if (key.dst < key.src)
+        if (hotter)
         {
             p.tick = ++clock_; // Brought hotter to be used; an eviction keeps the page's age.
         }
-        lruInsert(pages[i]);
+        if (p.pins == 0)
+        {
+            lruPush(dstQueue, p, pages[i]);
+        }
     }
     result.moved += count;
     return true;
@@ -998,18 +1056,7 @@ void KvCacheManager::lruInsert(uint32_t index)
         return;
     }
     auto const level = CacheLevel(p.level);
-    LruQueue& q = lru_[size_t(level)][size_t(storage_->poolGroup(level, p.lifeCycle))];
-    if (q.heap.size() >= 2 * q.live + 64)
-    {
-        // Stale entries outnumber the live ones: sweep them out (amortized O(1) per insert).
-        auto const stale = [&](LruEntry const& e) { return pages_[e.index].lruStamp != e.stamp; };
-        q.heap.erase(std::remove_if(q.heap.begin(), q.heap.end(), stale), q.heap.end());
-        std::make_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
-    }
-    q.heap.push_back({p.priority, index, p.tick, lruSerial_ + 1});
-    std::push_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
-    p.lruStamp = ++lruSerial_;
-    ++q.live;
+    lruPush(lru_[size_t(level)][size_t(storage_->poolGroup(level, p.lifeCycle))], p, index);
 }
 
 void KvCacheManager::lruErase(uint32_t index) noexcept

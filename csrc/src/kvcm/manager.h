@@ -248,6 +248,8 @@ private:
     void releasePage(uint32_t index) noexcept;
     void lruInsert(uint32_t index);
     void lruErase(uint32_t index) noexcept;
+    // Queues an unpinned page that is in no queue (its level and group are q's).
+    void lruPush(LruQueue& q, Page& p, uint32_t index);
     // The `count` next victims of a queue in eviction order (the queue is left unchanged).
     void lruVictims(LruQueue& queue, size_t count, std::vector<uint32_t>& out);
     [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
