@@ -250,7 +250,8 @@ private:
     void lruErase(uint32_t index) noexcept;
     // Queues an unpinned page that is in no queue (its level and group are q's).
     void lruPush(LruQueue& q, Page& p, uint32_t index);
-    // The `count` next victims of a queue in eviction order (the queue is left unchanged).
+    // The `count` next victims of a queue in eviction order; they stay queued (stale entries met
+    // on the way are dropped).
     void lruVictims(LruQueue& queue, size_t count, std::vector<uint32_t>& out);
     [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
     void notify(MigrationRecord const& record);
