@@ -109,6 +109,12 @@ if want kvcm; then
 step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && timeout 240 kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"
+step "kvcodec bench kvcm --overhead (the manager's own host CPU per page, GPU and CPU backends)"
+for dev in cuda cpu; do
+  (cd "$OUT_DIR" && timeout 120 kvcodec bench kvcm --overhead --device $dev --quiet \
+     --json bench-kvcm-overhead-$dev.json) > "$OUT_DIR/bench-kvcm-overhead-$dev.txt" 2>&1 || status=1
+  cat "$OUT_DIR/bench-kvcm-overhead-$dev.txt"
+done
 fi
 
 if want workload; then

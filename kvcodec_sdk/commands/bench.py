@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=5, help="timed repetitions (median reported)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--pages", type=int, default=10_000, help="kvcm: scattered pages per migrate call (default 10000)")
+    p.add_argument("--overhead", action="store_true",
+                   help="kvcm: the manager's own host CPU per page only (64-byte pieces, 100000 resident pages; "
+                        "--device defaults to cpu); exits 1 when it misses its 0.1 us/page target")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     wl = p.add_argument_group("workload", "options of `kvcodec bench workload`")
     wl.add_argument("--sessions", type=int, default=64, help="sessions (default 64)")
@@ -45,6 +48,14 @@ def run(args: argparse.Namespace) -> int:
     if args.codec == "kvcm":
         from ..bench import kvcm
 
+        if args.overhead:
+            report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
+                                       pages=args.pages, iters=max(args.iters, 15), progress=not args.quiet)
+            print(kvcm.format_table(report))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(report.to_json(), f, indent=2)
+            return 0 if kvcm.overhead_ok(report) else 1
         sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
         kw = {"max_bytes": args.bytes} if args.bytes else {}
         report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=args.pages, iters=args.iters,

@@ -41,6 +41,20 @@ struct Scratch
 };
 thread_local Scratch tScratch;
 
+template <typename Entry>
+bool laterVictimOf(Entry const& a, Entry const& b) noexcept
+{
+    if (a.priority != b.priority)
+    {
+        return a.priority > b.priority;
+    }
+    if (a.tick != b.tick)
+    {
+        return a.tick > b.tick;
+    }
+    return a.index > b.index;
+}
+
 // Waits on each distinct event once; consecutive pages usually share one.
 void waitAll(std::vector<runtime::Event*>& events, std::optional<Stream> stream)
 {
@@ -183,7 +197,7 @@ PageInfo KvCacheManager::info(PageId id) const
 void KvCacheManager::releasePage(uint32_t index) noexcept
 {
     lruErase(index);
-    auto const k = pageKeys_.find(index);
+    auto const k = pageKeys_.empty() ? pageKeys_.end() : pageKeys_.find(index);
     if (k != pageKeys_.end())
     {
         keyOwner_.erase(k->second);
@@ -208,7 +222,7 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
     PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHot, lifeCycle);
     SlotPool& pool = storage_->slots(CacheLevel::kHot, g);
     if (pool.freeSlots() < count && storage_->config().autoEvict
-        && pool.freeSlots() + lru_[size_t(CacheLevel::kHot)][size_t(g)].size() >= count)
+        && pool.freeSlots() + lru_[size_t(CacheLevel::kHot)][size_t(g)].live >= count)
     {
         makeRoom(CacheLevel::kHot, g, count, stream); // Evicts least-recently-used pages colder.
     }
@@ -217,7 +231,7 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
         throw CapacityError("cannot allocate " + std::to_string(count) + " hot pages of layer group "
             + std::to_string(lifeCycle) + ": hot pool group " + std::to_string(g) + " has "
             + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots()) + " slots and "
-            + std::to_string(lru_[size_t(CacheLevel::kHot)][size_t(g)].size())
+            + std::to_string(lru_[size_t(CacheLevel::kHot)][size_t(g)].live)
             + " evictable pages; evict, unpin or free pages first");
     }
     auto& events = tScratch.events;
@@ -466,6 +480,44 @@ MigrationResult KvCacheManager::migrate(
     return result;
 }
 
+// Defined before its callers and inline, so the migration loop inlines it.
+inline void KvCacheManager::lruPush(LruQueue& q, Page& p, uint32_t index)
+{
+    if (q.heap.size() >= 2 * q.live + 64)
+    {
+        // Stale entries outnumber the live ones: sweep them out (amortized O(1) per insert).
+        if (q.live == 0)
+        {
+            q.heap.clear(); // All stale (every page left, as after migrating a whole batch away).
+        }
+        else
+        {
+            auto const stale = [&](LruEntry const& e) { return pages_[e.index].lruStamp != e.stamp; };
+            q.heap.erase(std::remove_if(q.heap.begin(), q.heap.end(), stale), q.heap.end());
+            std::make_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
+        }
+    }
+    LruEntry const entry{p.priority, index, p.tick, lruSerial_ + 1};
+    // Sift up by hand (std::push_heap re-reads the entry it just stored): a new tick is the
+    // largest of its priority, so this usually stops at the first parent.
+    size_t i = q.heap.size();
+    q.heap.emplace_back();
+    LruEntry* heap = q.heap.data();
+    while (i > 0)
+    {
+        size_t const parent = (i - 1) / 2;
+        if (!laterVictimOf(heap[parent], entry))
+        {
+            break;
+        }
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    heap[i] = entry;
+    p.lruStamp = ++lruSerial_;
+    ++q.live;
+}
+
 bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count,
     Stream stream, MigrationResult& result, std::string& error)
 {
@@ -617,6 +669,15 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         }
     }
 
+    // Room for step 5's queue entries, taken before anything is submitted (step 5 cannot fail).
+    {
+        auto& heap = lru_[size_t(key.dst)][size_t(key.dstGroup)].heap;
+        if (heap.capacity() < heap.size() + count)
+        {
+            heap.reserve(std::max(heap.size() + count, 2 * heap.capacity()));
+        }
+    }
+
     // Step 2: the stream waits for the source pages and the destination slots.
     s.events.clear();
     s.pairs.resize(count);
@@ -723,10 +784,10 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     EventPtr const finish = runtime_->record(stream);
     noteEvent(stream, finish);
 
-    // Step 4: attach the event to the source pages and destination slots; notify observers.
+    // Step 4: attach the event to the destination slots (the source slots get it when released
+    // in step 5); notify observers.
     for (size_t i = 0; i < count; ++i)
     {
-        srcPool.setReady(s.pairs[i].src, finish);
         dstPool.setReady(dstSlots[i], finish);
     }
     uint64_t const dstPageBytes = storage_->pageBytes(key.dst, key.dstGroup);
@@ -763,7 +824,11 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
     }
 
-    // Step 5: ownership moves to the destination; the source slots are released.
+    // Step 5: ownership moves to the destination; the source slots are released. Every page
+    // leaves the source group's eviction queue and joins the destination group's (unless pinned).
+    LruQueue& srcQueue = lru_[size_t(key.src)][size_t(key.srcGroup)];
+    LruQueue& dstQueue = lru_[size_t(key.dst)][size_t(key.dstGroup)];
+    bool const hotter = key.dst < key.src;
     for (size_t i = 0; i < count; ++i)
     {
         Page& p = pages_[pages[i]];
@@ -772,14 +837,21 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
             disk->release(key.srcGroup, p.slot);
         }
         srcPool.give(p.slot, finish);
-        lruErase(pages[i]);
+        if (p.lruStamp != 0)
+        {
+            p.lruStamp = 0;
+            --srcQueue.live;
+        }
         p.level = int8_t(key.dst);
         p.slot = dstSlots[i];
-        if (key.dst < key.src)
+        if (hotter)
         {
             p.tick = ++clock_; // Brought hotter to be used; an eviction keeps the page's age.
         }
-        lruInsert(pages[i]);
+        if (p.pins == 0)
+        {
+            lruPush(dstQueue, p, pages[i]);
+        }
     }
     result.moved += count;
     return true;
@@ -977,28 +1049,57 @@ std::vector<std::pair<uint64_t, uint64_t>> KvCacheManager::getAndResetIterationP
 
 void KvCacheManager::lruInsert(uint32_t index)
 {
-    Page const& p = pages_[index];
+    lruErase(index); // At most one live entry per page.
+    Page& p = pages_[index];
     if (p.level < 0 || p.pins > 0)
     {
         return;
     }
     auto const level = CacheLevel(p.level);
-    lru_[size_t(level)][size_t(storage_->poolGroup(level, p.lifeCycle))].emplace(p.priority, p.tick, index);
+    lruPush(lru_[size_t(level)][size_t(storage_->poolGroup(level, p.lifeCycle))], p, index);
 }
 
 void KvCacheManager::lruErase(uint32_t index) noexcept
 {
-    Page const& p = pages_[index];
-    if (p.level < 0 || p.pins > 0)
+    Page& p = pages_[index];
+    if (p.lruStamp == 0)
     {
         return;
     }
+    p.lruStamp = 0; // Its entry is stale from now on.
     auto const level = CacheLevel(p.level);
     auto& groups = lru_[size_t(level)];
     auto const g = size_t(storage_->mapping(level).empty() ? -1 : storage_->poolGroup(level, p.lifeCycle));
     if (g < groups.size())
     {
-        groups[g].erase(LruKey{p.priority, p.tick, index});
+        --groups[g].live;
+    }
+}
+
+void KvCacheManager::lruVictims(LruQueue& q, size_t count, std::vector<uint32_t>& out)
+{
+    // Pops the next live entries (dropping the stale ones met on the way), then pushes the live
+    // ones back: the queue keeps every page until a migration actually moves it out.
+    out.clear();
+    out.reserve(count);
+    thread_local std::vector<LruEntry> taken;
+    taken.clear();
+    taken.reserve(count);
+    while (taken.size() < count && !q.heap.empty())
+    {
+        std::pop_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
+        LruEntry const e = q.heap.back();
+        q.heap.pop_back();
+        if (pages_[e.index].lruStamp == e.stamp)
+        {
+            taken.push_back(e);
+            out.push_back(e.index);
+        }
+    }
+    for (LruEntry const& e : taken)
+    {
+        q.heap.push_back(e); // Within the capacity just popped: cannot throw.
+        std::push_heap(q.heap.begin(), q.heap.end(), laterVictimOf<LruEntry>);
     }
 }
 
@@ -1086,7 +1187,7 @@ size_t KvCacheManager::evictable(CacheLevel level, PoolGroupIndex group) const
         throw std::invalid_argument("pool group is " + std::to_string(group) + "; the " + levelName(level)
             + " level has " + std::to_string(lru_[size_t(level)].size()) + " pool groups");
     }
-    return lru_[size_t(level)][size_t(group)].size();
+    return lru_[size_t(level)][size_t(group)].live;
 }
 
 void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream)
@@ -1107,11 +1208,7 @@ void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t f
     }
     // Victims are copied out first: the cascade below changes other levels' orders only.
     std::vector<uint32_t> victims;
-    victims.reserve(need);
-    for (auto it = lru_[size_t(level)][size_t(group)].begin(); victims.size() < need; ++it)
-    {
-        victims.push_back(std::get<2>(*it));
-    }
+    lruVictims(lru_[size_t(level)][size_t(group)], size_t(need), victims);
     auto& stats = stats_[size_t(level)][size_t(group)];
     std::optional<CacheLevel> const next = colderLevel(level);
     if (!next)
@@ -1241,7 +1338,7 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
                 + "); the hot pools never move, so raise max_gpu_quota at construction");
         }
         uint64_t const used = pool.usedSlots();
-        size_t const candidates = lru_[size_t(level)][g].size();
+        size_t const candidates = lru_[size_t(level)][g].live;
         if (used > target[g] && used - target[g] > candidates)
         {
             throw CapacityError("cannot resize the " + std::string(levelName(level)) + " level to " + std::to_string(quotaBytes)

@@ -10,10 +10,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -210,9 +208,26 @@ private:
         uint32_t pins = 0;
         int32_t priority = 0;
         uint64_t tick = 0; ///< Recency: larger is more recent.
+        uint64_t lruStamp = 0; ///< Stamp of the page's live eviction-queue entry; 0: not queued.
     };
-    // Eviction order of one pool group: (priority, recency, page index), first = next victim.
-    using LruKey = std::tuple<int32_t, uint64_t, uint32_t>;
+    // One entry of a pool group's eviction queue. Entries are never searched for: a page leaves
+    // its queue by clearing its stamp (O(1)), and stale entries are skipped when victims are
+    // taken or swept out when they outnumber the live ones.
+    struct LruEntry
+    {
+        int32_t priority;
+        uint32_t index;
+        uint64_t tick;
+        uint64_t stamp;
+    };
+    // Eviction order of one pool group: a binary min-heap on (priority, tick, index), front = next
+    // victim. A page inserted with a new tick (allocation, touch, onboarding) lands at a leaf and
+    // stays there, so the migration path pays a push_back and one comparison per page.
+    struct LruQueue
+    {
+        std::vector<LruEntry> heap;
+        size_t live = 0; ///< Entries whose page is still queued here (the evictable pages).
+    };
 
     // One distinct transfer of a (source level, destination level) pair.
     struct TransferKey
@@ -233,6 +248,11 @@ private:
     void releasePage(uint32_t index) noexcept;
     void lruInsert(uint32_t index);
     void lruErase(uint32_t index) noexcept;
+    // Queues an unpinned page that is in no queue (its level and group are q's).
+    void lruPush(LruQueue& q, Page& p, uint32_t index);
+    // The `count` next victims of a queue in eviction order; they stay queued (stale entries met
+    // on the way are dropped).
+    void lruVictims(LruQueue& queue, size_t count, std::vector<uint32_t>& out);
     [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
     void notify(MigrationRecord const& record);
     size_t chunkPages(TransferKey const& key) const noexcept;
@@ -262,8 +282,9 @@ private:
 
     std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
     // Per level, per pool group of that level's grouping: the unpinned live pages in eviction order.
-    std::array<std::vector<std::set<LruKey>>, kNumLevels> lru_;
+    std::array<std::vector<LruQueue>, kNumLevels> lru_;
     uint64_t clock_ = 0;
+    uint64_t lruSerial_ = 0; ///< Last stamp given to a queue entry.
     std::vector<std::pair<int64_t, Observer>> observers_;
     int64_t nextObserver_ = 1;
     std::exception_ptr observerError_;
