@@ -376,6 +376,62 @@ class DiskRegion:
         self._live().snapshot()
         self._log_events()
 
+    # -- resize and defragmentation ---------------------------------------------------------
+
+    @property
+    def container_bytes(self) -> int:
+        """The configured bytes per container file (a resize counts containers in them)."""
+        return int(self._live().container_bytes)
+
+    @property
+    def max_bytes(self) -> int:
+        """The region's current size: container files times :attr:`container_bytes`."""
+        native = self._live()
+        return int(native.num_containers) * int(native.container_bytes)
+
+    def resize(self, max_bytes: int, *, drop_oldest: bool = False, progress: Any = None,
+               batch_pages: int = 256) -> dict:
+        """Changes the region to ``max_bytes // container_bytes`` container files while it stays open.
+
+        Growing preallocates the new files before recording the new geometry. Shrinking first
+        moves every page of the cut containers into free slots of the kept ones (raw blob copy
+        checked against its CRC-32C, data synced, then a journal record moves the key: a crash at
+        any point leaves the page valid at its old or its new slot), ``batch_pages`` pages at a
+        time with ``progress(done, total)`` called after each batch, then records the new
+        geometry and deletes the cut files. Keys, bytes and tags never change. Other operations
+        wait while it runs (``progress`` must not use the region).
+
+        Raises ``ValueError`` for a size outside 1..9999 containers, :class:`DiskFullError` when
+        the kept slots cannot hold the live pages (nothing changed; ``drop_oldest=True`` erases
+        the oldest pages of the cut containers instead), :class:`DiskNoSpaceError` or
+        :class:`DiskIoError` on an I/O failure (pages moved so far stay valid; the region keeps its
+        old size and keeps working). Returns ``{"containers_before", "containers_after",
+        "moved", "dropped", "checksum_drops"}``.
+        """
+        for field_name, value in (("max_bytes", max_bytes), ("batch_pages", batch_pages)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{field_name} is {value!r}; it must be a positive integer")
+        native = self._live()
+        containers = max_bytes // int(native.container_bytes)
+        if not 1 <= containers <= 9999:
+            raise ValueError(f"max_bytes is {max_bytes}; with container_bytes {native.container_bytes} it must give "
+                             f"1..9999 container files ({native.container_bytes}.."
+                             f"{9999 * native.container_bytes} bytes)")
+        return self._resize_result(native.resize(containers, progress, bool(drop_oldest), batch_pages))
+
+    def defragment(self, *, progress: Any = None, batch_pages: int = 256) -> dict:
+        """Moves the live pages into the lowest slots (journaled like :meth:`resize`'s moves), so
+        the used slots are the first ``len(self)``. Same report, waiting and errors as :meth:`resize`."""
+        if not isinstance(batch_pages, int) or isinstance(batch_pages, bool) or batch_pages <= 0:
+            raise ValueError(f"batch_pages is {batch_pages!r}; it must be a positive integer")
+        return self._resize_result(self._live().defragment(progress, batch_pages))
+
+    def _resize_result(self, raw: dict) -> dict:
+        self._log_events()
+        if "error" in raw:
+            raise _ERRORS.get(raw["status"], DiskIoError)(raw["status"], raw["error"])
+        return {k: int(v) for k, v in raw.items()}
+
     def close(self) -> None:
         """Flushes, writes a final snapshot and closes the files. Idempotent."""
         if self._native is not None:

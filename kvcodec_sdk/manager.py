@@ -557,23 +557,30 @@ class KVCacheManager:
             self._live().make_room(int(level), int(pool_group), int(free_slots), handle)
 
     def resize(self, level: int, quota_bytes: int, *, stream: Any = None) -> None:
-        """Sets the quota of the hot or host level at run time.
+        """Sets the quota of a level (hot, host or disk) at run time.
 
         Every pool group's slot count is projected from ``quota_bytes`` as at construction
         (``pool_ratio``; the ``min_hot_slots`` floors on the hot level only; at least one slot per
-        cold pool group). Growing extends the pools: the hot level up to the reserve
-        (``KVCacheConfig.max_gpu_quota``; its pools never move), the host level into a larger
-        pool with the blobs copied over. Shrinking first evicts, least recently used first, the
-        pages that no longer fit (to the next colder level; the last level drops them), then moves
-        the pages in slots beyond the new count into free slots below it through the migration
-        transaction (hot: per-pool copies; host: raw blob copies) on ``stream`` (None: the
-        manager's). Handles keep their identity; ``handle.slot`` may change, pinned pages too
-        (pins prevent eviction, not relocation).
+        host pool group; the disk level splits in the same slot-count proportions into whole
+        container files, at least one per cold pool group). Growing extends the pools: the hot
+        level up to the reserve (``KVCacheConfig.max_gpu_quota``; its pools never move), the host
+        level into a larger pool with the blobs copied over, the disk level by new preallocated
+        container files. Shrinking first evicts, least recently used first, the pages that no
+        longer fit (to the next colder level; the disk level, the last, drops them, counted in its
+        ``drops``), then moves the pages in slots beyond the new count into free slots below it
+        (hot: per-pool copies and host: raw blob copies, through the migration transaction on
+        ``stream``, None: the manager's; disk: raw blob moves inside each region, each journaled so
+        a crash leaves the page valid at its old or new slot) and releases the tail. Handles keep
+        their identity, content key and contents; ``handle.slot`` may change, pinned pages too
+        (pins prevent eviction, not relocation). The disk quota persists: a restart with the same
+        ``DiskTierConfig`` opens with it (see ``docs/kvcm.md``).
 
-        Raises ``ValueError`` for the disk level, a hot quota above the reserve or an infeasible
-        projection, and :class:`CapacityError` when too few pages are evictable, both before
-        anything changed. Views from :meth:`host_pool_array` taken before a host resize are
-        invalid afterwards (fetch them again); hot views stay valid.
+        Raises ``ValueError`` for a hot quota above the reserve or an infeasible projection, and
+        :class:`CapacityError` when too few pages are evictable, both before anything changed; a
+        disk I/O failure raises :class:`kvcodec_sdk.disk.DiskIoError` (or ``DiskNoSpaceError``)
+        with the old disk quota still in force and every page readable. Views from
+        :meth:`host_pool_array` taken before a host resize are invalid afterwards (fetch them
+        again); hot views stay valid.
         """
         if isinstance(quota_bytes, bool) or not isinstance(quota_bytes, int) or quota_bytes < 0:
             raise ValueError(f"quota_bytes is {quota_bytes!r}; it must be a positive integer")
@@ -583,15 +590,20 @@ class KVCacheManager:
         self._pools_cache = {k: v for k, v in self._pools_cache.items() if k[0] != int(level)}
 
     def defragment(self, level: int, *, stream: Any = None) -> int:
-        """Compacts every pool group of the hot or host level so its used slots are the lowest
-        ones, through the migration transaction on ``stream`` (None: the manager's). Contents and
-        handles are unchanged (``handle.slot`` may change). Returns the number of pages moved."""
+        """Compacts every pool group of a level so its used slots are the lowest ones: hot and
+        host through the migration transaction on ``stream`` (None: the manager's); disk by
+        journaled raw blob moves inside each region, so its blobs also fill the first slots of its
+        first container files. Contents, content keys and handles are unchanged (``handle.slot``
+        may change). Returns the number of pages moved (disk: blobs moved inside the regions).
+        A disk I/O failure raises :class:`kvcodec_sdk.disk.DiskIoError`; pages moved before it stay
+        valid."""
         handle = None if stream is None else _interop.stream_handle(stream)
         with _native_errors():
             return int(self._live().defragment(int(level), handle))
 
     def quota(self, level: int) -> int:
-        """The level's current quota in bytes (the disk level: ``DiskTierConfig.max_bytes``)."""
+        """The level's current quota in bytes (the disk level: ``DiskTierConfig.max_bytes`` until a
+        :meth:`resize`, whose quota a restart with the same configuration keeps)."""
         return int(self._live().quota(int(level)))
 
     def hot_capacity_slots(self, pool_group: int) -> int:

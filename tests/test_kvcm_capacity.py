@@ -277,9 +277,12 @@ def test_level_stats_usage_and_peaks():
 GROUPS = [group([0], [48, 16]), group([1], [48, 16]), group([2], [40])]
 
 
+DISK_CONTAINER = 8192
+
+
 class CapacityMachine(RuleBasedStateMachine):
     """Allocations (which evict), writes, touches, pins, priorities, explicit make_room, onboards,
-    run-time resizes and defragmentation against a model: a live page always holds its bytes; a page disappears only by a
+    run-time resizes and defragmentation (the disk level's too) against a model: a live page always holds its bytes; a page disappears only by a
     drop at the last level and only when unpinned; every level's quotas hold."""
 
     with_disk = False
@@ -293,7 +296,8 @@ class CapacityMachine(RuleBasedStateMachine):
         disk = None
         if self.with_disk:
             self.tmp = tempfile.TemporaryDirectory()
-            disk = DiskTierConfig(self.tmp.name, max_bytes=64 * 1024, container_bytes=64 * 1024, io_mode="buffered")
+            # Two-slot containers (pages are padded to 4 KiB), so disk resizes change whole containers.
+            disk = DiskTierConfig(self.tmp.name, max_bytes=64 * 1024, container_bytes=DISK_CONTAINER, io_mode="buffered")
         c = make_test_codec(pad="1:16") if codec == "test" else None
         self.codec = codec
         self.m = KVCacheManager(config(GROUPS, gpu_quota=64 * 12, host_quota=64 * 10, disk=disk, device=self.device,
@@ -386,7 +390,18 @@ class CapacityMachine(RuleBasedStateMachine):
         except CapacityError:
             pass  # too many pinned pages for the new size: nothing changed
 
-    @rule(level=st.integers(0, 1))
+    @rule(containers=st.integers(2, 16))
+    def resize_disk(self, containers):
+        if not self.with_disk:
+            return
+        quota = DISK_CONTAINER * containers
+        try:
+            self.m.resize(CacheLevel.DISK, quota)
+        except CapacityError:
+            return  # too many pinned pages for the new size: nothing changed
+        assert self.m.quota(CacheLevel.DISK) == quota
+
+    @rule(level=st.integers(0, 2))
     def defragment(self, level):
         if not self.m._live().has_level(level):
             return
@@ -432,7 +447,12 @@ class CapacityMachine(RuleBasedStateMachine):
             for g, (slots, free) in enumerate(m.slot_counts(lvl)):
                 assert 0 <= free <= slots
                 assert slots - free == used.get((lvl, g), 0), (lvl, g)
-            if lvl != CacheLevel.DISK:
+            if lvl == CacheLevel.DISK:
+                # The manager's logical slots and the regions' physical ones agree.
+                for g, (slots, free) in enumerate(m.slot_counts(lvl)):
+                    st_ = m.disk_stats(g)
+                    assert (st_["slots_total"], st_["slots_live"]) == (slots, slots - free), (g, st_)
+            else:
                 counts = [c for c, _ in m.slot_counts(lvl)]
                 held = sum(c * m.page_bytes(lvl, g) for g, c in enumerate(counts))
                 # The quota holds (a cold group's structural one-slot minimum may exceed it).

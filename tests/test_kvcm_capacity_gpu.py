@@ -1,7 +1,8 @@
 """Capacity management on the CUDA backend: the CPU suite's stateful randomized workload
-(allocations that evict, torch writes, touches, pins, priorities, make_room, onboards; hot → host
-→ disk cascades and drops at the last level) against the same model, plus an eviction ordered
-after torch writes on a side stream. Skips cleanly without a CUDA device and torch."""
+(allocations that evict, torch writes, touches, pins, priorities, make_room, onboards, resizes
+and defragmentation of every level, the disk's included; hot → host → disk cascades and drops at
+the last level) against the same model, plus an eviction ordered after torch writes on a side
+stream. Skips cleanly without a CUDA device and torch."""
 
 from __future__ import annotations
 

@@ -213,15 +213,3 @@ def test_defragment_compacts_to_a_prefix_with_the_same_handles_and_bytes(rng):
         assert slots == list(range(len(slots)))
     m.onboard(rest)
     assert_hot_intact(m, {p.id: model[p.id] for p in rest})
-
-
-def test_disk_level_cannot_be_resized_or_defragmented(tmp_path):
-    disk = DiskTierConfig(str(tmp_path), max_bytes=64 * 1024, container_bytes=64 * 1024, io_mode="buffered")
-    m = KVCacheManager(config(ONE, gpu_quota=64 * 4, host_quota=64 * 4, disk=disk))
-    try:
-        with pytest.raises(ValueError, match=r"resize's level is the disk level"):
-            m.resize(CacheLevel.DISK, 1 << 20)
-        with pytest.raises(ValueError, match=r"defragment's level is the disk level"):
-            m.defragment(CacheLevel.DISK)
-    finally:
-        m.close()

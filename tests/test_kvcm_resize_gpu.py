@@ -1,6 +1,8 @@
 """Resize and defragmentation on the CUDA backend: pages written by torch on a side stream are
 compacted, then moved by a hot shrink and a host shrink, all ordered on that stream without a host
-synchronization in between; contents and handles survive. Skips cleanly without a CUDA device."""
+synchronization in between; contents and handles survive; the disk level shrinks, grows and
+defragments between an eviction and an onboard on a side stream. Skips cleanly without a CUDA
+device."""
 
 from __future__ import annotations
 
@@ -54,3 +56,40 @@ def test_shrink_and_defragment_after_side_stream_writes():
         else:
             assert np.all(np.asarray(m.page_view(p)[0]) == i % 251 + 1)
     m.close()
+
+
+def test_disk_shrink_grow_and_defragment_after_side_stream_writes(tmp_path):
+    # Pages written by torch on a side stream go hot -> disk (encode into the pinned ring on that
+    # stream), then the disk level shrinks (journaled blob moves), grows and defragments; the
+    # onboard on the stream must return the side-stream bytes.
+    from kvcodec_sdk import DiskTierConfig
+
+    page = 4096
+    disk = DiskTierConfig(str(tmp_path), max_bytes=32 * 4 * page, container_bytes=4 * page, io_mode="buffered")
+    m = KVCacheManager(config([group([0], [3072, 1024])], gpu_quota=page * 64, host_quota=0, disk=disk,
+                              device="cuda:0"))
+    try:
+        s = torch.cuda.Stream()
+        pages = m.allocate(0, 48, stream=s)
+        with torch.cuda.stream(s):
+            for i, p in enumerate(pages):
+                for v in m.page_view(p):
+                    v.fill_(i % 251 + 1)
+        m.evict(pages, level=CacheLevel.DISK, stream=s)
+        m.free(pages[::2])
+        keep = list(pages[1::2])  # 24 pages spread over 48 slots
+        m.resize(CacheLevel.DISK, 8 * 4 * page, stream=s)  # 32 slots: moves, no drops
+        assert m.slot_counts(CacheLevel.DISK) == [(32, 8)]
+        m.resize(CacheLevel.DISK, 16 * 4 * page, stream=s)
+        m.free(keep[:8])
+        m.defragment(CacheLevel.DISK, stream=s)
+        rest = keep[8:]
+        assert sorted(p.slot for p in rest) == list(range(16))
+        assert sum(st.drops for st in m.stats(CacheLevel.DISK)) == 0
+        m.onboard(rest, source=CacheLevel.DISK, stream=s)
+        s.synchronize()
+        index = {p.id: i for i, p in enumerate(pages)}
+        for p in rest:
+            assert np.all(hot_bytes(m, p) == index[p.id] % 251 + 1)
+    finally:
+        m.close()

@@ -48,6 +48,40 @@ std::pair<void*, size_t> bufferOf(py::buffer const& b, bool writable, char const
 
 } // namespace
 
+namespace {
+/// A Python progress callback for a resize that runs without the GIL.
+ResizeProgress progressOf(std::optional<py::function> const& fn)
+{
+    if (!fn)
+        return {};
+    py::function f = *fn;
+    return [f](uint64_t done, uint64_t total) {
+        py::gil_scoped_acquire gil;
+        f(done, total);
+    };
+}
+
+py::dict reportDict(ResizeReport const& r)
+{
+    py::dict d;
+    d["containers_before"] = r.containersBefore;
+    d["containers_after"] = r.containersAfter;
+    d["moved"] = r.moved;
+    d["dropped"] = r.dropped;
+    d["checksum_drops"] = r.checksumDrops;
+    return d;
+}
+
+/// The facade raises the DiskTierError subclass named by "status".
+py::dict failureDict(ResizeError const& e)
+{
+    py::dict d;
+    d["status"] = std::string(statusName(e.code));
+    d["error"] = std::string(e.what());
+    return d;
+}
+} // namespace
+
 void bindDisk(py::module_& parent)
 {
     py::module_ m = parent.def_submodule("disk", "The disk cold tier (crash-safe tablespace store).");
@@ -198,6 +232,38 @@ void bindDisk(py::module_& parent)
         .def_property_readonly("slot_stride", &DiskRegion::slotStride)
         .def_property_readonly("slots_per_container", &DiskRegion::slotsPerContainer)
         .def_property_readonly("num_containers", &DiskRegion::numContainers)
+        .def_property_readonly("container_bytes", [](DiskRegion const& r) { return r.config().containerBytes; })
+        .def("resize",
+            [](DiskRegion& r, uint32_t containers, std::optional<py::function> progress, bool dropOldest,
+                uint32_t batchPages) {
+                try
+                {
+                    py::gil_scoped_release release;
+                    ResizeReport const rep = r.resize(containers, progressOf(progress), dropOldest, batchPages);
+                    py::gil_scoped_acquire gil;
+                    return reportDict(rep);
+                }
+                catch (ResizeError const& e)
+                {
+                    return failureDict(e);
+                }
+            },
+            py::arg("containers"), py::arg("progress").none(true), py::arg("drop_oldest"), py::arg("batch_pages"))
+        .def("defragment",
+            [](DiskRegion& r, std::optional<py::function> progress, uint32_t batchPages) {
+                try
+                {
+                    py::gil_scoped_release release;
+                    ResizeReport const rep = r.defragment(progressOf(progress), batchPages);
+                    py::gil_scoped_acquire gil;
+                    return reportDict(rep);
+                }
+                catch (ResizeError const& e)
+                {
+                    return failureDict(e);
+                }
+            },
+            py::arg("progress").none(true), py::arg("batch_pages"))
         .def_property_readonly("dir", &DiskRegion::dir)
         .def_property_readonly("name", [](DiskRegion const& r) { return r.config().name; })
         .def_property_readonly("codec_name", [](DiskRegion const& r) { return r.config().codec.name; })

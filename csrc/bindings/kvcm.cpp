@@ -26,6 +26,17 @@ using kvcm::CacheLevel;
 
 namespace {
 
+/// Raises the kvcodec_sdk.disk error class for a failed disk resize or defragmentation.
+[[noreturn]] void raiseDiskError(kvcodec::disk::ResizeError const& e)
+{
+    py::module_ const facade = py::module_::import("kvcodec_sdk.disk");
+    std::string const status = kvcodec::disk::statusName(e.code);
+    py::object const cls = facade.attr("_ERRORS").attr("get")(status, facade.attr("DiskIoError"));
+    py::object const error = cls(status, std::string(e.what()));
+    PyErr_SetObject(cls.ptr(), error.ptr());
+    throw py::error_already_set();
+}
+
 using BufferTuple = std::tuple<int32_t, int32_t, int32_t, uint64_t, int32_t, int32_t, int32_t>;
 using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>;
 // (path, max bytes, container bytes, io mode, io threads, codec name, format version, param hash,
@@ -425,7 +436,14 @@ void bindKvcm(py::module_& m)
                 {
                     s = toStream(*stream);
                 }
-                m.resize(CacheLevel(l), quota, s);
+                try
+                {
+                    m.resize(CacheLevel(l), quota, s);
+                }
+                catch (disk::ResizeError const& e)
+                {
+                    raiseDiskError(e);
+                }
             },
             py::arg("level"), py::arg("quota_bytes"), py::arg("stream").none(true))
         .def(
@@ -436,14 +454,22 @@ void bindKvcm(py::module_& m)
                 {
                     s = toStream(*stream);
                 }
-                return m.defragment(CacheLevel(l), s);
+                try
+                {
+                    return m.defragment(CacheLevel(l), s);
+                }
+                catch (disk::ResizeError const& e)
+                {
+                    raiseDiskError(e);
+                }
             },
             py::arg("level"), py::arg("stream").none(true))
         .def("hot_capacity_slots", &kvcm::KvCacheManager::hotCapacitySlots)
         .def("quota",
             [](kvcm::KvCacheManager& m, int32_t l) {
                 auto const& c = m.storage().config();
-                return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : c.disk.maxBytes;
+                kvcm::DiskColdLevel const* disk = m.storage().diskLevel();
+                return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : disk ? disk->quota() : c.disk.maxBytes;
             })
         .def("get_and_reset_iteration_peak_block_stats",
             [](kvcm::KvCacheManager& m, int32_t l) { return m.getAndResetIterationPeakBlockStats(CacheLevel(l)); })

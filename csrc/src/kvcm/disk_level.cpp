@@ -2,16 +2,41 @@
 #include "kvcm/disk_level.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
 #include <stdexcept>
+#include <unistd.h>
+
+#include "tiers/disk/journal.h"
 
 namespace kvcodec::kvcm {
 namespace {
 
 constexpr uint64_t kMinPageRingBytes = 64ull << 20;
+constexpr char const* kQuotaFile = "quota.json";
+constexpr uint64_t kMaxContainers = 9999;
 
-std::string anonymousKey(int32_t slot)
+/// The quota a previous resize left for the same configured size, or `configured`.
+uint64_t recordedQuota(std::string const& path, uint64_t configured)
 {
-    return "a" + std::to_string(slot);
+    FILE* f = std::fopen((path + "/" + kQuotaFile).c_str(), "r");
+    if (f == nullptr)
+    {
+        return configured;
+    }
+    std::string text(4096, '\0');
+    text.resize(std::fread(text.data(), 1, text.size(), f));
+    std::fclose(f);
+    disk::FlatJson obj;
+    std::string why;
+    if (!disk::parseFlatJson(text, obj, why) || obj["configured_max_bytes"] != std::to_string(configured))
+    {
+        return configured; // Damaged, or the configuration changed since: the configuration wins.
+    }
+    uint64_t const q = std::strtoull(obj["quota_bytes"].c_str(), nullptr, 10);
+    return q > 0 ? q : configured;
 }
 
 } // namespace
@@ -29,16 +54,39 @@ uint64_t pageRingBytes(uint64_t maxColdPageBytes)
 DiskColdLevel::DiskColdLevel(
     runtime::DeviceRuntime& runtime, DiskTierConfig const& config, std::vector<GroupSpec> const& specs)
     : runtime_(runtime)
+    , path_(config.path)
+    , configured_(config.maxBytes)
 {
     groups_.reserve(specs.size());
+    for (GroupSpec const& spec : specs)
+    {
+        Group group;
+        group.weight = spec.maxBytes;
+        group.containerBytes = std::min(config.containerBytes, spec.maxBytes);
+        groups_.push_back(std::move(group));
+    }
+    quota_ = recordedQuota(path_, configured_);
+    std::vector<uint32_t> containers;
+    try
+    {
+        containers = containersFor(quota_);
+    }
+    catch (std::invalid_argument const&)
+    {
+        quota_ = configured_; // A recorded quota these regions cannot take: start from the configuration.
+        containers = containersFor(quota_);
+    }
+    std::vector<Group> prepared = std::move(groups_);
+    groups_.clear();
     for (size_t g = 0; g < specs.size(); ++g)
     {
         GroupSpec const& spec = specs[g];
         disk::RegionConfig rc;
         rc.name = "group" + std::to_string(g);
         rc.slotBytes = spec.pageBytes;
-        rc.maxBytes = spec.maxBytes;
-        rc.containerBytes = std::min(config.containerBytes, spec.maxBytes);
+        rc.containerBytes = prepared[g].containerBytes;
+        rc.maxBytes = uint64_t(containers[g]) * rc.containerBytes;
+        rc.resizeOnOpen = true; // A crash inside a resize left some regions at the other size.
         rc.codec = {config.codecName, config.formatVersion, config.paramHash, config.paramsJson};
         rc.ioMode = disk::IoMode(config.ioMode);
         rc.whenFull = disk::FullPolicy::kRefuse; // The manager owns placement: the region never evicts its pages.
@@ -54,7 +102,7 @@ DiskColdLevel::DiskColdLevel(
             rc.fileIo = disk::faultyFileIo(std::move(rules));
         }
         std::string const dir = config.path + "/" + rc.name;
-        Group group;
+        Group group = std::move(prepared[g]);
         group.pageBytes = spec.pageBytes;
         try
         {
@@ -145,7 +193,7 @@ void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const
     Group& g = groups_[size_t(group)];
     if (contentKey.empty())
     {
-        g.keys[size_t(slot)] = anonymousKey(slot);
+        g.keys[size_t(slot)] = "a" + std::to_string(nextAnonymous_++); // Unique even after renumbering.
     }
     else
     {
@@ -323,6 +371,213 @@ bool DiskColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte
         return false;
     }
     return write(group, slots, srcs, count, error);
+}
+
+} // namespace kvcodec::kvcm
+
+namespace kvcodec::kvcm {
+
+std::vector<uint32_t> DiskColdLevel::containersFor(uint64_t quota) const
+{
+    uint64_t total = 0;
+    for (Group const& g : groups_)
+    {
+        total += g.weight;
+    }
+    std::vector<uint32_t> out;
+    for (size_t i = 0; i < groups_.size(); ++i)
+    {
+        Group const& g = groups_[i];
+        // The configured size splits exactly as at construction; others in the same proportions.
+        uint64_t const share = quota == configured_ || total == 0
+            ? g.weight
+            : uint64_t(double(quota) * double(g.weight) / double(total));
+        uint64_t const n = std::max<uint64_t>(1, share / std::max<uint64_t>(g.containerBytes, 1));
+        if (n > kMaxContainers)
+        {
+            throw std::invalid_argument("quota_bytes is " + std::to_string(quota) + ": cold pool group "
+                + std::to_string(i) + " would get " + std::to_string(share) + " bytes = " + std::to_string(n)
+                + " container files of " + std::to_string(g.containerBytes) + " bytes; at most "
+                + std::to_string(kMaxContainers) + " (raise DiskTierConfig.container_bytes)");
+        }
+        if (g.region && n * g.region->slotsPerContainer() > uint64_t(INT32_MAX))
+        {
+            throw std::invalid_argument("quota_bytes is " + std::to_string(quota) + ": cold pool group "
+                + std::to_string(i) + " would get more than 2^31-1 slots");
+        }
+        out.push_back(uint32_t(n));
+    }
+    return out;
+}
+
+std::vector<uint64_t> DiskColdLevel::slotsFor(uint64_t quota) const
+{
+    std::vector<uint32_t> const containers = containersFor(quota);
+    std::vector<uint64_t> out;
+    for (size_t i = 0; i < groups_.size(); ++i)
+    {
+        out.push_back(uint64_t(containers[i]) * groups_[i].region->slotsPerContainer());
+    }
+    return out;
+}
+
+void DiskColdLevel::moveSlot(PoolGroupIndex group, int32_t from, int32_t to)
+{
+    Group& g = groups_[size_t(group)];
+    g.keys[size_t(to)] = std::move(g.keys[size_t(from)]);
+    g.keys[size_t(from)].clear();
+    g.tags[size_t(to)] = g.tags[size_t(from)];
+}
+
+std::vector<int32_t> DiskColdLevel::renumberUnclaimed(PoolGroupIndex group, uint64_t limit)
+{
+    std::vector<int32_t> vacated;
+    Group& g = groups_[size_t(group)];
+    for (auto& [key, f] : found_)
+    {
+        if (f.group == group && uint64_t(f.slot) >= limit)
+        {
+            int32_t const to = g.slots.take();
+            moveSlot(group, f.slot, to);
+            vacated.push_back(f.slot);
+            f.slot = to;
+        }
+    }
+    return vacated;
+}
+
+size_t DiskColdLevel::numUnclaimed(PoolGroupIndex group) const noexcept
+{
+    size_t n = 0;
+    for (auto const& [key, f] : found_)
+    {
+        n += f.group == group ? 1 : 0;
+    }
+    return n;
+}
+
+size_t DiskColdLevel::dropUnclaimed(PoolGroupIndex group, size_t count)
+{
+    Group& g = groups_[size_t(group)];
+    size_t n = 0;
+    for (auto it = found_.begin(); it != found_.end() && n < count;)
+    {
+        if (it->second.group != group)
+        {
+            ++it;
+            continue;
+        }
+        g.erasing.push_back(g.region->submitErase("k" + it->first));
+        g.keys[size_t(it->second.slot)].clear();
+        g.slots.give(it->second.slot, nullptr);
+        it = found_.erase(it);
+        ++n;
+    }
+    return n;
+}
+
+void DiskColdLevel::writeQuotaFile(uint64_t quota) const
+{
+    std::string const body = "{\"configured_max_bytes\":" + std::to_string(configured_)
+        + ",\"quota_bytes\":" + std::to_string(quota) + "}\n";
+    std::string const target = path_ + "/" + kQuotaFile;
+    std::string const tmp = target + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    bool ok = fd >= 0 && ::write(fd, body.data(), body.size()) == ssize_t(body.size()) && ::fsync(fd) == 0;
+    int err = errno;
+    if (fd >= 0)
+    {
+        ::close(fd);
+    }
+    ok = ok && std::rename(tmp.c_str(), target.c_str()) == 0;
+    if (!ok)
+    {
+        err = errno;
+        ::unlink(tmp.c_str());
+        throw std::runtime_error("cannot record the disk quota in " + target + ": " + std::strerror(err));
+    }
+    int dfd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0)
+    {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+}
+
+void DiskColdLevel::resize(uint64_t quota)
+{
+    std::vector<uint32_t> const target = containersFor(quota);
+    std::vector<uint32_t> before;
+    for (Group& g : groups_)
+    {
+        waitErases(g); // Released blobs give their region slots back first.
+        before.push_back(g.region->numContainers());
+    }
+    auto rollBack = [&](size_t upTo) {
+        for (size_t j = 0; j < upTo; ++j)
+        {
+            try
+            {
+                groups_[j].region->resize(before[j]);
+            }
+            catch (...)
+            {
+                // It keeps the new size; a restart resizes it to the recorded quota.
+            }
+        }
+    };
+    for (size_t i = 0; i < groups_.size(); ++i)
+    {
+        try
+        {
+            groups_[i].region->resize(target[i]);
+        }
+        catch (disk::ResizeError const& e)
+        {
+            rollBack(i);
+            throw disk::ResizeError(e.code, "resizing the disk level to " + std::to_string(quota)
+                + " bytes failed at cold pool group " + std::to_string(i) + ": " + e.what()
+                + "; the disk level keeps its quota of " + std::to_string(quota_) + " bytes");
+        }
+    }
+    try
+    {
+        writeQuotaFile(quota);
+    }
+    catch (std::exception const& e)
+    {
+        rollBack(groups_.size());
+        throw disk::ResizeError(disk::StatusCode::kIoError, std::string(e.what()) + "; the disk level keeps its quota of "
+            + std::to_string(quota_) + " bytes");
+    }
+    for (Group& g : groups_)
+    {
+        uint64_t const n = uint64_t(g.region->numContainers()) * g.region->slotsPerContainer();
+        g.keys.resize(n);
+        g.tags.resize(n, 0);
+        g.slots.setNumSlots(n);
+    }
+    quota_ = quota;
+}
+
+uint64_t DiskColdLevel::defragment()
+{
+    uint64_t moved = 0;
+    for (size_t i = 0; i < groups_.size(); ++i)
+    {
+        Group& g = groups_[i];
+        waitErases(g);
+        try
+        {
+            moved += g.region->defragment().moved;
+        }
+        catch (disk::ResizeError const& e)
+        {
+            throw disk::ResizeError(e.code, "defragmenting the disk level failed at cold pool group "
+                + std::to_string(i) + ": " + e.what());
+        }
+    }
+    return moved;
 }
 
 } // namespace kvcodec::kvcm

@@ -7,8 +7,14 @@
 // known before the migration commits (the transaction rolls back instead of losing pages).
 //
 // Region keys: a page with a content key K is stored under "k" + K, so it can be found again
-// after a restart; a page without one under "a" + its slot (anonymous pages are erased when the
-// level opens: nothing can claim them after a restart).
+// after a restart; a page without one under "a" + a number unique in this level's lifetime
+// (anonymous pages are erased when the level opens: nothing can claim them after a restart).
+//
+// Slots: the manager's slot of a disk page is a logical number (its SlotPool); the region picks
+// the physical slot. A resize renumbers the logical slots in RAM and has each region move its
+// blobs physically (journaled, see DiskRegion::resize). The quota in force is recorded in
+// `path`/quota.json next to the configured one, so a restart with the same configuration opens
+// the regions with the resized geometry.
 #pragma once
 
 #include <cstdint>
@@ -111,6 +117,30 @@ public:
         return *groups_[size_t(group)].region;
     }
 
+    /// The quota in force (config.maxBytes until a resize, also across restarts).
+    [[nodiscard]] uint64_t quota() const noexcept
+    {
+        return quota_;
+    }
+    /// Slots per group for a quota: its share (split like construction: proportional to each
+    /// group's slot-count weight) in whole containers, at least one per group. Throws
+    /// std::invalid_argument naming quota_bytes when a group would exceed the region limits.
+    [[nodiscard]] std::vector<uint64_t> slotsFor(uint64_t quota) const;
+    /// Moves the name of the page in logical slot `from` to the free slot `to` (no I/O).
+    void moveSlot(PoolGroupIndex group, int32_t from, int32_t to);
+    /// Renumbers the unclaimed found pages of `group` at or above `limit` into slots taken from
+    /// the group's pool (which withholds the slots at or above the limit); returns the vacated ones.
+    std::vector<int32_t> renumberUnclaimed(PoolGroupIndex group, uint64_t limit);
+    [[nodiscard]] size_t numUnclaimed(PoolGroupIndex group) const noexcept;
+    /// Erases up to `count` unclaimed found pages of `group` and frees their slots; returns how many.
+    size_t dropUnclaimed(PoolGroupIndex group, size_t count);
+    /// Resizes every region to its share of `quota` (every used logical slot must already lie
+    /// below the new count) and records the quota. On failure the regions already resized are
+    /// resized back and disk::ResizeError / std::runtime_error says so; the old quota stays.
+    void resize(uint64_t quota);
+    /// Compacts every region's blobs into its first slots; returns the pages moved.
+    uint64_t defragment();
+
 private:
     struct Group
     {
@@ -120,12 +150,20 @@ private:
         std::vector<std::string> keys;     ///< Region key per slot.
         std::vector<uint32_t> tags;        ///< Lifecycle per slot.
         std::vector<disk::Ticket> erasing; ///< Retirements not yet waited for.
+        uint64_t weight = 0;               ///< Its construction share of config.maxBytes.
+        uint64_t containerBytes = 0;       ///< Configured bytes per container file.
     };
 
     void waitErases(Group& g) noexcept;
+    [[nodiscard]] std::vector<uint32_t> containersFor(uint64_t quota) const;
+    void writeQuotaFile(uint64_t quota) const;
     bool eraseNow(Group& g, std::string const& regionKey, std::string& error) noexcept;
 
     runtime::DeviceRuntime& runtime_;
+    std::string path_;
+    uint64_t configured_ = 0; ///< config.maxBytes.
+    uint64_t quota_ = 0;
+    uint64_t nextAnonymous_ = 0;
     std::vector<Group> groups_;
     std::unordered_map<std::string, Found> found_; ///< Content key -> unclaimed page.
 };

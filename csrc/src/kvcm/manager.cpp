@@ -1252,13 +1252,8 @@ void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t f
 
 void KvCacheManager::checkResizable(CacheLevel level, char const* what) const
 {
-    checkLevel(level, "level");
-    if (level == CacheLevel::kDisk)
-    {
-        throw std::invalid_argument(std::string(what) + "'s level is the disk level; its regions are sized and place "
-            + "their blobs themselves when they open (reopen with another DiskTierConfig.max_bytes); "
-            + "valid levels are 0 (hot) and 1 (host)");
-    }
+    (void)what;
+    checkLevel(level, "level"); // Every level the manager has can be resized and defragmented.
 }
 
 uint64_t KvCacheManager::hotCapacitySlots(PoolGroupIndex group) const
@@ -1323,6 +1318,11 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
         throw std::invalid_argument(std::string("quota_bytes is 0; a level's quota must be positive (the ")
             + levelName(level) + " level cannot be removed at run time)");
     }
+    if (level == CacheLevel::kDisk)
+    {
+        resizeDisk(quotaBytes, stream ? *stream : stream_);
+        return;
+    }
     std::vector<uint64_t> const target = storage_->projectSlots(level, quotaBytes);
     size_t const groups = storage_->numPoolGroups(level);
     // Everything is checked before anything changes.
@@ -1385,6 +1385,10 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
 uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stream)
 {
     checkResizable(level, "defragment");
+    if (level == CacheLevel::kDisk)
+    {
+        return defragmentDisk();
+    }
     size_t const groups = storage_->numPoolGroups(level);
     std::vector<uint64_t> limits(groups);
     for (size_t g = 0; g < groups; ++g)
@@ -1398,6 +1402,105 @@ uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stre
         pool.setNumSlots(pool.numSlots()); // The free list restarts at the lowest free slot.
     }
     return moved;
+}
+
+void KvCacheManager::renumberDisk(std::vector<uint64_t> const& limits)
+{
+    // Logical slots only: a disk page's bytes live wherever its region put them, under its key.
+    DiskColdLevel* disk = storage_->diskLevel();
+    size_t const groups = limits.size();
+    std::vector<std::vector<int32_t>> vacated(groups);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        disk->slots(PoolGroupIndex(g)).withhold(limits[g]);
+    }
+    for (uint32_t index = 0; index < pages_.size(); ++index)
+    {
+        Page& p = pages_[index];
+        if (p.level != int8_t(CacheLevel::kDisk))
+        {
+            continue;
+        }
+        auto const g = size_t(storage_->poolGroup(CacheLevel::kDisk, p.lifeCycle));
+        if (uint64_t(p.slot) < limits[g])
+        {
+            continue;
+        }
+        SlotPool& pool = disk->slots(PoolGroupIndex(g));
+        int32_t const to = pool.take(); // Free slots below the limit >= pages above it (checked by the caller).
+        disk->moveSlot(PoolGroupIndex(g), p.slot, to);
+        vacated[g].push_back(p.slot);
+        p.slot = to;
+    }
+    for (size_t g = 0; g < groups; ++g)
+    {
+        std::vector<int32_t> const more = disk->renumberUnclaimed(PoolGroupIndex(g), limits[g]);
+        vacated[g].insert(vacated[g].end(), more.begin(), more.end());
+        SlotPool& pool = disk->slots(PoolGroupIndex(g));
+        pool.restore();
+        for (int32_t s : vacated[g])
+        {
+            pool.give(s, nullptr);
+        }
+    }
+}
+
+void KvCacheManager::resizeDisk(uint64_t quotaBytes, Stream stream)
+{
+    DiskColdLevel* disk = storage_->diskLevel();
+    std::vector<uint64_t> const target = disk->slotsFor(quotaBytes);
+    size_t const groups = disk->numPoolGroups();
+    size_t const level = size_t(CacheLevel::kDisk);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = disk->slots(PoolGroupIndex(g));
+        uint64_t const used = pool.usedSlots();
+        size_t const candidates = lru_[level][g].size() + disk->numUnclaimed(PoolGroupIndex(g));
+        if (used > target[g] && used - target[g] > candidates)
+        {
+            throw CapacityError("cannot resize the disk level to " + std::to_string(quotaBytes) + " bytes: its pool group "
+                + std::to_string(g) + " would have " + std::to_string(target[g]) + " slots but holds "
+                + std::to_string(used) + " pages of which only " + std::to_string(candidates)
+                + " are evictable (the others are pinned); nothing was changed");
+        }
+    }
+    // The disk is the last level: what does not fit is dropped, unclaimed pages found at open
+    // first (nobody asked for them), then the least recently used (counted in drops).
+    std::vector<uint64_t> limits(groups);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = disk->slots(PoolGroupIndex(g));
+        if (target[g] < pool.numSlots())
+        {
+            uint64_t const need = pool.numSlots() - target[g];
+            if (pool.freeSlots() < need)
+            {
+                disk->dropUnclaimed(PoolGroupIndex(g), size_t(need - pool.freeSlots()));
+            }
+            makeRoom(CacheLevel::kDisk, PoolGroupIndex(g), need, stream);
+        }
+        limits[g] = std::min(target[g], pool.numSlots());
+    }
+    renumberDisk(limits);
+    disk->resize(quotaBytes);
+}
+
+uint64_t KvCacheManager::defragmentDisk()
+{
+    DiskColdLevel* disk = storage_->diskLevel();
+    size_t const groups = disk->numPoolGroups();
+    std::vector<uint64_t> limits(groups);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        limits[g] = disk->slots(PoolGroupIndex(g)).usedSlots();
+    }
+    renumberDisk(limits);
+    for (size_t g = 0; g < groups; ++g)
+    {
+        SlotPool& pool = disk->slots(PoolGroupIndex(g));
+        pool.setNumSlots(pool.numSlots()); // The free list restarts at the lowest free slot.
+    }
+    return disk->defragment();
 }
 
 void KvCacheManager::closeDisk()

@@ -156,17 +156,22 @@ public:
     /// makes room the same way; the last level drops. Throws CapacityError when too few pages are
     /// evictable (evictions already done stay done: no page is lost by them).
     void makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream);
-    /// Sets the hot or host level's quota at run time: each pool group's slot count is
-    /// re-projected as at construction. Growing extends the pools (hot: up to the capacity
-    /// reserved for config.maxGpuQuotaBytes; host: a larger pool, blobs copied). Shrinking first
-    /// evicts (least recently used, to the next colder level; the last level drops) what no longer
-    /// fits, then moves the pages beyond the new count into free slots below it through the
-    /// migration transaction (hot -> hot per-pool copies, host -> host raw blob copies). Throws
-    /// std::invalid_argument (disk level, hot quota above the reserve, infeasible projection) or
-    /// CapacityError (too few evictable pages) before changing anything.
+    /// Sets a level's quota at run time: each pool group's slot count is re-projected as at
+    /// construction. Growing extends the pools (hot: up to the capacity reserved for
+    /// config.maxGpuQuotaBytes; host: a larger pool, blobs copied; disk: new preallocated
+    /// container files). Shrinking first evicts (least recently used, to the next colder level;
+    /// the disk level drops, counted in its drops) what no longer fits, then moves the pages
+    /// beyond the new count into free slots below it (hot -> hot per-pool copies and host -> host
+    /// raw blob copies through the migration transaction; disk: journaled raw blob moves inside
+    /// each region, see DiskRegion::resize) and releases the tail. Throws std::invalid_argument
+    /// (hot quota above the reserve, infeasible projection) or CapacityError (too few evictable
+    /// pages) before changing anything; a disk I/O failure throws disk::ResizeError and leaves
+    /// the old quota working (evictions already done stay done). The disk quota persists across
+    /// restarts with the same DiskTierConfig.
     void resize(CacheLevel level, uint64_t quotaBytes, std::optional<Stream> stream);
-    /// Compacts every pool group of the hot or host level: used slots become a prefix. Pages keep
-    /// their ids and contents (migration-transaction copies). Returns the pages moved.
+    /// Compacts every pool group of a level: used slots become a prefix (disk: also physically,
+    /// each region's blobs move to its first slots, journaled). Pages keep their ids and contents.
+    /// Returns the pages moved (disk: blobs moved inside the regions).
     uint64_t defragment(CacheLevel level, std::optional<Stream> stream);
     /// Usable slots of the hot level's pool groups can grow up to this (the reserve).
     [[nodiscard]] uint64_t hotCapacitySlots(PoolGroupIndex group) const;
@@ -241,6 +246,11 @@ private:
 
     uint32_t resolve(PageId id, size_t position) const;
     void buildTransferKeys();
+    // Disk resize and defragmentation (no migration transaction: cold -> cold moves stay inside
+    // each region, journaled there; the manager only renumbers its logical slots).
+    void resizeDisk(uint64_t quotaBytes, Stream stream);
+    uint64_t defragmentDisk();
+    void renumberDisk(std::vector<uint64_t> const& limits);
     void checkLevel(CacheLevel level, char const* what) const;
     bool transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count, Stream stream,
         MigrationResult& result, std::string& error);

@@ -31,6 +31,16 @@ constexpr char const* kSnapshot = "index.snapshot";
 constexpr char const* kSnapshotBak = "index.snapshot.bak";
 constexpr char const* kSnapshotTmp = "index.snapshot.tmp";
 constexpr char const* kRegionFile = "region.json";
+constexpr uint32_t kMaxContainers = 9999;
+// A resize or defragmentation moves at most this many bytes per batch (its bounce buffer).
+constexpr uint64_t kMoveBatchBytes = 64ull << 20;
+
+std::vector<std::string> const& numericFields()
+{
+    static std::vector<std::string> const fields = {"format", "slot_bytes", "slot_stride", "container_bytes",
+        "slots_per_container", "containers", "codec_format_version"};
+    return fields;
+}
 
 std::string errnoText(int err)
 {
@@ -275,6 +285,25 @@ std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfi
     r->openFiles();
     r->recover();
     r->startThreads();
+    if (r->openTarget_ != 0 && r->openTarget_ != r->numContainers_)
+    {
+        uint32_t const from = r->numContainers_;
+        try
+        {
+            ResizeReport const rep = r->resize(r->openTarget_, {}, true);
+            r->recovery_.warnings.push_back("disk region " + quoted(r->dir_) + " was recorded with "
+                + std::to_string(from) + " containers; resized to the configured " + std::to_string(rep.containersAfter)
+                + " (" + std::to_string(rep.moved) + " pages moved, " + std::to_string(rep.dropped)
+                + " oldest dropped for lack of slots)");
+            r->recovery_.droppedEntries += rep.dropped + rep.checksumDrops;
+        }
+        catch (std::exception const& e)
+        {
+            r->recovery_.warnings.push_back("disk region " + quoted(r->dir_) + " keeps its recorded "
+                + std::to_string(r->numContainers_) + " containers: resizing it to the configured "
+                + std::to_string(r->openTarget_) + " failed: " + e.what());
+        }
+    }
     return r;
 }
 
@@ -315,23 +344,34 @@ void DiskRegion::openFiles()
             throw std::runtime_error("disk region " + quoted(dir_) + " is already open for writing in another process");
     }
 
-    FlatJson expected;
-    expected["format"] = "1";
-    expected["name"] = cfg_.name;
-    expected["slot_bytes"] = std::to_string(cfg_.slotBytes);
-    expected["slot_stride"] = std::to_string(stride_);
-    expected["container_bytes"] = std::to_string(stride_ * slotsPerContainer_);
-    expected["slots_per_container"] = std::to_string(slotsPerContainer_);
-    expected["containers"] = std::to_string(numContainers_);
-    expected["codec_name"] = cfg_.codec.name;
-    expected["codec_format_version"] = std::to_string(cfg_.codec.formatVersion);
-    expected["codec_param_hash"] = cfg_.codec.paramHash;
-    expected["codec_params"] = cfg_.codec.paramsJson;
-    expected["layout"] = cfg_.layoutJson;
-    static std::vector<std::string> const numeric = {"format", "slot_bytes", "slot_stride", "container_bytes",
-        "slots_per_container", "containers", "codec_format_version"};
-
     std::string const regionPath = path(kRegionFile);
+    if (!ro && cfg_.resizeOnOpen && exists(regionPath))
+    {
+        // Recorded with another container count only (a resize whose new quota the opener does
+        // not know yet, or a new configured size): open it as recorded, resize after recovery.
+        std::string text, why;
+        int err = 0;
+        FlatJson rec;
+        FlatJson const mine = regionRecord();
+        if (readWholeFile(regionPath, text, err) && parseFlatJson(text, rec, why))
+        {
+            bool same = true;
+            for (char const* k : {"format", "codec_name", "codec_format_version", "codec_param_hash", "slot_bytes",
+                     "slot_stride", "slots_per_container"})
+                same = same && rec[k] == mine.at(k);
+            uint64_t const recorded = std::strtoull(rec["containers"].c_str(), nullptr, 10);
+            if (same && recorded >= 1 && recorded <= 9999 && recorded != numContainers_
+                && recorded * slotsPerContainer_ <= 0x7FFFFFFFull)
+            {
+                openTarget_ = numContainers_;
+                numContainers_ = uint32_t(recorded);
+                numSlots_ = uint32_t(recorded * slotsPerContainer_);
+            }
+        }
+    }
+    FlatJson expected = regionRecord();
+    std::vector<std::string> const& numeric = numericFields();
+
     bool fresh = !exists(regionPath);
     if (!fresh && !ro)
     {
@@ -467,6 +507,18 @@ void DiskRegion::openFiles()
                 + "; lower max_bytes or free space");
         }
     }
+    if (!ro && !recovery_.created)
+    {
+        // Containers beyond the geometry: a resize that crashed before recording a growth, or
+        // after recording a shrink but before deleting the cut files.
+        for (uint32_t c = numContainers_; c < 10000; ++c)
+        {
+            char leaf[32];
+            std::snprintf(leaf, sizeof(leaf), "/%04u.bin", c);
+            if (::unlink((cdir + leaf).c_str()) != 0)
+                break;
+        }
+    }
     syncDir();
 
     // Direct I/O probe: open and read one aligned block with O_DIRECT; some file systems (tmpfs,
@@ -490,6 +542,7 @@ void DiskRegion::openFiles()
             throw std::runtime_error("io_mode is 'direct' but the file system under " + quoted(dir_)
                 + " refuses O_DIRECT: " + errnoText(err) + "; use io_mode 'auto' or 'buffered'");
     }
+    containerFds_.reserve(10000); // Workers index it unlocked: a growth must never reallocate it.
     containerFds_.assign(numContainers_, -1);
     for (uint32_t c = 0; c < numContainers_; ++c)
     {
@@ -748,6 +801,7 @@ void DiskRegion::recover()
     }
 
     // Free bitset and eviction order.
+    limit_ = numSlots_;
     freeBits_.assign((numSlots_ + 63) / 64, 0);
     freeCount_ = 0;
     std::vector<std::pair<uint64_t, uint32_t>> order;
@@ -872,8 +926,11 @@ void DiskRegion::freeSlotLocked(uint32_t slot)
     s.state = kFree;
     s.retireDurable = false;
     slotKeys_[slot].clear();
-    freeBits_[slot / 64] |= 1ull << (slot % 64);
-    ++freeCount_;
+    if (slot < limit_) // Slots a shrink is cutting off are never handed out again.
+    {
+        freeBits_[slot / 64] |= 1ull << (slot % 64);
+        ++freeCount_;
+    }
 }
 
 void DiskRegion::maybeReleaseLocked(uint32_t slot)
@@ -902,6 +959,7 @@ Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t b
             + " holds pages of exactly slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes"
             + (bytes > cfg_.slotBytes ? " (too large for its slots)" : ""));
     std::unique_lock<std::mutex> lock(mu_);
+    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
     if (closed_ || stopping_)
         throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
     if (cfg_.readOnly)
@@ -970,6 +1028,7 @@ Ticket DiskRegion::submitRead(std::string const& key, void* dst, size_t bytes)
         throw std::invalid_argument("destination is " + std::to_string(bytes) + " bytes; a page of disk region "
             + quoted(dir_) + " needs slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes");
     std::unique_lock<std::mutex> lock(mu_);
+    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
     if (closed_ || stopping_)
         throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
     Ticket t = newTicketLocked();
@@ -994,6 +1053,7 @@ Ticket DiskRegion::submitErase(std::string const& key)
 {
     checkKey(key);
     std::unique_lock<std::mutex> lock(mu_);
+    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
     if (closed_ || stopping_)
         throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
     if (cfg_.readOnly)
@@ -1417,7 +1477,7 @@ void DiskRegion::commitBatch(std::vector<CommitItem>& batch)
 // Snapshot
 // ---------------------------------------------------------------------------------------------
 
-void DiskRegion::writeSnapshotLocked()
+bool DiskRegion::writeSnapshotLocked()
 {
     std::vector<SnapshotEntry> entries;
     uint64_t seq;
@@ -1453,7 +1513,7 @@ void DiskRegion::writeSnapshotLocked()
         ::unlink(tmp.c_str());
         std::lock_guard<std::mutex> lock(mu_);
         events_.push_back("disk region " + quoted(dir_) + ": snapshot failed: " + errnoText(-rc));
-        return;
+        return false;
     }
     // Keep the previous snapshot as the backup (it plus index.log.1 recovers everything).
     // A damaged snapshot is discarded instead, so it never replaces a good backup.
@@ -1478,7 +1538,7 @@ void DiskRegion::writeSnapshotLocked()
         ::unlink(jtmp.c_str());
         std::lock_guard<std::mutex> lock(mu_);
         events_.push_back("disk region " + quoted(dir_) + ": journal rotation failed: " + errnoText(-rc));
-        return;
+        return false;
     }
     std::rename(path(kJournal).c_str(), path(kJournalOld).c_str());
     std::rename(jtmp.c_str(), path(kJournal).c_str());
@@ -1490,6 +1550,7 @@ void DiskRegion::writeSnapshotLocked()
     std::lock_guard<std::mutex> lock(mu_);
     st_.snapshots += 1;
     st_.journalBytes = journalSize_;
+    return true;
 }
 
 void DiskRegion::snapshot()
@@ -1546,6 +1607,430 @@ void DiskRegion::close()
     }
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resize and defragmentation
+// ---------------------------------------------------------------------------------------------
+
+FlatJson DiskRegion::regionRecord() const
+{
+    FlatJson r;
+    r["format"] = "1";
+    r["name"] = cfg_.name;
+    r["slot_bytes"] = std::to_string(cfg_.slotBytes);
+    r["slot_stride"] = std::to_string(stride_);
+    r["container_bytes"] = std::to_string(stride_ * slotsPerContainer_);
+    r["slots_per_container"] = std::to_string(slotsPerContainer_);
+    r["containers"] = std::to_string(numContainers_);
+    r["codec_name"] = cfg_.codec.name;
+    r["codec_format_version"] = std::to_string(cfg_.codec.formatVersion);
+    r["codec_param_hash"] = cfg_.codec.paramHash;
+    r["codec_params"] = cfg_.codec.paramsJson;
+    r["layout"] = cfg_.layoutJson;
+    return r;
+}
+
+int DiskRegion::writeRegionRecord()
+{
+    std::string const body = formatFlatJson(regionRecord(), numericFields());
+    std::string const target = path(kRegionFile);
+    std::string const tmp = target + ".tmp";
+    int fd = io_->open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = fd < 0 ? fd : writeFully(*io_, fd, body.data(), body.size(), 0);
+    if (rc == 0)
+        rc = io_->fdatasync(fd);
+    if (fd >= 0)
+        io_->close(fd);
+    if (rc == 0 && std::rename(tmp.c_str(), target.c_str()) != 0)
+        rc = -errno;
+    if (rc != 0)
+        ::unlink(tmp.c_str());
+    else
+        syncDir();
+    return rc;
+}
+
+void DiskRegion::setLimitLocked(uint32_t limit)
+{
+    limit_ = std::min(limit, numSlots_);
+    freeBits_.assign((size_t(numSlots_) + 63) / 64, 0);
+    freeCount_ = 0;
+    for (uint32_t s = 0; s < limit_; ++s)
+    {
+        if (slots_[s].state == kFree)
+        {
+            freeBits_[s / 64] |= 1ull << (s % 64);
+            ++freeCount_;
+        }
+    }
+    if (cursor_ >= limit_)
+        cursor_ = 0;
+}
+
+void DiskRegion::checkWritable(char const* what) const
+{
+    if (cfg_.readOnly)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; " + what + " is refused");
+}
+
+void DiskRegion::beginExclusive()
+{
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_ || stopping_)
+            throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+        if (failed_)
+            throw std::runtime_error(failReason_);
+        if (exclusive_)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": a resize or defragmentation is already running");
+        exclusive_ = true;
+    }
+    flush(); // What was submitted before completes first (retirements included).
+}
+
+void DiskRegion::endExclusive() noexcept
+{
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        exclusive_ = false;
+        setLimitLocked(numSlots_);
+    }
+    exclusiveCv_.notify_all();
+}
+
+void DiskRegion::relocateBelow(
+    uint32_t limit, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages, ResizeReport& report)
+{
+    auto where = [&](uint32_t slot) {
+        return "container " + std::to_string(slot / slotsPerContainer_) + " slot " + std::to_string(slot % slotsPerContainer_);
+    };
+    std::vector<uint32_t> movers;
+    std::vector<uint32_t> victims;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (uint32_t s = limit; s < numSlots_; ++s)
+        {
+            if (slots_[s].state == kLive)
+                movers.push_back(s);
+            else if (slots_[s].state != kFree)
+                throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": " + where(s)
+                    + " is held by a retirement that could not be recorded; reopen the region before resizing it");
+        }
+        setLimitLocked(limit);
+        if (movers.size() > freeCount_)
+        {
+            size_t const excess = movers.size() - freeCount_;
+            if (!dropOldest)
+                throw ResizeError(StatusCode::kFull, "disk region " + quoted(dir_) + ": " + std::to_string(movers.size())
+                    + " live pages lie at or beyond slot " + std::to_string(limit) + " but only "
+                    + std::to_string(freeCount_) + " slots below it are free; erase " + std::to_string(excess)
+                    + " pages first (nothing was changed)");
+            // The oldest pages of the cut part go; the others still move.
+            std::sort(movers.begin(), movers.end(), [&](uint32_t a, uint32_t b) { return slots_[a].seq < slots_[b].seq; });
+            victims.assign(movers.begin(), movers.begin() + std::ptrdiff_t(excess));
+            movers.erase(movers.begin(), movers.begin() + std::ptrdiff_t(excess));
+            std::sort(movers.begin(), movers.end());
+        }
+    }
+
+    // Commits `items` through the normal group commit (data sync, then the journal) and waits.
+    auto commit = [&](std::vector<CommitItem>& items) -> std::string {
+        std::vector<Ticket> tickets;
+        for (CommitItem& item : items)
+        {
+            tickets.push_back(item.ticket);
+            enqueueCommit(std::move(item));
+        }
+        std::string error;
+        for (Ticket t : tickets)
+        {
+            Status const st = wait(t);
+            if (st.code != StatusCode::kOk && error.empty())
+                error = statusName(st.code) + std::string(": ") + st.message;
+        }
+        return error;
+    };
+
+    if (!victims.empty())
+    {
+        std::vector<CommitItem> items;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (uint32_t s : victims)
+            {
+                std::string key = slotKeys_[s];
+                index_.erase(key);
+                slots_[s].state = kRetiring;
+                slots_[s].retireDurable = false;
+                ++st_.erases;
+                items.push_back(CommitItem{false, newTicketLocked(), std::move(key), s, slots_[s].crc, slots_[s].tag, std::nullopt});
+            }
+        }
+        std::string const error = commit(items);
+        if (!error.empty())
+            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": dropping the oldest pages to make room failed ("
+                + error + "); the region keeps its geometry");
+        report.dropped += victims.size();
+    }
+
+    size_t const ioBytes = direct_ ? stride_ : cfg_.slotBytes;
+    size_t const batch = size_t(std::max<uint64_t>(1, std::min<uint64_t>(batchPages, kMoveBatchBytes / stride_)));
+    AlignedBuffer buffer(size_t(stride_) * std::min(batch, std::max<size_t>(movers.size(), 1)));
+    uint64_t const total = movers.size();
+    for (size_t pos = 0; pos < movers.size(); pos += batch)
+    {
+        size_t const n = std::min(batch, movers.size() - pos);
+        struct Move
+        {
+            uint32_t from;
+            uint32_t to;
+            uint32_t crc;
+            uint32_t tag;
+            std::string key;
+            bool bad;
+        };
+        std::vector<Move> mv(n);
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (size_t i = 0; i < n; ++i)
+            {
+                uint32_t const from = movers[pos + i];
+                int64_t const to = allocateSlotLocked();
+                if (to < 0)
+                {
+                    for (size_t j = 0; j < i; ++j)
+                        freeSlotLocked(mv[j].to);
+                    throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": no free slot below " + std::to_string(limit)
+                        + " for a moved page (internal accounting error)");
+                }
+                slots_[size_t(to)].state = kReserved;
+                mv[i] = {from, uint32_t(to), slots_[from].crc, slots_[from].tag, slotKeys_[from], false};
+            }
+        }
+        // Read, check and write on this thread: the blobs go straight from slot to slot.
+        std::string failure;
+        for (size_t i = 0; i < n && failure.empty(); ++i)
+        {
+            char* buf = static_cast<char*>(buffer.p) + i * stride_;
+            Move& m = mv[i];
+            int rc = readFully(*io_, containerFds_[m.from / slotsPerContainer_], buf, ioBytes,
+                off_t(uint64_t(m.from % slotsPerContainer_) * stride_));
+            if (rc != 0)
+            {
+                failure = "reading " + where(m.from) + ": " + errnoText(-rc);
+                break;
+            }
+            if (crc32cFast(buf, cfg_.slotBytes) != m.crc)
+            {
+                m.bad = true; // A damaged blob is never copied under its key: it is retired instead.
+                continue;
+            }
+            rc = writeFully(*io_, containerFds_[m.to / slotsPerContainer_], buf, ioBytes,
+                off_t(uint64_t(m.to % slotsPerContainer_) * stride_));
+            if (rc != 0)
+                failure = "writing " + where(m.to) + ": " + errnoText(-rc);
+        }
+        if (!failure.empty())
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (Move const& m : mv)
+                freeSlotLocked(m.to);
+            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": moving a page failed (" + failure + "); "
+                + std::to_string(report.moved) + " pages moved before stay valid where they are and the region keeps its "
+                + std::to_string(numContainers_) + " containers");
+        }
+        // One journal record per page: the moved key's record (same crc and tag) supersedes the
+        // old slot once durable; a crash before that leaves the old slot the valid one.
+        std::vector<CommitItem> items;
+        uint64_t moved = 0;
+        uint64_t bad = 0;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (Move& m : mv)
+            {
+                if (m.bad)
+                {
+                    freeSlotLocked(m.to);
+                    index_.erase(m.key);
+                    slots_[m.from].state = kRetiring;
+                    slots_[m.from].retireDurable = false;
+                    ++st_.erases;
+                    ++st_.checksumFailures;
+                    events_.push_back("disk region " + quoted(dir_) + ": the page with key " + toHex(m.key) + " in "
+                        + where(m.from) + " failed its checksum while being moved; it was retired");
+                    items.push_back(CommitItem{false, newTicketLocked(), std::move(m.key), m.from, m.crc, m.tag, std::nullopt});
+                    ++bad;
+                }
+                else
+                {
+                    items.push_back(CommitItem{true, newTicketLocked(), std::move(m.key), m.to, m.crc, m.tag, std::nullopt});
+                    ++moved;
+                }
+            }
+        }
+        std::string const error = commit(items);
+        if (!error.empty())
+            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": recording moved pages failed (" + error + "); "
+                + "every page is valid at its old or its new slot and the region keeps its "
+                + std::to_string(numContainers_) + " containers");
+        report.moved += moved;
+        report.checksumDrops += bad;
+        if (progress)
+            progress(pos + n, total);
+    }
+}
+
+void DiskRegion::setGeometry(uint32_t containers)
+{
+    uint32_t const before = numContainers_;
+    uint64_t const fileBytes = stride_ * slotsPerContainer_;
+    std::string const cdir = path("containers");
+    auto fileOf = [&](uint32_t c) {
+        char leaf[32];
+        std::snprintf(leaf, sizeof(leaf), "/%04u.bin", c);
+        return cdir + leaf;
+    };
+    auto dropAdded = [&]() {
+        while (containerFds_.size() > before)
+        {
+            if (containerFds_.back() >= 0)
+                io_->close(containerFds_.back());
+            containerFds_.pop_back();
+            ::unlink(fileOf(uint32_t(containerFds_.size())).c_str());
+        }
+        syncDir();
+    };
+    // Growth: every new file is preallocated and open before the new geometry is recorded.
+    for (uint32_t c = before; c < containers; ++c)
+    {
+        std::string const file = fileOf(c);
+        int fd = io_->open(file, O_RDWR | O_CREAT, 0644);
+        int rc = fd < 0 ? fd : io_->fallocate(fd, 0, off_t(fileBytes));
+        if (rc == -EOPNOTSUPP)
+            rc = io_->ftruncate(fd, off_t(fileBytes));
+        if (fd >= 0)
+            io_->close(fd);
+        int dfd = rc == 0 ? io_->open(file, O_RDWR | (direct_ ? O_DIRECT : 0), 0) : -1;
+        if (rc == 0 && dfd < 0)
+            rc = dfd;
+        if (rc != 0)
+        {
+            if (fd >= 0)
+                ::unlink(file.c_str());
+            dropAdded();
+            throw ResizeError(-rc == ENOSPC || -rc == EDQUOT ? StatusCode::kNoSpace : StatusCode::kIoError,
+                "disk region " + quoted(dir_) + ": cannot preallocate container " + quoted(file)
+                + " (" + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + "; the region keeps its "
+                + std::to_string(before) + " containers");
+        }
+        containerFds_.push_back(dfd); // Reserved at open: never reallocates under the workers.
+    }
+    syncDir();
+
+    auto apply = [&](uint32_t c) {
+        std::lock_guard<std::mutex> lock(mu_);
+        numContainers_ = c;
+        numSlots_ = c * slotsPerContainer_;
+        slots_.resize(numSlots_);
+        slotKeys_.resize(numSlots_);
+        std::deque<std::pair<uint64_t, uint32_t>> kept;
+        for (auto const& e : fifo_)
+            if (e.second < numSlots_)
+                kept.push_back(e);
+        fifo_.swap(kept);
+        setLimitLocked(numSlots_);
+        st_.slotsTotal = numSlots_;
+    };
+    apply(containers);
+    // The snapshot carries the new identity first: until region.json names the new geometry a
+    // restart rejects it and recovers from the backup and the previous journal generation.
+    bool const snapped = writeSnapshotLocked();
+    int const rc = snapped ? writeRegionRecord() : 0;
+    if (!snapped || rc != 0)
+    {
+        apply(before);
+        writeSnapshotLocked();
+        dropAdded();
+        throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": recording the new geometry failed ("
+            + (snapped ? std::string(kRegionFile) + ": " + errnoText(-rc) : std::string("the snapshot could not be written"))
+            + "); the region keeps its " + std::to_string(before) + " containers");
+    }
+    writeSnapshotLocked(); // The backup and the previous journal generation get the new identity too.
+    if (containers < before)
+    {
+        for (uint32_t c = containers; c < before; ++c)
+        {
+            io_->close(containerFds_[c]);
+            ::unlink(fileOf(c).c_str());
+        }
+        containerFds_.resize(containers);
+        syncDir();
+    }
+}
+
+ResizeReport DiskRegion::resize(uint32_t containers, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages)
+{
+    checkWritable("resize");
+    if (containers == 0 || containers > kMaxContainers)
+        throw std::invalid_argument("containers is " + std::to_string(containers) + "; valid: 1.."
+            + std::to_string(kMaxContainers) + " (max_bytes / container_bytes; a region keeps at least one container)");
+    if (uint64_t(containers) * slotsPerContainer_ > 0x7FFFFFFFull)
+        throw std::invalid_argument("containers is " + std::to_string(containers) + ": "
+            + std::to_string(uint64_t(containers) * slotsPerContainer_) + " slots; at most 2^31-1 are supported");
+    if (batchPages == 0)
+        throw std::invalid_argument("batch_pages is 0; it must be >= 1");
+    ResizeReport report;
+    report.containersBefore = numContainers_;
+    beginExclusive();
+    try
+    {
+        if (containers < numContainers_)
+            relocateBelow(containers * slotsPerContainer_, progress, dropOldest, batchPages, report);
+        if (containers != numContainers_)
+        {
+            std::lock_guard<std::mutex> cm(commitMu_);
+            setGeometry(containers);
+        }
+    }
+    catch (...)
+    {
+        endExclusive();
+        throw;
+    }
+    endExclusive();
+    report.containersAfter = numContainers_;
+    return report;
+}
+
+ResizeReport DiskRegion::defragment(ResizeProgress const& progress, uint32_t batchPages)
+{
+    checkWritable("defragment");
+    if (batchPages == 0)
+        throw std::invalid_argument("batch_pages is 0; it must be >= 1");
+    ResizeReport report;
+    report.containersBefore = report.containersAfter = numContainers_;
+    beginExclusive();
+    try
+    {
+        uint32_t live;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            live = uint32_t(index_.size());
+        }
+        relocateBelow(live, progress, false, batchPages, report);
+    }
+    catch (...)
+    {
+        endExclusive();
+        throw;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        cursor_ = 0; // New pages fill the first free slots after the compacted prefix.
+    }
+    endExclusive();
+    return report;
 }
 
 DiskRegion::~DiskRegion()

@@ -23,9 +23,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -74,6 +76,10 @@ struct RegionConfig
     uint32_t maxBatchRecords = 4096;          ///< Group-commit batch limit.
     std::string layoutJson;                   ///< Opaque description of the blob layout (for tools).
     bool readOnly = false;                    ///< Recover and serve reads; never modify a file.
+    /// Reopening a region recorded with another container count (everything else equal) resizes
+    /// it in place to this config's count (pages kept; dropped oldest first only when a shrink
+    /// leaves too few slots) instead of invalidating it.
+    bool resizeOnOpen = false;
     std::shared_ptr<FileIo> fileIo;           ///< Null = POSIX (tests substitute a faulty one).
 };
 
@@ -141,6 +147,32 @@ struct RegionStats
     bool failed = false; ///< A journal repair failed: the region refuses writes until reopened.
 };
 
+/// What resize() or defragment() did.
+struct ResizeReport
+{
+    uint32_t containersBefore = 0;
+    uint32_t containersAfter = 0;
+    uint64_t moved = 0;          ///< Pages copied to another slot (same key, bytes, checksum and tag).
+    uint64_t dropped = 0;        ///< Pages erased because a shrink left too few slots (oldest first).
+    uint64_t checksumDrops = 0;  ///< Pages whose slot failed its checksum while being moved (erased).
+};
+
+/// A resize or defragmentation that could not complete: `code` is kFull (too few free slots),
+/// kNoSpace (the file system is full) or kIoError; the message says what still holds.
+class ResizeError : public std::runtime_error
+{
+public:
+    ResizeError(StatusCode c, std::string const& message)
+        : std::runtime_error(message)
+        , code(c)
+    {
+    }
+    StatusCode code;
+};
+
+/// Called after every batch of moves with (pages handled so far, pages to handle).
+using ResizeProgress = std::function<void(uint64_t done, uint64_t total)>;
+
 /// One live page, for enumeration (onboarding after a restart, tools).
 struct PageInfo
 {
@@ -202,6 +234,24 @@ public:
 
     /// Writes a snapshot now and rotates the journal (blocks commits meanwhile).
     void snapshot();
+
+    /// Changes the region to `containers` container files (1..9999) while it stays open.
+    /// Growing preallocates the new files before the new geometry is recorded. Shrinking first
+    /// moves every live page of the cut containers into free slots of the kept ones (read, checked
+    /// against its checksum, written, data synced, then one journal record per page that moves
+    /// its key: until that record is durable the old slot stays the valid one), in batches of
+    /// `batchPages` with `progress` called after each, then records the new geometry (snapshot,
+    /// region.json, snapshot) and deletes the cut files. Submissions wait while it runs (the
+    /// progress callback must not use the region). Too few free slots: std::runtime_error with
+    /// nothing changed, unless `dropOldest` (then the oldest pages of the cut containers are
+    /// erased). An I/O error: std::runtime_error; pages already moved stay valid where they are
+    /// and the region keeps its old geometry and keeps working.
+    ResizeReport resize(uint32_t containers, ResizeProgress const& progress = {}, bool dropOldest = false,
+        uint32_t batchPages = 256);
+
+    /// Moves live pages into the lowest slots (journaled like a shrink's moves), so the used
+    /// slots are [0, live pages). Same waiting and failure rules as resize().
+    ResizeReport defragment(ResizeProgress const& progress = {}, uint32_t batchPages = 256);
     /// Flushes, snapshots, stops the threads and closes the files. Idempotent.
     void close();
 
@@ -284,7 +334,16 @@ private:
     void committerLoop();
     void runTask(Task& t, void* bounce);
     void commitBatch(std::vector<CommitItem>& batch);
-    void writeSnapshotLocked(); // commitMu_ held
+    bool writeSnapshotLocked(); // commitMu_ held; false when the snapshot or the rotation failed
+    FlatJson regionRecord() const;
+    int writeRegionRecord(); // 0 or -errno
+    void setLimitLocked(uint32_t limit); // mu_ held
+    void relocateBelow(uint32_t limit, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages,
+        ResizeReport& report);
+    void setGeometry(uint32_t containers); // commitMu_ held, quiescent
+    void beginExclusive();
+    void endExclusive() noexcept;
+    void checkWritable(char const* what) const;
     bool generationCovered(std::string const& file, std::string const& header, uint64_t lastSeq) const;
     void applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t tag, uint64_t seq);
     void applyRecord(JournalRecord&& r);
@@ -307,6 +366,8 @@ private:
     uint32_t slotsPerContainer_ = 0;
     uint32_t numContainers_ = 0;
     uint32_t numSlots_ = 0;
+    uint32_t limit_ = 0;          ///< Slots at or above it are never allocated (a shrink in progress).
+    uint32_t openTarget_ = 0;     ///< resizeOnOpen: the configured container count to reach.
     bool direct_ = false;
     std::vector<int> containerFds_;
     int journalFd_ = -1;
@@ -331,6 +392,8 @@ private:
     uint64_t lastSeq_ = 0;
     RegionStats st_;
     bool failed_ = false;
+    bool exclusive_ = false; ///< A resize or defragmentation runs: submissions wait.
+    std::condition_variable exclusiveCv_;
     std::vector<std::string> events_;
     std::string failReason_;
 
