@@ -255,7 +255,8 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     (out / "bench-fp8.txt").write_text(text)
     print(text)
-    return 0
+    differ = [r for r in rows if not all(x["same_bytes_as_v1"] for x in r["tunings"])]
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -957,12 +957,12 @@ __global__ void __launch_bounds__(kThreads, kKernelVariants[V].blocksPerSm) fp8K
         Tile t;
         t.hot = hot;
         t.cold = cold;
-        t.block = unit * (32 / b.groupLanes) * b.rounds + group;
+        t.block = unit * (32 / b.groupLanes) * (BATCH ? b.rounds : 1u) + group;
         t.active = t.block < b.numBlocks;
         t.sub = lane % b.groupLanes;
         t.lanes = b.groupLanes;
         bool const vec = b.vector && !a.scalarOnly;
-        bool const fast = a.blockFinite != 0;
+        bool const fast = BATCH && a.blockFinite != 0;
         if (a.format == uint32_t(Format::kE4M3))
         {
             quantizedUnitFmt<int(Format::kE4M3), ENC, LB, BATCH>(b, t, vec, !a.scalarOnly, fast);
