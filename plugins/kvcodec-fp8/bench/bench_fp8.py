@@ -10,7 +10,11 @@ For each configuration (format, granularity, tokens per page) it measures, in on
   - a baseline: torch amax-and-cast (per page and head) of the same data, in bf16 input bytes/s;
   - error statistics of decode(encode(x)) on KV-like data (mean, p99, max relative error over
     nonzero elements, and the largest error as a fraction of the declared bound).
-Writes bench-fp8.json and bench-fp8.txt (a table) into the output folder.
+Then it sweeps the kernel tuning knobs (``kernel``, ``small_blocks``, ``finite_check``; they
+never change a blob byte) on the same data: encode/decode device-to-device and pinned ratios of
+every tuning, checking on the way that each tuning's blobs and decoded bytes equal v1's
+(``--no-sweep`` skips it). Writes bench-fp8.json, bench-fp8.txt (the tables) and
+bench-fp8-sweep.txt (every tuning of every row) into the output folder.
 """
 
 from __future__ import annotations
@@ -21,12 +25,21 @@ import sys
 import time
 from pathlib import Path
 
+import itertools
+
 import numpy as np
 
 import kvcodec_sdk as kv
 from kvcodec_fp8.bound import error_bound_of
 
 HEADS, HEAD_DIM = 8, 128
+# Every valid combination of the kernel tuning knobs (v1 takes no other knob).
+TUNINGS = [{"kernel": "v1"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
+                                for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))]
+
+
+def tuning_name(t):
+    return "-".join(t.values())
 
 
 def _time(fn, iters):
@@ -53,7 +66,46 @@ def kv_data(torch, pages, tokens, gen):
     return x.to(torch.bfloat16)
 
 
-def run_config(torch, fmt, gran, tokens, gib, iters, stream):
+def sweep(torch, ctx, iters, stream):
+    """Times every tuning on the row's data and checks its blobs and decoded bytes against v1's."""
+    hot_u8, groups, idx, back = ctx["hot_u8"], ctx["groups"], ctx["idx"], ctx["back"]
+    cold_dev, cold_host, base = ctx["cold_dev"], ctx["cold_host"], ctx["params"]
+    saved = hot_u8.clone()
+    out, ref_blob, ref_hot = [], None, None
+    for tuning in TUNINGS:
+        codec = kv.create_codec("fp8", {**base, **tuning}, device="cuda")
+        codec.configure(groups)
+        with torch.cuda.stream(stream):
+            hot_u8.copy_(saved)
+            codec.encode(0, cold_dev, idx, stream=stream)
+            stream.synchronize()
+            blob = cold_dev.clone()
+            codec.decode(0, cold_dev, back, stream=stream)
+            stream.synchronize()
+            decoded = hot_u8.clone()
+            if ref_blob is None:
+                ref_blob, ref_hot = blob, decoded
+            same = bool(torch.equal(blob, ref_blob)) and bool(torch.equal(decoded, ref_hot))
+            del blob, decoded
+            hot_u8.copy_(saved)
+            t_enc = _time(lambda: codec.encode(0, cold_dev, idx, stream=stream), iters)
+            t_dec = _time(lambda: codec.decode(0, cold_dev, back, stream=stream), iters)
+            t_enc_h = _time(lambda: codec.encode(0, cold_host, idx, stream=stream), iters)
+            t_dec_h = _time(lambda: codec.decode(0, cold_host, back, stream=stream), iters)
+        stream.synchronize()
+        codec.close()
+        rw = ctx["hot_bytes"] + ctx["blob_bytes"]
+        out.append({
+            "tuning": tuning_name(tuning), "params": tuning, "same_bytes_as_v1": same,
+            "encode_d2d_ratio": rw / t_enc / ctx["copy_bw"], "decode_d2d_ratio": rw / t_dec / ctx["copy_bw"],
+            "encode_pinned_ratio": ctx["t_d2h"] / t_enc_h, "decode_pinned_ratio": ctx["t_h2d"] / t_dec_h,
+        })
+    hot_u8.copy_(saved)
+    torch.cuda.synchronize()
+    return out
+
+
+def run_config(torch, fmt, gran, tokens, gib, iters, stream, do_sweep=True):
     buf_bytes = tokens * HEADS * HEAD_DIM * 2
     slot = 2 * buf_bytes
     pages = max(64, int(gib * 2**30) // slot)
@@ -65,7 +117,8 @@ def run_config(torch, fmt, gran, tokens, gib, iters, stream):
                kv.BufferDesc(0, kv.Role.VALUE, 0, buf_bytes, buf_bytes, kv.DType.BFLOAT16, tokens, HEADS, HEAD_DIM))
     params = {"format": fmt, "granularity": gran}
     codec = kv.create_codec("fp8", params, device="cuda")
-    codec.configure([kv.PoolGroupDesc([kv.PoolDesc(hot_u8.data_ptr(), slot, pages)], [kv.LifeCycleDesc(0, buffers)])])
+    groups = [kv.PoolGroupDesc([kv.PoolDesc(hot_u8.data_ptr(), slot, pages)], [kv.LifeCycleDesc(0, buffers)])]
+    codec.configure(groups)
     cold_bytes = codec.cold_page_bytes(0)
     idx = torch.stack([torch.arange(pages), torch.randperm(pages)], 1).to(torch.int32).cuda()
     back = torch.stack([idx[:, 1], idx[:, 0]], 1).contiguous()
@@ -93,6 +146,12 @@ def run_config(torch, fmt, gran, tokens, gib, iters, stream):
         t_torch = _time(torch_cast, iters)
     stream.synchronize()
     del scratch, host_raw
+    tunings = []
+    if do_sweep:
+        ctx = {"hot_u8": hot_u8, "groups": groups, "idx": idx, "back": back, "cold_dev": cold_dev,
+               "cold_host": cold_host, "params": params, "hot_bytes": hot_bytes, "blob_bytes": blob_bytes,
+               "copy_bw": 2 * hot_bytes / t_copy, "t_d2h": t_d2h, "t_h2d": t_h2d}
+        tunings = sweep(torch, ctx, iters, stream)
 
     # Errors over a sample of pages, checked against the declared bound (CPU, float64). The timed
     # decodes above wrote already-quantized pages back into the pool, so start from fresh data:
@@ -129,6 +188,7 @@ def run_config(torch, fmt, gran, tokens, gib, iters, stream):
         "torch_amax_cast_bf16_gbps": hot_bytes / t_torch / 1e9,
         "rel_err_mean": float(rel.mean()), "rel_err_p99": p99, "rel_err_max": float(rel.max()),
         "max_err_over_bound": worst,
+        "tunings": tunings,
     }
 
 
@@ -138,6 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gib", type=float, default=1.0, help="hot bytes per configuration (GiB)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--tokens", default="16,64")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the sweep of the kernel tuning knobs")
     args = ap.parse_args(argv)
     import torch
 
@@ -150,7 +211,7 @@ def main(argv=None) -> int:
     for tokens in (int(t) for t in args.tokens.split(",")):
         for fmt, gran in configs:
             t0 = time.time()
-            rows.append(run_config(torch, fmt, gran, tokens, args.gib, args.iters, stream))
+            rows.append(run_config(torch, fmt, gran, tokens, args.gib, args.iters, stream, not args.no_sweep))
             print(f"[bench] {fmt} {gran} T={tokens}: {time.time() - t0:.1f}s", file=sys.stderr)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,10 +230,33 @@ def main(argv=None) -> int:
         )
     lines.append("d2d x: (bytes read + written) / device copy ceiling (target >= 0.7); pin x: raw hot bytes/s / pinned "
                  "PCIe ceiling (target >= 1.7); err/bound <= 1 means the declared bound holds")
+    if any(r["tunings"] for r in rows):
+        lines += ["", "kernel tunings: the best per row and metric (ratio, tuning); v1 = the default kernel",
+                  "fmt   gran        T  enc d2d x            dec d2d x            enc pin x            dec pin x"
+                  "            v1 enc/dec d2d  bytes"]
+        sweep_lines = ["fmt   gran        T  tuning               enc d2d x  dec d2d x  enc pin x  dec pin x  same bytes"]
+        for r in rows:
+            t = r["tunings"]
+            cells = []
+            for key in ("encode_d2d_ratio", "decode_d2d_ratio", "encode_pinned_ratio", "decode_pinned_ratio"):
+                best = max(t, key=lambda x: x[key])
+                cells.append(f"{best[key]:5.2f} {best['tuning']:14}")
+            v1 = t[0]
+            ok = "same" if all(x["same_bytes_as_v1"] for x in t) else "DIFFER: " + ",".join(
+                x["tuning"] for x in t if not x["same_bytes_as_v1"])
+            lines.append(f"{r['format']:5} {r['granularity']:10} {r['tokens_per_page']:3}  " + "  ".join(cells)
+                         + f"  {v1['encode_d2d_ratio']:5.2f}/{v1['decode_d2d_ratio']:5.2f}    {ok}")
+            for x in t:
+                sweep_lines.append(
+                    f"{r['format']:5} {r['granularity']:10} {r['tokens_per_page']:3}  {x['tuning']:20}"
+                    f" {x['encode_d2d_ratio']:10.2f} {x['decode_d2d_ratio']:10.2f} {x['encode_pinned_ratio']:10.2f}"
+                    f" {x['decode_pinned_ratio']:10.2f}  {x['same_bytes_as_v1']}")
+        (out / "bench-fp8-sweep.txt").write_text("\n".join(sweep_lines) + "\n")
     text = "\n".join(lines) + "\n"
     (out / "bench-fp8.txt").write_text(text)
     print(text)
-    return 0
+    differ = [r for r in rows if not all(x["same_bytes_as_v1"] for x in r["tunings"])]
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

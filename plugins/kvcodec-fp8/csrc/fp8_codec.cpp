@@ -465,6 +465,8 @@ private:
         args.encode = encode ? 1 : 0;
         args.format = uint32_t(params_.format);
         args.scalarOnly = (blob % kRegionAlign) != 0 ? 1 : 0;
+        args.variant = params_.kernel;
+        args.blockFinite = params_.blockFinite ? 1 : 0;
         args.unitsPerPage = plan.unitsPerPage;
         args.coldPageBytes = plan.coldPageBytes;
         args.numHotSlots = layout_.groups()[lc.group].numSlots;

@@ -33,15 +33,15 @@ constexpr int elemBytes()
     return DT == kFp32 ? 4 : 2;
 }
 
-// Elements per lane access and the 32-bit words they occupy.
-template <int DT, bool VEC>
+// Elements per lane access, the 32-bit words they occupy and the accesses a lane caches.
+template <int DT, bool VEC, int LB>
 struct Access
 {
     static constexpr int kElems = VEC ? 16 : 1;
     static constexpr int kWords = VEC ? 16 * elemBytes<DT>() / 4 : 1;
-    // Accesses kept in registers between the two encode passes: 128 bytes per lane for 2-byte
-    // types (a 16-token x 128-dim bf16 block), 64 for fp32; two resident blocks per SM.
-    static constexpr int kCached = VEC ? (kWords < 16 ? 32 / kWords : 1) : 4;
+    // LB bytes per lane stay in registers between the two encode passes (128 for v1: a
+    // 16-token x 128-dim bf16 block over one warp).
+    static constexpr int kCached = int(cachedAccesses(LB, elemBytes<DT>(), VEC));
 };
 
 // fp32 bits of element i of a raw access.
@@ -68,14 +68,14 @@ __device__ __forceinline__ uint32_t elemBits(uint32_t const* w, int i)
     }
 }
 
-template <int DT, bool VEC>
+template <int DT, bool VEC, int LB = 128>
 __device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
 {
     if constexpr (VEC)
     {
         auto const* s = reinterpret_cast<uint4 const*>(p);
 #pragma unroll
-        for (int q = 0; q < Access<DT, VEC>::kWords / 4; ++q)
+        for (int q = 0; q < Access<DT, VEC, LB>::kWords / 4; ++q)
         {
             uint4 const v = s[q];
             w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
@@ -91,14 +91,14 @@ __device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
     }
 }
 
-template <int DT, bool VEC>
+template <int DT, bool VEC, int LB = 128>
 __device__ __forceinline__ void storeRaw(char* p, uint32_t const* w)
 {
     if constexpr (VEC)
     {
         auto* d = reinterpret_cast<uint4*>(p);
 #pragma unroll
-        for (int q = 0; q < Access<DT, VEC>::kWords / 4; ++q)
+        for (int q = 0; q < Access<DT, VEC, LB>::kWords / 4; ++q)
         {
             d[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
         }
@@ -120,12 +120,53 @@ __device__ __forceinline__ uint32_t amaxBits(uint32_t const* w)
 {
     uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < Access<DT, VEC>::kElems; ++i)
+    for (int i = 0; i < Access<DT, VEC, 128>::kElems; ++i)
     {
         uint32_t const a = elemBits<DT>(w, i) & 0x7FFFFFFFu;
         m = max(m, a < 0x7F800000u ? a : 0u);
     }
     return m;
+}
+
+// finite_check=block: the largest magnitude of an access in the hot dtype's own bits, NaN and
+// Inf included (they compare above every finite value). Two 16-bit elements per instruction.
+template <int DT, bool VEC>
+__device__ __forceinline__ uint32_t rawMaxBits(uint32_t const* w)
+{
+    constexpr int kWords = Access<DT, VEC, 128>::kWords;
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i)
+    {
+        if constexpr (DT == kFp32)
+        {
+            m = max(m, w[i] & 0x7FFFFFFFu);
+        }
+        else
+        {
+            m = __vmaxu2(m, w[i] & 0x7FFF7FFFu);
+        }
+    }
+    if constexpr (DT != kFp32)
+    {
+        m = max(m & 0xFFFFu, m >> 16);
+    }
+    return m;
+}
+
+// True when rawMaxBits found a NaN or an infinity.
+template <int DT>
+__device__ __forceinline__ bool rawNonFinite(uint32_t m)
+{
+    return DT == kFp32 ? m >= 0x7F800000u : (DT == kBf16 ? m >= 0x7F80u : m >= 0x7C00u);
+}
+
+// fp32 bits of the finite magnitude rawMaxBits found: equal to amaxBits' result.
+template <int DT>
+__device__ __forceinline__ uint32_t rawToAmaxBits(uint32_t m)
+{
+    uint32_t const w = m;
+    return elemBits<DT>(&w, 0);
 }
 
 template <int FMT>
@@ -136,15 +177,16 @@ __device__ __forceinline__ uint32_t cvtPair(float lo, float hi)
 }
 
 // Codes of one access (4 codes per word, element order).
-template <int DT, int FMT, bool VEC>
+// CHECK false: the caller knows every element is finite (finite_check=block).
+template <int DT, int FMT, bool VEC, bool CHECK = true>
 __device__ __forceinline__ void quantize(uint32_t const* w, float r, uint32_t* codes)
 {
-    constexpr int n = Access<DT, VEC>::kElems;
+    constexpr int n = Access<DT, VEC, 128>::kElems;
     if constexpr (n == 1)
     {
         uint32_t const b = elemBits<DT>(w, 0);
         uint32_t c = cvtPair<FMT>(__fmul_rn(__uint_as_float(b), r), 0.0f) & 0xFFu;
-        codes[0] = isFiniteBits(b) ? c : nonFiniteCode(b, Format(FMT));
+        codes[0] = (!CHECK || isFiniteBits(b)) ? c : nonFiniteCode(b, Format(FMT));
     }
     else
     {
@@ -160,8 +202,11 @@ __device__ __forceinline__ void quantize(uint32_t const* w, float r, uint32_t* c
                 uint32_t pair = cvtPair<FMT>(__fmul_rn(__uint_as_float(b0), r), __fmul_rn(__uint_as_float(b1), r));
                 uint32_t c0 = pair & 0xFFu;
                 uint32_t c1 = pair >> 8;
-                c0 = isFiniteBits(b0) ? c0 : nonFiniteCode(b0, Format(FMT));
-                c1 = isFiniteBits(b1) ? c1 : nonFiniteCode(b1, Format(FMT));
+                if constexpr (CHECK)
+                {
+                    c0 = isFiniteBits(b0) ? c0 : nonFiniteCode(b0, Format(FMT));
+                    c1 = isFiniteBits(b1) ? c1 : nonFiniteCode(b1, Format(FMT));
+                }
                 word |= (c0 | (c1 << 8)) << (16 * h);
             }
             codes[q] = word;
@@ -170,10 +215,10 @@ __device__ __forceinline__ void quantize(uint32_t const* w, float r, uint32_t* c
 }
 
 // Hot dtype bits of a decoded value (NaN codes become the canonical NaN).
-template <int DT, int FMT>
+template <int DT, int FMT, bool CHECK = true>
 __device__ __forceinline__ uint32_t decodeValue(uint32_t code, float v, float s)
 {
-    bool const nan = fp8IsNan(code, Format(FMT));
+    bool const nan = CHECK && fp8IsNan(code, Format(FMT));
     uint32_t const neg = code & 0x80u;
     float const y = __fmul_rn(v, s);
     if constexpr (DT == kBf16)
@@ -199,14 +244,15 @@ __device__ __forceinline__ float2 codesToFloat2(uint32_t pair)
 }
 
 // Hot words of one access from its codes.
-template <int DT, int FMT, bool VEC>
+// CHECK false: the caller knows no code of the access is a NaN code.
+template <int DT, int FMT, bool VEC, bool CHECK = true>
 __device__ __forceinline__ void dequantize(uint32_t const* codes, float s, uint32_t* w)
 {
-    constexpr int n = Access<DT, VEC>::kElems;
+    constexpr int n = Access<DT, VEC, 128>::kElems;
     if constexpr (n == 1)
     {
         uint32_t const c = codes[0] & 0xFFu;
-        w[0] = decodeValue<DT, FMT>(c, codesToFloat2<FMT>(c).x, s);
+        w[0] = decodeValue<DT, FMT, CHECK>(c, codesToFloat2<FMT>(c).x, s);
     }
     else
     {
@@ -215,8 +261,8 @@ __device__ __forceinline__ void dequantize(uint32_t const* codes, float s, uint3
         {
             uint32_t const pair = (codes[p >> 1] >> (16 * (p & 1))) & 0xFFFFu;
             float2 const f = codesToFloat2<FMT>(pair);
-            uint32_t const y0 = decodeValue<DT, FMT>(pair & 0xFFu, f.x, s);
-            uint32_t const y1 = decodeValue<DT, FMT>(pair >> 8, f.y, s);
+            uint32_t const y0 = decodeValue<DT, FMT, CHECK>(pair & 0xFFu, f.x, s);
+            uint32_t const y1 = decodeValue<DT, FMT, CHECK>(pair >> 8, f.y, s);
             if constexpr (DT == kFp32)
             {
                 w[2 * p] = y0, w[2 * p + 1] = y1;
@@ -291,10 +337,24 @@ __device__ __forceinline__ void storeCodes(char* p, uint32_t const* codes, int n
     }
 }
 
-template <int DT, int FMT, bool VEC>
-__device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
+// Zero padding of a quantized buffer's regions, so blobs are fully determined by the hot data.
+__device__ __forceinline__ void zeroPadding(BufferPlan const& b, char* cold, uint32_t sub, uint32_t lanes)
 {
-    using A = Access<DT, VEC>;
+    for (uint64_t p = b.dataEnd + sub; p < b.scaleOffset; p += lanes)
+    {
+        cold[p] = 0;
+    }
+    for (uint64_t p = b.scaleEnd + sub; p < b.regionEnd; p += lanes)
+    {
+        cold[p] = 0;
+    }
+}
+
+// The original (v1) encode of one tile, kept as it was: the default until the variants are measured.
+template <int DT, int FMT, bool VEC>
+__device__ void encodeTileV1(BufferPlan const& b, Tile const& t, bool alignedCold)
+{
+    using A = Access<DT, VEC, 128>;
     constexpr int N = A::kElems;
     constexpr int E = elemBytes<DT>();
     uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
@@ -387,13 +447,286 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
     }
 }
 
-template <int DT, int FMT, bool VEC>
-__device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
+// Reduces a group's per-lane maximum (groups are aligned power-of-two lane ranges).
+__device__ __forceinline__ uint32_t groupMax(uint32_t m, uint32_t lanes)
 {
-    using A = Access<DT, VEC>;
+    for (uint32_t o = lanes / 2; o >= 1; o /= 2)
+    {
+        m = max(m, __shfl_xor_sync(kFull, m, o));
+    }
+    return m;
+}
+
+// Quantizes and stores one cached access (the finite fast path when `unchecked`).
+template <int DT, int FMT, bool VEC, int LB>
+__device__ __forceinline__ void quantizeStore(uint32_t const* w, float r, char* dst, bool unchecked)
+{
+    constexpr int N = Access<DT, VEC, LB>::kElems;
+    uint32_t codes[N == 16 ? 4 : 1];
+    if (unchecked)
+    {
+        quantize<DT, FMT, VEC, false>(w, r, codes);
+    }
+    else
+    {
+        quantize<DT, FMT, VEC, true>(w, r, codes);
+    }
+    storeCodes(dst, codes, N);
+}
+
+// Encode of one tile: a scale block spread over `lanes` lanes. LB: hot bytes a lane caches;
+// BATCH: blocks larger than the cache are streamed LB bytes per lane at a time (else one access).
+// `fast` (finite_check=block): one raw maximum per access, the exact finite amax and the
+// per-element NaN/Inf handling only for warps that hold a non-finite element.
+template <int DT, int FMT, bool VEC, int LB, bool BATCH>
+__device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold, bool fast)
+{
+    using A = Access<DT, VEC, LB>;
     constexpr int N = A::kElems;
     constexpr int E = elemBytes<DT>();
-    constexpr int kBatch = 4; // code loads in flight per lane before the first store
+    constexpr int C = A::kCached;
+    fast = BATCH && fast; // v1 has no fast path
+    uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
+    uint32_t const step = uint32_t(C) * t.lanes;
+    bool const cached = nv <= step;
+    uint32_t cache[C][A::kWords];
+    // The first pass: the exact finite amax (fp32 bits) or, when `exact` is false, the raw
+    // maximum in the hot dtype's bits.
+    auto firstPass = [&](bool exact) {
+        uint32_t m = 0;
+        if (!t.active)
+        {
+            return m;
+        }
+        if (cached || BATCH)
+        {
+            for (uint32_t k0 = t.sub; k0 < nv; k0 += step)
+            {
+#pragma unroll
+                for (int c = 0; c < C; ++c)
+                {
+                    uint32_t const k = k0 + c * t.lanes;
+                    if (k < nv)
+                    {
+                        loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < C; ++c)
+                {
+                    if (k0 + c * t.lanes < nv)
+                    {
+                        m = max(m, exact ? amaxBits<DT, VEC>(cache[c]) : rawMaxBits<DT, VEC>(cache[c]));
+                    }
+                }
+            }
+        }
+        else
+        {
+            for (uint32_t k = t.sub; k < nv; k += t.lanes)
+            {
+                uint32_t w[A::kWords];
+                loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                m = max(m, exact ? amaxBits<DT, VEC>(w) : rawMaxBits<DT, VEC>(w));
+            }
+        }
+        return m;
+    };
+    bool unchecked = false;
+    uint32_t amax = groupMax(firstPass(!fast), t.lanes);
+    if (fast)
+    {
+        // Warp-uniform: a warp holding a NaN or Inf takes the exact path for all its lanes.
+        if (__any_sync(kFull, t.active && rawNonFinite<DT>(amax)))
+        {
+            amax = groupMax(firstPass(true), t.lanes);
+        }
+        else
+        {
+            amax = rawToAmaxBits<DT>(amax);
+            unchecked = true;
+        }
+    }
+    if (!t.active)
+    {
+        return;
+    }
+    BlockScale const bs = blockScale(__uint_as_float(amax), Format(FMT));
+    if (t.sub == 0)
+    {
+        storeScale(t.cold + b.scaleOffset + 4 * t.block, bs.scale, alignedCold);
+    }
+    char* codesBase = t.cold + b.dataOffset;
+    if (cached)
+    {
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+        {
+            uint32_t const k = t.sub + c * t.lanes;
+            if (k < nv)
+            {
+                quantizeStore<DT, FMT, VEC, LB>(cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
+            }
+        }
+    }
+    else if (BATCH)
+    {
+        for (uint32_t k0 = t.sub; k0 < nv; k0 += step)
+        {
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+            {
+                uint32_t const k = k0 + c * t.lanes;
+                if (k < nv)
+                {
+                    loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+            {
+                uint32_t const k = k0 + c * t.lanes;
+                if (k < nv)
+                {
+                    quantizeStore<DT, FMT, VEC, LB>(cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
+                }
+            }
+        }
+    }
+    else
+    {
+        for (uint32_t k = t.sub; k < nv; k += t.lanes)
+        {
+            uint32_t w[A::kWords];
+            uint64_t const off = elemOffset<N>(b, t.block, k);
+            loadRaw<DT, VEC, LB>(t.hot + off * E, w);
+            quantizeStore<DT, FMT, VEC, LB>(w, bs.reciprocal, codesBase + off, unchecked);
+        }
+    }
+    if (t.block == 0)
+    {
+        zeroPadding(b, t.cold, t.sub, t.lanes);
+    }
+}
+
+// Encode of a unit of several rounds (small_blocks=deep): round s covers the blocks
+// t.block + s * 32 / lanes, and each lane holds at most one access of each, so all rounds'
+// loads are in flight before the first reduction.
+template <int DT, int FMT, bool VEC, int LB>
+__device__ void encodeRounds(BufferPlan const& b, Tile const& t, bool alignedCold, bool fast)
+{
+    using A = Access<DT, VEC, LB>;
+    constexpr int N = A::kElems;
+    constexpr int E = elemBytes<DT>();
+    constexpr int C = A::kCached;
+    uint32_t const perRound = 32 / t.lanes;
+    uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
+    uint32_t cache[C][A::kWords];
+    uint32_t m[C];
+    bool act[C];
+#pragma unroll
+    for (int s = 0; s < C; ++s)
+    {
+        uint64_t const block = t.block + uint64_t(s) * perRound;
+        act[s] = uint32_t(s) < b.rounds && block < b.numBlocks && t.sub < nv;
+        if (act[s])
+        {
+            loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, cache[s]);
+        }
+    }
+    bool nonFinite = false;
+#pragma unroll
+    for (int s = 0; s < C; ++s)
+    {
+        m[s] = !act[s] ? 0u : (fast ? rawMaxBits<DT, VEC>(cache[s]) : amaxBits<DT, VEC>(cache[s]));
+        m[s] = groupMax(m[s], t.lanes);
+        nonFinite = nonFinite || (fast && act[s] && rawNonFinite<DT>(m[s]));
+    }
+    bool unchecked = false;
+    if (fast)
+    {
+        bool const exact = __any_sync(kFull, nonFinite);
+#pragma unroll
+        for (int s = 0; s < C; ++s)
+        {
+            m[s] = exact ? groupMax(act[s] ? amaxBits<DT, VEC>(cache[s]) : 0u, t.lanes) : rawToAmaxBits<DT>(m[s]);
+        }
+        unchecked = !exact;
+    }
+#pragma unroll
+    for (int s = 0; s < C; ++s)
+    {
+        if (!act[s])
+        {
+            continue;
+        }
+        uint64_t const block = t.block + uint64_t(s) * perRound;
+        BlockScale const bs = blockScale(__uint_as_float(m[s]), Format(FMT));
+        if (t.sub == 0)
+        {
+            storeScale(t.cold + b.scaleOffset + 4 * block, bs.scale, alignedCold);
+        }
+        quantizeStore<DT, FMT, VEC, LB>(cache[s], bs.reciprocal, t.cold + b.dataOffset + elemOffset<N>(b, block, t.sub),
+            unchecked);
+        if (block == 0)
+        {
+            zeroPadding(b, t.cold, t.sub, t.lanes);
+        }
+    }
+}
+
+// True when a word of four codes holds a NaN code (e4m3: low 7 bits all ones; e5m2: above
+// 0x7C); the carry of the add lands in bit 7 of the byte and never crosses into the next one.
+template <int FMT>
+__device__ __forceinline__ bool nanCodeIn(uint32_t w)
+{
+    constexpr uint32_t kAdd = FMT == int(Format::kE4M3) ? 0x01010101u : 0x03030303u;
+    return (((w & 0x7F7F7F7Fu) + kAdd) & 0x80808080u) != 0;
+}
+
+template <int DT, int FMT, bool VEC>
+__device__ __forceinline__ void dequantizeAccess(uint32_t const* codes, float s, uint32_t* w, bool fast)
+{
+    constexpr int kCodeWords = VEC ? 4 : 1;
+    bool nan = !fast;
+#pragma unroll
+    for (int i = 0; i < kCodeWords; ++i)
+    {
+        nan = nan || nanCodeIn<FMT>(codes[i]);
+    }
+    if (nan)
+    {
+        dequantize<DT, FMT, VEC, true>(codes, s, w);
+    }
+    else
+    {
+        dequantize<DT, FMT, VEC, false>(codes, s, w);
+    }
+}
+
+__device__ __forceinline__ void loadCodes(char const* p, uint32_t* codes, bool vec16)
+{
+    if (vec16)
+    {
+        uint4 const v = *reinterpret_cast<uint4 const*>(p);
+        codes[0] = v.x, codes[1] = v.y, codes[2] = v.z, codes[3] = v.w;
+    }
+    else
+    {
+        codes[0] = static_cast<unsigned char>(*p);
+    }
+}
+
+// Decode of one tile; code loads of kBatch accesses per lane are in flight before the first
+// store (4 for v1, the lane cache's accesses for the other variants).
+template <int DT, int FMT, bool VEC, int LB, bool BATCH>
+__device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold, bool fast)
+{
+    using A = Access<DT, VEC, LB>;
+    constexpr int N = A::kElems;
+    constexpr int E = elemBytes<DT>();
+    constexpr int kBatch = BATCH ? A::kCached : 4;
+    fast = BATCH && fast; // v1 has no fast path
     if (!t.active)
     {
         return;
@@ -410,16 +743,7 @@ __device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
             uint32_t const k = k0 + u * t.lanes;
             if (k < nv)
             {
-                char const* p = codesBase + elemOffset<N>(b, t.block, k);
-                if constexpr (N == 16)
-                {
-                    uint4 const v = *reinterpret_cast<uint4 const*>(p);
-                    codes[u][0] = v.x, codes[u][1] = v.y, codes[u][2] = v.z, codes[u][3] = v.w;
-                }
-                else
-                {
-                    codes[u][0] = static_cast<unsigned char>(*p);
-                }
+                loadCodes(codesBase + elemOffset<N>(b, t.block, k), codes[u], N == 16);
             }
         }
 #pragma unroll
@@ -429,34 +753,112 @@ __device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold)
             if (k < nv)
             {
                 uint32_t w[A::kWords];
-                dequantize<DT, FMT, VEC>(codes[u], s, w);
-                storeRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                dequantizeAccess<DT, FMT, VEC>(codes[u], s, w, fast);
+                storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
             }
         }
     }
 }
 
-template <int DT, int FMT, bool ENC>
-__device__ void quantizedUnit(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold)
+// Decode of a unit of several rounds (see encodeRounds): scales and codes of every round are
+// loaded before the first store.
+template <int DT, int FMT, bool VEC, int LB>
+__device__ void decodeRounds(BufferPlan const& b, Tile const& t, bool alignedCold, bool fast)
 {
-    if constexpr (ENC)
+    using A = Access<DT, VEC, LB>;
+    constexpr int N = A::kElems;
+    constexpr int E = elemBytes<DT>();
+    constexpr int C = A::kCached;
+    uint32_t const perRound = 32 / t.lanes;
+    uint32_t const nv = static_cast<uint32_t>(b.blockElems / N);
+    uint32_t codes[C][N == 16 ? 4 : 1];
+    float scale[C];
+#pragma unroll
+    for (int s = 0; s < C; ++s)
     {
-        vec ? encodeTile<DT, FMT, true>(b, t, alignedCold) : encodeTile<DT, FMT, false>(b, t, alignedCold);
+        uint64_t const block = t.block + uint64_t(s) * perRound;
+        if (uint32_t(s) < b.rounds && block < b.numBlocks && t.sub < nv)
+        {
+            scale[s] = loadScale(t.cold + b.scaleOffset + 4 * block, alignedCold);
+            loadCodes(t.cold + b.dataOffset + elemOffset<N>(b, block, t.sub), codes[s], N == 16);
+        }
     }
-    else
+#pragma unroll
+    for (int s = 0; s < C; ++s)
     {
-        vec ? decodeTile<DT, FMT, true>(b, t, alignedCold) : decodeTile<DT, FMT, false>(b, t, alignedCold);
+        uint64_t const block = t.block + uint64_t(s) * perRound;
+        if (uint32_t(s) < b.rounds && block < b.numBlocks && t.sub < nv)
+        {
+            uint32_t w[A::kWords];
+            dequantizeAccess<DT, FMT, VEC>(codes[s], scale[s], w, fast);
+            storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, w);
+        }
     }
 }
 
-template <int FMT, bool ENC>
-__device__ void quantizedUnitFmt(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold)
+template <int DT, int FMT, bool ENC, bool VEC, int LB, bool BATCH>
+__device__ __forceinline__ void tileOf(BufferPlan const& b, Tile const& t, bool alignedCold, bool fast)
+{
+    if constexpr (!BATCH)
+    {
+        // v1: rounds are always 1 and `fast` always false (the plan and the parameters see to it).
+        if constexpr (ENC)
+        {
+            encodeTileV1<DT, FMT, VEC>(b, t, alignedCold);
+        }
+        else
+        {
+            decodeTile<DT, FMT, VEC, LB, false>(b, t, alignedCold, false);
+        }
+    }
+    else if (b.rounds > 1 && VEC)
+    {
+        // One access per lane and round: every round's loads go out before the first reduction.
+        if constexpr (ENC)
+        {
+            encodeRounds<DT, FMT, VEC, LB>(b, t, alignedCold, fast);
+        }
+        else
+        {
+            decodeRounds<DT, FMT, VEC, LB>(b, t, alignedCold, fast);
+        }
+    }
+    else
+    {
+        // One round after the other (also the element path of a deep unit, whose blocks may
+        // need several accesses per lane).
+        Tile r = t;
+        for (uint32_t s = 0; s < b.rounds; ++s)
+        {
+            r.block = t.block + uint64_t(s) * (32 / t.lanes);
+            r.active = r.block < b.numBlocks;
+            if constexpr (ENC)
+            {
+                encodeTile<DT, FMT, VEC, LB, BATCH>(b, r, alignedCold, fast);
+            }
+            else
+            {
+                decodeTile<DT, FMT, VEC, LB, BATCH>(b, r, alignedCold, fast);
+            }
+        }
+    }
+}
+
+template <int DT, int FMT, bool ENC, int LB, bool BATCH>
+__device__ void quantizedUnit(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold, bool fast)
+{
+    vec ? tileOf<DT, FMT, ENC, true, LB, BATCH>(b, t, alignedCold, fast)
+        : tileOf<DT, FMT, ENC, false, LB, BATCH>(b, t, alignedCold, fast);
+}
+
+template <int FMT, bool ENC, int LB, bool BATCH>
+__device__ void quantizedUnitFmt(BufferPlan const& b, Tile const& t, bool vec, bool alignedCold, bool fast)
 {
     switch (b.dtype)
     {
-    case kBf16: quantizedUnit<kBf16, FMT, ENC>(b, t, vec, alignedCold); break;
-    case kFp16: quantizedUnit<kFp16, FMT, ENC>(b, t, vec, alignedCold); break;
-    default: quantizedUnit<kFp32, FMT, ENC>(b, t, vec, alignedCold); break;
+    case kBf16: quantizedUnit<kBf16, FMT, ENC, LB, BATCH>(b, t, vec, alignedCold, fast); break;
+    case kFp16: quantizedUnit<kFp16, FMT, ENC, LB, BATCH>(b, t, vec, alignedCold, fast); break;
+    default: quantizedUnit<kFp32, FMT, ENC, LB, BATCH>(b, t, vec, alignedCold, fast); break;
     }
 }
 
@@ -510,10 +912,13 @@ __device__ void copyUnit(BufferPlan const& b, char* hot, char* cold, uint64_t un
     }
 }
 
-// Encode and decode are separate instantiations so each gets its own register budget.
-template <bool ENC>
-__global__ void __launch_bounds__(kThreads, 2) fp8Kernel(KernelArgs a)
+// Encode and decode are separate instantiations so each gets its own register budget; so is
+// every kernel variant (kKernelVariants[V]).
+template <bool ENC, int V>
+__global__ void __launch_bounds__(kThreads, kKernelVariants[V].blocksPerSm) fp8Kernel(KernelArgs a)
 {
+    constexpr int LB = kKernelVariants[V].laneBytes;
+    constexpr bool BATCH = kKernelVariants[V].tunable;
     uint32_t const lane = threadIdx.x & 31;
     uint64_t const total = a.numPairs * a.unitsPerPage;
     uint64_t const stride = uint64_t(gridDim.x) * kWarpsPerBlock;
@@ -552,29 +957,74 @@ __global__ void __launch_bounds__(kThreads, 2) fp8Kernel(KernelArgs a)
         Tile t;
         t.hot = hot;
         t.cold = cold;
-        t.block = unit * (32 / b.groupLanes) + group;
+        t.block = unit * (32 / b.groupLanes) * (BATCH ? b.rounds : 1u) + group;
         t.active = t.block < b.numBlocks;
         t.sub = lane % b.groupLanes;
         t.lanes = b.groupLanes;
         bool const vec = b.vector && !a.scalarOnly;
+        bool const fast = BATCH && a.blockFinite != 0;
         if (a.format == uint32_t(Format::kE4M3))
         {
-            quantizedUnitFmt<int(Format::kE4M3), ENC>(b, t, vec, !a.scalarOnly);
+            quantizedUnitFmt<int(Format::kE4M3), ENC, LB, BATCH>(b, t, vec, !a.scalarOnly, fast);
         }
         else
         {
-            quantizedUnitFmt<int(Format::kE5M2), ENC>(b, t, vec, !a.scalarOnly);
+            quantizedUnitFmt<int(Format::kE5M2), ENC, LB, BATCH>(b, t, vec, !a.scalarOnly, fast);
         }
     }
 }
+
+// Resident blocks per SM of a variant (both directions), computed once.
+template <int V>
+int residentBlocks()
+{
+    static int const blocks = [] {
+        int e = 0, d = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e, fp8Kernel<true, V>, kThreads, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, fp8Kernel<false, V>, kThreads, 0);
+        return std::max(std::min(e, d), 1);
+    }();
+    return blocks;
+}
+
+template <int V>
+cudaError_t preloadVariant()
+{
+    cudaFuncAttributes attributes{};
+    cudaError_t st = cudaFuncGetAttributes(&attributes, fp8Kernel<true, V>);
+    return st != cudaSuccess ? st : cudaFuncGetAttributes(&attributes, fp8Kernel<false, V>);
+}
+
+template <int V>
+void launchVariant(KernelArgs const& args, uint64_t total, int numSms, cudaStream_t stream)
+{
+    uint64_t const wanted = (total + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    uint64_t const blocks = std::min<uint64_t>(wanted, uint64_t(std::max(numSms, 1)) * residentBlocks<V>());
+    if (args.encode)
+    {
+        fp8Kernel<true, V><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    }
+    else
+    {
+        fp8Kernel<false, V><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    }
+}
+
+static_assert(kNumKernelVariants == 3, "preloadFp8 and launchFp8 list every variant");
 
 } // namespace
 
 cudaError_t preloadFp8() noexcept
 {
-    cudaFuncAttributes attributes{};
-    cudaError_t st = cudaFuncGetAttributes(&attributes, fp8Kernel<true>);
-    return st != cudaSuccess ? st : cudaFuncGetAttributes(&attributes, fp8Kernel<false>);
+    cudaError_t const st[] = {preloadVariant<0>(), preloadVariant<1>(), preloadVariant<2>()};
+    for (cudaError_t e : st)
+    {
+        if (e != cudaSuccess)
+        {
+            return e;
+        }
+    }
+    return cudaSuccess;
 }
 
 cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
@@ -584,21 +1034,12 @@ cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) n
     {
         return cudaSuccess;
     }
-    static int const residentBlocks = [] {
-        int e = 0, d = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&e, fp8Kernel<true>, kThreads, 0);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&d, fp8Kernel<false>, kThreads, 0);
-        return std::max(std::min(e, d), 1);
-    }();
-    uint64_t const wanted = (total + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    uint64_t const blocks = std::min<uint64_t>(wanted, uint64_t(std::max(numSms, 1)) * residentBlocks);
-    if (args.encode)
+    switch (args.variant)
     {
-        fp8Kernel<true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
-    }
-    else
-    {
-        fp8Kernel<false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    case 0: launchVariant<0>(args, total, numSms, stream); break;
+    case 1: launchVariant<1>(args, total, numSms, stream); break;
+    case 2: launchVariant<2>(args, total, numSms, stream); break;
+    default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
 }

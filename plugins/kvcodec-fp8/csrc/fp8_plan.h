@@ -24,6 +24,10 @@ struct Fp8Params
     bool losslessKey = false;
     bool losslessValue = false;
     std::set<int64_t> losslessLayers;
+    // Tuning knobs of the CUDA kernel: they never change a blob byte.
+    uint32_t kernel = 0;        ///< Index into kKernelVariants.
+    bool deepSmallBlocks = false; ///< small_blocks=deep: several rounds of small blocks per warp unit.
+    bool blockFinite = false;   ///< finite_check=block.
 };
 
 namespace detail {
@@ -127,12 +131,59 @@ inline bool parseFp8Params(char const* json, Fp8Params& out, std::string& error)
                 out.losslessLayers.insert(std::stoll(item));
             }
         }
+        else if (key == "kernel")
+        {
+            bool found = false;
+            std::string valid;
+            for (int v = 0; v < kNumKernelVariants; ++v)
+            {
+                valid += std::string(v ? ", '" : "'") + kKernelVariants[v].name + "'";
+                if (str && *str == kKernelVariants[v].name)
+                {
+                    out.kernel = uint32_t(v);
+                    found = true;
+                }
+            }
+            if (!found)
+            {
+                error = "fp8 parameter 'kernel' is " + value.text + "; valid values are " + valid;
+                return false;
+            }
+        }
+        else if (key == "small_blocks")
+        {
+            if (str == std::string("wide")) out.deepSmallBlocks = false;
+            else if (str == std::string("deep")) out.deepSmallBlocks = true;
+            else
+            {
+                error = "fp8 parameter 'small_blocks' is " + value.text + "; valid values are 'wide', 'deep'";
+                return false;
+            }
+        }
+        else if (key == "finite_check")
+        {
+            if (str == std::string("element")) out.blockFinite = false;
+            else if (str == std::string("block")) out.blockFinite = true;
+            else
+            {
+                error = "fp8 parameter 'finite_check' is " + value.text + "; valid values are 'element', 'block'";
+                return false;
+            }
+        }
         else
         {
             error = "unknown fp8 parameter '" + key
-                + "'; valid parameters are 'format', 'granularity', 'lossless_roles', 'lossless_layers'";
+                + "'; valid parameters are 'format', 'granularity', 'lossless_roles', 'lossless_layers', 'kernel', "
+                  "'small_blocks', 'finite_check'";
             return false;
         }
+    }
+    if (!kKernelVariants[out.kernel].tunable && (out.deepSmallBlocks || out.blockFinite))
+    {
+        error = std::string("fp8 parameters 'small_blocks' = 'deep' and 'finite_check' = 'block' need a tunable kernel; "
+                            "'kernel' is '")
+            + kKernelVariants[out.kernel].name + "' (use 'b2' or 'b4')";
+        return false;
     }
     return true;
 }
@@ -233,7 +284,15 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             plan.vector = (plan.rowElems % 16 == 0 && (pool.base + b.byteOffset) % 16 == 0 && pool.slotBytes % 16 == 0) ? 1 : 0;
             uint64_t const vectorsPerBlock = plan.blockElems / (plan.vector ? 16 : 1);
             plan.groupLanes = nextPow2(vectorsPerBlock);
-            uint64_t const tilesPerUnit = 32 / plan.groupLanes;
+            // small_blocks=deep: when every lane holds at most one access of its block, a unit
+            // takes as many rounds of blocks as the lane cache has accesses.
+            plan.rounds = 1;
+            if (params.deepSmallBlocks && vectorsPerBlock <= plan.groupLanes)
+            {
+                plan.rounds = cachedAccesses(kKernelVariants[params.kernel].laneBytes,
+                    uint32_t(dataTypeBytes(b.dtype)), plan.vector != 0);
+            }
+            uint64_t const tilesPerUnit = 32 / plan.groupLanes * plan.rounds;
             plan.units = (plan.numBlocks + tilesPerUnit - 1) / tilesPerUnit;
         }
         else

@@ -16,16 +16,17 @@ status=0
 step() { echo "== fp8: $* ($(date +%T))"; }
 
 step "build"
-if ! KVCODEC_FP8_PTXAS_VERBOSE=ON python3 -m pip install --no-build-isolation --no-deps -v "$HERE" \
+if ! KVCODEC_FP8_PTXAS_VERBOSE=ON timeout 420 python3 -m pip install --no-build-isolation --no-deps -v "$HERE" \
      > "$OUT_DIR/build.log" 2>&1; then
   tail -40 "$OUT_DIR/build.log"; echo "fp8 build failed"; exit 1
 fi
 # Registers and spills of the kernel (ptxas -v), for the record.
-grep -E "fp8Kernel|registers|spill" "$OUT_DIR/build.log" | grep -B1 -A1 "registers" | tail -8 | tee "$OUT_DIR/ptxas.txt"
+# Every variant: fp8KernelILb<encode>ELi<variant index>E (0 v1, 1 b2, 2 b4).
+grep -E "fp8Kernel|registers|spill" "$OUT_DIR/build.log" | grep -B2 "registers" | tail -18 | tee "$OUT_DIR/ptxas.txt"
 
 step "pytest -m gpu"
 # From outside the source tree, so the installed package is what gets tested.
-(cd "$OUT_DIR" && python3 -m pytest -m gpu -v -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
+(cd "$OUT_DIR" && timeout -s ABRT 300 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
    "$HERE/tests" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -15 "$OUT_DIR/pytest-gpu.log"
 
@@ -33,13 +34,13 @@ step "compute-sanitizer memcheck"
 if command -v compute-sanitizer > /dev/null && [[ -z "${KVCODEC_SKIP_MEMCHECK:-}" ]]; then
   (cd "$OUT_DIR" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
      python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
-     "$HERE/tests/test_fp8_gpu.py" -k "mixed and pinned and e4m3 or scalar_path or out_of_range") \
+     "$HERE/tests/test_fp8_gpu.py" -k "mixed and pinned and e4m3 or scalar_path or out_of_range or variant_on_the_scalar and deep-block") \
      > "$OUT_DIR/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
 
-step "benchmark"
-(cd "$OUT_DIR" && python3 "$HERE/bench/bench_fp8.py" --out-dir "$OUT_DIR") > "$OUT_DIR/bench.log" 2>&1 || status=1
+step "benchmark (default kernel, then the sweep of the tuning knobs)"
+(cd "$OUT_DIR" && timeout -s INT 240 python3 "$HERE/bench/bench_fp8.py" --out-dir "$OUT_DIR") > "$OUT_DIR/bench.log" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench.log"
 
 step "done (status $status)"

@@ -77,6 +77,30 @@ def dev_pairs(dst, src):
 @pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
 @pytest.mark.parametrize("cold_kind", ["pinned", "device"])
 def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kind, stream):
+    check_against_cpu(params, spec, cold_kind, stream)
+
+
+# Every kernel variant and tuning knob (docs/fp8.md, Performance) must write the v1 blob bytes.
+TUNINGS = [{"kernel": "v1"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
+                                for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))]
+TUNING_IDS = ["-".join(t.values()) for t in TUNINGS]
+
+
+@pytest.mark.parametrize("tuning", TUNINGS, ids=TUNING_IDS)
+@pytest.mark.parametrize("params", ALL_PARAMS, ids=IDS)
+@pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
+def test_every_kernel_variant_writes_the_cpu_blobs_and_decodes_identically(tuning, params, spec, stream):
+    check_against_cpu({**params, **tuning}, spec, "device", stream)
+
+
+@pytest.mark.parametrize("tuning", TUNINGS[1:], ids=TUNING_IDS[1:])
+def test_every_kernel_variant_on_the_scalar_path_and_pinned_blobs(tuning, stream):
+    for gran in ("page_head", "token_head", "page"):
+        scalar_path({"format": "e4m3", "granularity": gran, **tuning}, stream)
+    check_against_cpu({"format": "e5m2", "granularity": "token_head", **tuning}, MIXED, "pinned", stream)
+
+
+def check_against_cpu(params, spec, cold_kind, stream):
     rng = np.random.default_rng(11)
     slots, pages = 12, 9
     host = build_layout(rng, spec, num_slots=slots, special=True)
@@ -94,7 +118,7 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kin
     for d in dst:
         if not np.array_equal(got[d], want[d]):
             i = int(np.flatnonzero(got[d] != want[d])[0])
-            pytest.fail(f"cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
+            pytest.fail(f"{params}: cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
     untouched = sorted(set(range(pages + 2)) - set(dst.tolist()))
     assert (got[untouched] == 0xC3).all(), "encode wrote outside its destination blobs"
 
@@ -107,7 +131,7 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kin
     codec.decode(0, cold, dev_pairs(back, dst), stream=stream)
     stream.synchronize()
     for p, (d, h) in enumerate(zip(mirror.dev, host.pools)):
-        assert np.array_equal(d.cpu().numpy()[back], h[back]), f"pool {p}: GPU decode differs from CPU decode"
+        assert np.array_equal(d.cpu().numpy()[back], h[back]), f"{params}: pool {p}: GPU decode differs from CPU decode"
         others = sorted(set(range(slots)) - set(back.tolist()))
         assert torch.equal(d[others], before[p][others]), "decode wrote outside its destination slots"
     codec.close()
@@ -116,6 +140,10 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kin
 
 @pytest.mark.parametrize("params", ALL_PARAMS[:3], ids=IDS[:3])
 def test_unaligned_cold_base_and_odd_shapes_use_the_scalar_path(params, stream):
+    scalar_path(params, stream)
+
+
+def scalar_path(params, stream):
     rng = np.random.default_rng(12)
     spec = [[(0, Role.KEY, DType.BFLOAT16, (5, 3, 24)), (0, Role.VALUE, DType.FLOAT16, (3, 2, 7)),
              (0, Role.OTHER, DType.UINT8, 13)]]
@@ -130,7 +158,7 @@ def test_unaligned_cold_base_and_odd_shapes_use_the_scalar_path(params, stream):
     codec.encode(0, base, dev_pairs(dst, src), stream=stream)
     stream.synchronize()
     got = backing[3:3 + 3 * size].numpy().reshape(3, size)
-    assert np.array_equal(got, want)
+    assert np.array_equal(got, want), f"{params}: GPU blobs differ from CPU blobs on the element path"
     codec.close()
 
 
@@ -171,7 +199,11 @@ def test_encode_reads_data_written_just_before_on_the_stream(stream):
     codec.close()
 
 
-def test_many_pages_one_call(stream):
+@pytest.mark.parametrize("tuning", [{}, {"kernel": "b2", "small_blocks": "deep", "finite_check": "block"},
+                                    {"kernel": "b4", "small_blocks": "deep"}], ids=["v1", "b2-deep-block", "b4-deep"])
+@pytest.mark.parametrize("gran", ["page_head", "token_head"])
+def test_many_pages_one_call(tuning, gran, stream):
+    params = {"granularity": gran, **tuning}
     rng = np.random.default_rng(16)
     slots, pages = 4096, 3000
     spec = [[(0, Role.KEY, DType.BFLOAT16, (16, 2, 64)), (0, Role.VALUE, DType.BFLOAT16, (16, 2, 64))]]
@@ -179,8 +211,8 @@ def test_many_pages_one_call(stream):
     mirror = Mirror(host)
     src = rng.permutation(slots)[:pages]
     dst = rng.permutation(pages)
-    want = cpu_blobs(host, {}, src, pages, dst)
-    codec = gpu_codec(mirror, {})
+    want = cpu_blobs(host, params, src, pages, dst)
+    codec = gpu_codec(mirror, params)
     cold = torch.empty((pages, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
     codec.encode(0, cold, dev_pairs(dst, src), stream=stream)
     stream.synchronize()
