@@ -413,7 +413,7 @@ void bindKvcm(py::module_& m)
         .def("pins", &kvcm::KvCacheManager::pins)
         .def("peak",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
-                m.evictable(CacheLevel(l), g); // Checks the level and the group.
+                static_cast<void>(m.evictable(CacheLevel(l), g)); // Checks the level and the group.
                 return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g).peakUsedSlots();
             })
         .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.evictable(CacheLevel(l), g); })

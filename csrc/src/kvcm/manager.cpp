@@ -1455,7 +1455,7 @@ void KvCacheManager::resizeDisk(uint64_t quotaBytes, Stream stream)
     {
         SlotPool& pool = disk->slots(PoolGroupIndex(g));
         uint64_t const used = pool.usedSlots();
-        size_t const candidates = lru_[level][g].size() + disk->numUnclaimed(PoolGroupIndex(g));
+        size_t const candidates = lru_[level][g].live + disk->numUnclaimed(PoolGroupIndex(g));
         if (used > target[g] && used - target[g] > candidates)
         {
             throw CapacityError("cannot resize the disk level to " + std::to_string(quotaBytes) + " bytes: its pool group "
