@@ -202,7 +202,7 @@ class DiskRegion:
 
     def __init__(self, path: Any, *, slot_bytes: int, max_bytes: int, container_bytes: int | None = None,
                  codec: Any = None, layout: Any = None, name: str | None = None, io_mode: str = "auto",
-                 when_full: str = "refuse", io_threads: int = 4, snapshot_every: int = 1 << 20,
+                 when_full: str = "refuse", io_threads: int = 32, snapshot_every: int = 1 << 20,
                  max_batch: int = 4096, _faults: Sequence[Mapping[str, Any]] | None = None,
                  _read_only: bool = False):
         import os

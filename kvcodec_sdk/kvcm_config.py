@@ -83,7 +83,7 @@ class DiskTierConfig:
     max_bytes: int
     container_bytes: int = 1 << 30
     io_mode: str = "auto"
-    io_threads: int = 4
+    io_threads: int = 32
     _faults: Sequence[dict] | None = None  # Test-only fault injection rules (see kvcodec_sdk.disk).
 
     def validate(self, where: str = "KVCacheConfig.disk") -> None:

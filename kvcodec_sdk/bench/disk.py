@@ -202,7 +202,7 @@ def _recovery(path: str, slots: int, progress: bool) -> dict:
 
 
 def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes: int = 512 * MiB,
-        io_threads: int = 8, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True) -> Report:
+        io_threads: int = 32, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True) -> Report:
     def say(msg: str) -> None:
         if progress:
             print(f"[bench] {msg}", file=sys.stderr)

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
     disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
     disk.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
-    disk.add_argument("--io-threads", type=int, default=8, help="store I/O threads (default 8)")
+    disk.add_argument("--io-threads", type=int, default=32, help="store I/O threads (default 32, as a disk tier)")
     disk.add_argument("--depth", type=int, default=256, help="pages in flight (default 256)")
     disk.add_argument("--recovery-slots", type=int, default=1 << 20, help="slots of the recovery test (default 1M)")
 

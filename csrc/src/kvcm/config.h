@@ -50,7 +50,7 @@ struct DiskTierConfig
     uint64_t maxBytes = 0;       ///< Container bytes of all regions together (split like the host tier).
     uint64_t containerBytes = 0; ///< Bytes per container file (capped at a region's share).
     int32_t ioMode = 0;          ///< disk::IoMode.
-    uint32_t ioThreads = 4;
+    uint32_t ioThreads = 32;
     std::string codecName;
     uint32_t formatVersion = 0;
     std::string paramHash;  ///< Covers the codec parameters and the layer-group layout.

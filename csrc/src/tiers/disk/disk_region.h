@@ -71,7 +71,7 @@ struct RegionConfig
     CodecIdentity codec;
     IoMode ioMode = IoMode::kAuto;
     FullPolicy whenFull = FullPolicy::kRefuse;
-    uint32_t ioThreads = 4;
+    uint32_t ioThreads = 32;
     uint64_t snapshotEveryRecords = 1u << 20; ///< Journal records between snapshots; 0 = only on close.
     uint32_t maxBatchRecords = 4096;          ///< Group-commit batch limit.
     std::string layoutJson;                   ///< Opaque description of the blob layout (for tools).
