@@ -208,6 +208,8 @@ void bindDisk(py::module_& parent)
             d["last_seq"] = s.lastSeq;
             d["bytes_written"] = s.bytesWritten;
             d["bytes_read"] = s.bytesRead;
+            d["merged_ios"] = s.mergedIos;
+            d["merged_slots"] = s.mergedSlots;
             d["direct_io"] = s.directIo;
             d["failed"] = s.failed;
             return d;

@@ -143,6 +143,8 @@ struct RegionStats
     uint64_t lastSeq = 0;
     uint64_t bytesWritten = 0;
     uint64_t bytesRead = 0;
+    uint64_t mergedIos = 0;   ///< Vectored writes/reads that moved several adjacent slots at once.
+    uint64_t mergedSlots = 0; ///< Slots those moved.
     bool directIo = false;
     bool failed = false; ///< A journal repair failed: the region refuses writes until reopened.
 };
@@ -333,6 +335,13 @@ private:
     void workerLoop();
     void committerLoop();
     void runTask(Task& t, void* bounce);
+    /// Whether `next` can join a vectored I/O after `last` (same kind, the adjacent slot of the
+    /// same container, buffers used in place).
+    bool mergeable(Task const& last, Task const& next) const;
+    /// Tasks of adjacent slots in one pwritev/preadv; any failure redoes them one by one.
+    void runMerged(std::vector<Task>& run, void* bounce);
+    void finishWrite(Task& t, uint32_t crc);
+    void finishRead(Task& t, void const* buf, int rc, bool viaBounce);
     void commitBatch(std::vector<CommitItem>& batch);
     bool writeSnapshotLocked(); // commitMu_ held; false when the snapshot or the rotation failed
     FlatJson regionRecord() const;

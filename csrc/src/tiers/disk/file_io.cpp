@@ -62,6 +62,21 @@ public:
     {
         return retryEintr([&] { return ::ftruncate(fd, bytes); });
     }
+
+    bool vectored() const override
+    {
+        return true;
+    }
+
+    ssize_t pwritev(int fd, iovec const* iov, int count, off_t offset) override
+    {
+        return retryEintr([&] { return ::pwritev(fd, iov, count, offset); });
+    }
+
+    ssize_t preadv(int fd, iovec const* iov, int count, off_t offset) override
+    {
+        return retryEintr([&] { return ::preadv(fd, iov, count, offset); });
+    }
 };
 
 class FaultyFileIo : public FileIo

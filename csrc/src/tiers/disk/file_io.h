@@ -7,6 +7,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cstddef>
@@ -34,6 +35,23 @@ public:
     /// Reserves [offset, offset + bytes); -EOPNOTSUPP where the file system cannot.
     virtual int fallocate(int fd, off_t offset, off_t bytes) = 0;
     virtual int ftruncate(int fd, off_t bytes) = 0;
+    /// True when pwritev/preadv move several buffers in one call (the store then merges writes or
+    /// reads of adjacent slots). Test implementations keep one call per slot, so fault rules
+    /// count slots.
+    virtual bool vectored() const
+    {
+        return false;
+    }
+    /// Bytes written (possibly short) or -errno; only called when vectored().
+    virtual ssize_t pwritev(int /*fd*/, iovec const* /*iov*/, int /*count*/, off_t /*offset*/)
+    {
+        return -95; // EOPNOTSUPP
+    }
+    /// Bytes read (possibly short) or -errno; only called when vectored().
+    virtual ssize_t preadv(int /*fd*/, iovec const* /*iov*/, int /*count*/, off_t /*offset*/)
+    {
+        return -95; // EOPNOTSUPP
+    }
 };
 
 /// Plain POSIX calls (retrying EINTR).
