@@ -103,6 +103,11 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
+def _blob_params(spec: Any, params: Mapping[str, Any]) -> dict:
+    tuning = {p.name for p in getattr(spec, "params", ()) if not getattr(p, "affects_blob", True)}
+    return {k: v for k, v in params.items() if k not in tuning}
+
+
 @dataclass(frozen=True)
 class CodecIdentity:
     """The codec whose blobs a region holds: name, format version and a parameter hash.
@@ -125,8 +130,9 @@ class CodecIdentity:
 
     @classmethod
     def from_codec(cls, codec: Any, layout: Any = None) -> CodecIdentity:
-        """Identity of a :class:`~kvcodec_sdk.Codec` (its spec's name and format, its params)."""
-        return cls(codec.spec.name, int(codec.spec.format_version), dict(codec.params), layout)
+        """Identity of a :class:`~kvcodec_sdk.Codec`: its spec's name and format, and the params that
+        shape its blobs (tuning knobs, ``ParamSpec(affects_blob=False)``, are left out)."""
+        return cls(codec.spec.name, int(codec.spec.format_version), _blob_params(codec.spec, codec.params), layout)
 
     @classmethod
     def from_name(cls, name: str, params: Mapping[str, Any] | None = None, layout: Any = None,
@@ -135,7 +141,7 @@ class CodecIdentity:
         from .registry import default_registry
 
         spec = (registry or default_registry()).get_codec_spec(name)
-        return cls(spec.name, int(spec.format_version), spec.validate_params(params), layout)
+        return cls(spec.name, int(spec.format_version), _blob_params(spec, spec.validate_params(params)), layout)
 
     @classmethod
     def coerce(cls, codec: Any, layout: Any = None) -> CodecIdentity:

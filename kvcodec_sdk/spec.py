@@ -25,6 +25,9 @@ class ParamSpec:
     choices: Sequence[Any] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    #: False for a tuning knob that never changes a blob byte (a kernel variant, a copy path): it
+    #: stays out of a disk region's codec identity, so retuning keeps the stored pages.
+    affects_blob: bool = True
 
     def __post_init__(self) -> None:
         if self.type not in _TYPE_NAMES:
@@ -67,6 +70,8 @@ class ParamSpec:
             out["minimum"] = self.minimum
         if self.maximum is not None:
             out["maximum"] = self.maximum
+        if not self.affects_blob:
+            out["affects_blob"] = False
         return out
 
 

@@ -173,6 +173,23 @@ def test_identity_from_codec_object_and_layout():
         CodecIdentity.coerce(42)
 
 
+def test_tuning_knobs_stay_out_of_the_identity():
+    """concat's copy path never changes a blob byte (ParamSpec(affects_blob=False)): regions keep
+    their pages when it is retuned; the layout still counts."""
+    import kvcodec_sdk as kv
+
+    hashes = set()
+    for params in ({}, {"path": "sm"}, {"path": "copy_engine", "copy_api": "per_copy", "sm_path_below_bytes": 4096}):
+        with kv.create_codec("concat", params) as codec:
+            ident = CodecIdentity.from_codec(codec, layout={"pools": [4096]})
+        assert ident.params == {}, ident.params
+        hashes.add(ident.param_hash)
+    assert hashes == {CodecIdentity.from_name("concat", {"path": "sm"}, layout={"pools": [4096]}).param_hash}
+    assert CodecIdentity.from_name("concat", layout={"pools": [8192]}).param_hash not in hashes
+    described = {p.name: p.to_json() for p in kv.get_codec_spec("concat").params}
+    assert described["path"]["affects_blob"] is False
+
+
 # -- checksums -----------------------------------------------------------------------------------
 
 def test_bad_checksum_is_a_counted_logged_miss(tmp_path, caplog):

@@ -24,6 +24,7 @@ SPEC = CodecSpec(
             "indices, one gather kernel per call) or 'auto' (sm where the smallest pool slot of a hot pool "
             "group is below sm_path_below_bytes). The CPU reference ignores it.",
             choices=("auto", "copy_engine", "sm"),
+            affects_blob=False,
         ),
         ParamSpec(
             "sm_path_below_bytes",
@@ -34,6 +35,7 @@ SPEC = CodecSpec(
             "path reaches >= 0.92x at every size). Lower it to leave SMs to compute kernels.",
             minimum=0,
             maximum=2**40,
+            affects_blob=False,
         ),
         ParamSpec(
             "copy_api",
@@ -42,6 +44,7 @@ SPEC = CodecSpec(
             "Copy-engine submission: 'batch' (cuMemcpyBatchAsync, CUDA 12.8+), 'per_copy' (one cuMemcpyAsync "
             "per descriptor) or 'auto' (batch where the driver has it).",
             choices=("auto", "batch", "per_copy"),
+            affects_blob=False,
         ),
     ),
 )

@@ -75,13 +75,13 @@ _PARAMS = (
     # and the CPU reference ignores them.
     kv.ParamSpec("kernel", str, "v1", "Tuning knob, blobs unchanged: CUDA kernel variant. 'v1' (2 blocks/SM, 128 B "
                  "per lane cached), 'b2' (2 blocks/SM, 128 B per lane, large blocks streamed in batches), 'b4' (4 "
-                 "blocks/SM, 64 B per lane, batched).", choices=("v1", "b2", "b4")),
+                 "blocks/SM, 64 B per lane, batched).", choices=("v1", "b2", "b4"), affects_blob=False),
     kv.ParamSpec("small_blocks", str, "wide", "Tuning knob, blobs unchanged: 'wide' (a warp unit is one round of "
                  "blocks) or 'deep' (blocks of at most one access per lane are packed several rounds per warp "
-                 "unit); 'deep' needs kernel 'b2' or 'b4'.", choices=("wide", "deep")),
+                 "unit); 'deep' needs kernel 'b2' or 'b4'.", choices=("wide", "deep"), affects_blob=False),
     kv.ParamSpec("finite_check", str, "element", "Tuning knob, blobs unchanged: look for NaN/Inf per 'element' or "
                  "once per 'block' (exact per-element handling only where one is found); 'block' needs kernel "
-                 "'b2' or 'b4'.", choices=("element", "block")),
+                 "'b2' or 'b4'.", choices=("element", "block"), affects_blob=False),
 )
 
 _extra: dict[str, Any] = {"check_error": check_error}

@@ -385,3 +385,15 @@ def test_tuning_knobs_are_accepted_and_leave_the_blob_unchanged(tuning):
         codec.close()
         blobs.append(cold)
     assert blobs[0].shape == blobs[1].shape and np.array_equal(blobs[0], blobs[1])
+
+
+def test_tuning_knobs_stay_out_of_a_disk_regions_identity():
+    """Kernel variants never change a blob byte, so retuning keeps a disk tier's pages; the format
+    does change blobs and must invalidate them."""
+    from kvcodec_sdk.disk import CodecIdentity
+
+    default = CodecIdentity.from_name("fp8")
+    tuned = CodecIdentity.from_name("fp8", {"kernel": "b4", "small_blocks": "deep", "finite_check": "block"})
+    assert tuned.param_hash == default.param_hash
+    assert "kernel" not in tuned.params and tuned.params["granularity"] == "page_head"
+    assert CodecIdentity.from_name("fp8", {"format": "e5m2"}).param_hash != default.param_hash
