@@ -148,7 +148,7 @@ def test_other_codec_invalidates_region_with_warning(tmp_path):
         assert r.codec["name"] == "concat"
     with region(tmp_path / "r") as r:  # same identity: kept
         assert "a" in r
-    other = CodecIdentity.from_name("concat", {"path": "sm"})
+    other = CodecIdentity.from_name("concat", layout={"pools": [4096]})  # blobs of another hot layout
     assert other.param_hash != CodecIdentity.from_name("concat").param_hash
     with pytest.warns(DiskTierWarning, match="codec_param_hash"):
         r = region(tmp_path / "r", codec=other)

@@ -175,7 +175,7 @@ def test_list_codecs_has_concat_with_its_spec():
     assert described["params"]["path"]["choices"] == ["auto", "copy_engine", "sm"]
     assert described["params"]["sm_path_below_bytes"] == {
         "type": "integer", "default": defaults["sm_path_below_bytes"], "doc": concat.params[1].doc, "minimum": 0,
-        "maximum": 2**40,
+        "maximum": 2**40, "affects_blob": False,
     }
 
 
