@@ -41,7 +41,7 @@ fi
 if want pytest; then
 step "pytest -m gpu"
 # Run from outside the source tree so the installed package is what gets tested.
-(cd "$OUT_DIR" && timeout -s ABRT 480 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
+(cd "$OUT_DIR" && timeout -k 15 -s ABRT 480 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
    "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -25 "$OUT_DIR/pytest-gpu.log"
 fi
@@ -58,8 +58,8 @@ fi
 
 if want conformance; then
 step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
-{ (cd "$OUT_DIR" && timeout -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
-  && (cd "$OUT_DIR" && timeout -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
+{ (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --golden "$OLDPWD/tests/vectors" --junit-xml conformance-concat.xml) \
+  && (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
         --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
 cat "$OUT_DIR/conformance.txt"
 fi
@@ -133,7 +133,7 @@ fi
 if want template; then
 step "template: kvcodec new -> build -> kvcodec check (CPU and CUDA)"
 if python3 -c 'import cookiecutter' 2> /dev/null; then
-  (cd "$OUT_DIR" && timeout -s ABRT 480 python3 -X faulthandler -m pytest -v -s -p no:cacheprovider \
+  (cd "$OUT_DIR" && timeout -k 15 -s ABRT 480 python3 -X faulthandler -m pytest -v -s -p no:cacheprovider \
      -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$OLDPWD/tests/test_template.py") > "$OUT_DIR/template.log" 2>&1 || status=1
   grep -E "kvcodec new ->|passed|failed" "$OUT_DIR/template.log"
 else

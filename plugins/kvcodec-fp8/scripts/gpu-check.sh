@@ -26,7 +26,7 @@ grep -E "fp8Kernel|registers|spill" "$OUT_DIR/build.log" | grep -B2 "registers" 
 
 step "pytest -m gpu"
 # From outside the source tree, so the installed package is what gets tested.
-(cd "$OUT_DIR" && timeout -s ABRT 300 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
+(cd "$OUT_DIR" && timeout -k 15 -s ABRT 300 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
    "$HERE/tests" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -15 "$OUT_DIR/pytest-gpu.log"
 
