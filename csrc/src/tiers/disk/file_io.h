@@ -9,6 +9,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <cerrno>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -45,12 +47,12 @@ public:
     /// Bytes written (possibly short) or -errno; only called when vectored().
     virtual ssize_t pwritev(int /*fd*/, iovec const* /*iov*/, int /*count*/, off_t /*offset*/)
     {
-        return -95; // EOPNOTSUPP
+        return -EOPNOTSUPP;
     }
     /// Bytes read (possibly short) or -errno; only called when vectored().
     virtual ssize_t preadv(int /*fd*/, iovec const* /*iov*/, int /*count*/, off_t /*offset*/)
     {
-        return -95; // EOPNOTSUPP
+        return -EOPNOTSUPP;
     }
 };
 
