@@ -171,6 +171,35 @@ public:
         return it == index_.end() ? nullptr : &lifeCycles_[it->second];
     }
 
+    /// Checks the arguments of one encode()/decode() call (`op` names the call in messages).
+    /// Returns the lifecycle to run; nullptr with `error` empty when there is nothing to do (no
+    /// pages), or nullptr with `error` naming the bad argument: called before configure, an
+    /// unknown lifecycle, or a null cold base or page-index array with pages to move.
+    [[nodiscard]] LifeCycle const* checkCall(char const* op, bool configured, LifeCycleId id, void const* coldBase,
+        void const* pageIndices, size_t numPages, std::string& error) const
+    {
+        error.clear();
+        if (!configured)
+        {
+            error = std::string(op) + "() called before configure()";
+            return nullptr;
+        }
+        LifeCycle const* lc = find(id);
+        if (lc == nullptr)
+        {
+            error = std::string(op) + "(): unknown lifecycle " + std::to_string(id);
+        }
+        else if (numPages > 0 && coldBase == nullptr)
+        {
+            error = std::string(op) + "(): the cold base pointer is null with " + std::to_string(numPages) + " pages";
+        }
+        else if (numPages > 0 && pageIndices == nullptr)
+        {
+            error = std::string(op) + "(): pageIndices is null with " + std::to_string(numPages) + " pages";
+        }
+        return error.empty() && numPages > 0 ? lc : nullptr;
+    }
+
     /// Smallest lifecycle ID configured in hot pool group `g`.
     [[nodiscard]] LifeCycleId smallestLifeCycle(PoolGroupIndex g) const noexcept
     {

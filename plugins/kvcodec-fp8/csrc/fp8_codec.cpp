@@ -170,27 +170,12 @@ private:
     {
         try
         {
-            char const* op = encode ? "encode" : "decode";
-            if (!configured_)
-            {
-                return fail(std::string(op) + "() called before configure()");
-            }
-            auto const* lc = layout_.find(id);
+            std::string error;
+            auto const* lc = layout_.checkCall(encode ? "encode" : "decode", configured_, id,
+                reinterpret_cast<void const*>(blob), pairs, n, error);
             if (lc == nullptr)
             {
-                return fail(std::string(op) + "(): unknown lifecycle " + std::to_string(id));
-            }
-            if (n == 0)
-            {
-                return true;
-            }
-            if (blob == 0)
-            {
-                return fail(std::string(op) + "(): the cold base pointer is null with " + std::to_string(n) + " pages");
-            }
-            if (pairs == nullptr)
-            {
-                return fail(std::string(op) + "(): pageIndices is null with " + std::to_string(n) + " pages");
+                return error.empty() ? true : fail(error); // no pages: nothing to do
             }
             return submit(*lc, plans_.at(id), blob, pairs, n, stream, encode);
         }

@@ -226,12 +226,9 @@ bool NvcompCodecBase::encode(LayerGroupId id, void* dstBasePtr, PageIndexPair co
 {
     try
     {
-        if (!configured_) return fail("encode() called before configure()");
-        auto const* lc = layout_.find(id);
-        if (lc == nullptr) return fail("encode(): unknown lifecycle " + std::to_string(id));
-        if (n == 0) return true;
-        if (dstBasePtr == nullptr) return fail("encode(): dstBasePtr is null with " + std::to_string(n) + " pages");
-        if (pageIndices == nullptr) return fail("encode(): pageIndices is null with " + std::to_string(n) + " pages");
+        std::string error;
+        auto const* lc = layout_.checkCall("encode", configured_, id, dstBasePtr, pageIndices, n, error);
+        if (lc == nullptr) return error.empty() ? true : fail(error); // no pages: nothing to do
         return submit(lc->group, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, n, stream, true);
     }
     catch (std::exception const& e)
@@ -245,12 +242,9 @@ bool NvcompCodecBase::decode(LayerGroupId id, void const* srcBasePtr, PageIndexP
 {
     try
     {
-        if (!configured_) return fail("decode() called before configure()");
-        auto const* lc = layout_.find(id);
-        if (lc == nullptr) return fail("decode(): unknown lifecycle " + std::to_string(id));
-        if (n == 0) return true;
-        if (srcBasePtr == nullptr) return fail("decode(): srcBasePtr is null with " + std::to_string(n) + " pages");
-        if (pageIndices == nullptr) return fail("decode(): pageIndices is null with " + std::to_string(n) + " pages");
+        std::string error;
+        auto const* lc = layout_.checkCall("decode", configured_, id, srcBasePtr, pageIndices, n, error);
+        if (lc == nullptr) return error.empty() ? true : fail(error); // no pages: nothing to do
         return submit(lc->group, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, n, stream, false);
     }
     catch (std::exception const& e)

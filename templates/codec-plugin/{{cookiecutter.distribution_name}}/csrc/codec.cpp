@@ -211,18 +211,12 @@ private:
     {
         try
         {
-            auto const* lc = configured_ ? layout_.find(id) : nullptr;
+            std::string error;
+            auto const* lc = layout_.checkCall(encode ? "encode" : "decode", configured_, id,
+                reinterpret_cast<void const*>(blob), pairs, n, error);
             if (lc == nullptr)
             {
-                return fail(configured_ ? "unknown lifecycle " + std::to_string(id) : "called before configure()");
-            }
-            if (n == 0)
-            {
-                return true;
-            }
-            if (blob == 0 || pairs == nullptr)
-            {
-                return fail("null cold base or page indices with " + std::to_string(n) + " pages");
+                return error.empty() ? true : fail(error); // no pages: nothing to do
             }
             return submit(layout_.groups()[lc->group], lc->group, id, blob, pairs, n, stream, encode);
         }
