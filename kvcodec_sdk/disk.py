@@ -104,7 +104,7 @@ def _canonical(obj: Any) -> str:
 
 
 def _blob_params(spec: Any, params: Mapping[str, Any]) -> dict:
-    tuning = {p.name for p in getattr(spec, "params", ()) if not getattr(p, "affects_blob", True)}
+    tuning = {p.name for p in spec.params if not p.affects_blob}
     return {k: v for k, v in params.items() if k not in tuning}
 
 

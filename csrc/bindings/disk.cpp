@@ -46,9 +46,6 @@ std::pair<void*, size_t> bufferOf(py::buffer const& b, bool writable, char const
     return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
 }
 
-} // namespace
-
-namespace {
 /// A Python progress callback for a resize that runs without the GIL.
 ResizeProgress progressOf(std::optional<py::function> const& fn)
 {

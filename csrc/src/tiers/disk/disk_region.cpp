@@ -1183,6 +1183,8 @@ Status ioFailure(std::string const& dir, std::string const& what, int negErrno)
 void DiskRegion::workerLoop()
 {
     AlignedBuffer bounce(stride_);
+    // Merging needs vectored I/O and slots that fill their stride (no bounce padding).
+    bool const merge = io_->vectored() && cfg_.slotBytes == stride_;
     std::vector<Task> run;
     for (;;)
     {
@@ -1196,7 +1198,7 @@ void DiskRegion::workerLoop()
             tasks_.pop_front();
             // Pages of one batch usually sit in adjacent slots: one larger I/O moves them with
             // far fewer requests than one per page (direct I/O pays per request).
-            while (run.size() < kMaxMergedSlots && !tasks_.empty() && mergeable(run.back(), tasks_.front()))
+            while (merge && run.size() < kMaxMergedSlots && !tasks_.empty() && mergeable(run.back(), tasks_.front()))
             {
                 run.push_back(std::move(tasks_.front()));
                 tasks_.pop_front();
@@ -1212,7 +1214,7 @@ void DiskRegion::workerLoop()
 bool DiskRegion::mergeable(Task const& last, Task const& next) const
 {
     auto inPlace = [&](void const* p) { return !direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
-    return io_->vectored() && cfg_.slotBytes == stride_ && next.kind == last.kind && next.slot == last.slot + 1
+    return next.kind == last.kind && next.slot == last.slot + 1
         && next.slot / slotsPerContainer_ == last.slot / slotsPerContainer_
         && (next.kind == Task::kWrite ? inPlace(next.src) && inPlace(last.src) : inPlace(next.dst) && inPlace(last.dst));
 }
@@ -1307,12 +1309,15 @@ void DiskRegion::finishWrite(Task& t, uint32_t crc)
 
 void DiskRegion::finishRead(Task& t, void const* buf, int rc, bool viaBounce)
 {
-    std::string where = "container " + std::to_string(t.slot / slotsPerContainer_) + " slot "
-        + std::to_string(t.slot % slotsPerContainer_);
+    // Only failures name the place: no string work for a page read correctly.
+    auto where = [&] {
+        return "container " + std::to_string(t.slot / slotsPerContainer_) + " slot "
+            + std::to_string(t.slot % slotsPerContainer_);
+    };
     Status status;
     bool mismatch = false;
     if (rc != 0)
-        status = ioFailure(dir_, "reading " + where, rc);
+        status = ioFailure(dir_, "reading " + where(), rc);
     else
     {
         uint32_t crc = crc32cFast(buf, cfg_.slotBytes);
@@ -1322,7 +1327,7 @@ void DiskRegion::finishRead(Task& t, void const* buf, int rc, bool viaBounce)
             char text[160];
             std::snprintf(text, sizeof(text), " (recorded crc %08x, read %08x); served as a miss", t.crc, crc);
             status = {StatusCode::kChecksumMismatch,
-                "disk region '" + dir_ + "': checksum mismatch for key " + toHex(t.key) + " in " + where + text, 0};
+                "disk region '" + dir_ + "': checksum mismatch for key " + toHex(t.key) + " in " + where() + text, 0};
         }
         else
         {

@@ -336,7 +336,7 @@ private:
     void committerLoop();
     void runTask(Task& t, void* bounce);
     /// Whether `next` can join a vectored I/O after `last` (same kind, the adjacent slot of the
-    /// same container, buffers used in place).
+    /// same container, buffers used in place); the region must allow merging at all.
     bool mergeable(Task const& last, Task const& next) const;
     /// Tasks of adjacent slots in one pwritev/preadv; any failure redoes them one by one.
     void runMerged(std::vector<Task>& run, void* bounce);
