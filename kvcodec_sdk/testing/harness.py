@@ -54,12 +54,29 @@ def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -
 # -- memory -------------------------------------------------------------------------------------
 
 
+_SIDE_STREAMS: dict[str, Any] = {}
+
+
+def side_stream(device: Any) -> Any:
+    """The stream the harness reads and writes device memory on, never the codec's stream.
+
+    torch hands out streams round-robin from small per-priority pools, so a fresh default-priority
+    stream can be the very stream a codec call is blocked on (a read then waits forever). The side
+    stream comes from the high-priority pool; codec streams come from the default-priority one."""
+    import torch
+
+    key = str(torch.device(device))
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device, priority=-1)
+    return _SIDE_STREAMS[key]
+
+
 def upload_to_device(array: np.ndarray, device: str) -> Any:
-    """A device copy of a host array, made on a private stream that alone is synchronized: it
+    """A device copy of a host array, made on the side stream, which alone is synchronized: it
     never waits for the codec's (possibly blocked) stream or for the whole device."""
     import torch
 
-    side = torch.cuda.Stream(device=device)
+    side = side_stream(device)
     with torch.cuda.stream(side):
         tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
     side.synchronize()
@@ -94,7 +111,7 @@ class _Region:
             return self._host[: self.nbytes].copy()
         import torch
 
-        side = torch.cuda.Stream(device=self._tensor.device)
+        side = side_stream(self._tensor.device)
         with torch.cuda.stream(side):
             out = self._tensor[: self.nbytes].to("cpu")
         side.synchronize()
@@ -108,7 +125,7 @@ class _Region:
         else:
             import torch
 
-            side = torch.cuda.Stream(device=self._tensor.device)
+            side = side_stream(self._tensor.device)
             with torch.cuda.stream(side):
                 self._tensor[: self.nbytes].copy_(torch.from_numpy(data))
             side.synchronize()
@@ -193,7 +210,10 @@ class Harness:
         if self.device != "cpu":
             import torch
 
-            self.stream = torch.cuda.Stream(device=self.device)
+            # Default priority: never the harness's side stream (see side_stream).
+            self.stream = torch.cuda.Stream(device=self.device, priority=0)
+            if self.stream.cuda_stream == side_stream(self.device).cuda_stream:
+                raise RuntimeError("the codec's stream is the harness's side stream")
         self.codec = make_codec(spec, params, self.device)
         self.native = self.codec._live()
         # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
