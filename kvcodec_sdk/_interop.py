@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,34 @@ def stream_handle(stream: Any) -> int:
     raise TypeError(
         f"stream is a {type(stream).__name__}; pass an int handle, a torch.cuda.Stream or an object with __cuda_stream__"
     )
+
+
+def keep_for_stream(objects: Any, stream: Any) -> None:
+    """Keeps torch CUDA tensors handed to a call queued on ``stream`` allocated until the stream
+    has run that far.
+
+    torch's caching allocator hands a freed block to the next allocation on the tensor's own
+    stream at once; a codec call queued on another stream may not have read it yet (a temporary
+    index tensor, or a converted copy of one). ``Tensor.record_stream`` makes the allocator wait
+    for ``stream`` first. Objects that are not CUDA tensors are left alone."""
+    if stream is None or isinstance(stream, bool):
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    tensors = [o for o in objects if isinstance(o, torch.Tensor) and o.is_cuda]
+    if not tensors:
+        return
+    if not isinstance(stream, torch.cuda.Stream):
+        handle = stream_handle(stream)
+        if handle in (0, _LEGACY_STREAM, _PER_THREAD_STREAM):
+            return  # the null stream, or a stream the codec refuses
+        stream = torch.cuda.ExternalStream(handle, device=tensors[0].device)
+    for t in tensors:
+        try:
+            t.record_stream(stream)
+        except RuntimeError:
+            pass  # memory not from the caching allocator (from_blob, DLPack import): nothing to keep
 
 
 def data_pointer(obj: Any, what: str) -> tuple[int, bool | None]:

@@ -175,6 +175,33 @@ def test_source_written_by_kernel_just_before_encode_is_captured(params, stream)
 
 
 @pytest.mark.parametrize("params", PATHS[:2], ids=PATH_IDS[:2])
+def test_temporary_index_tensor_outlives_its_queued_call(params, stream):
+    """Codec.encode records a device index tensor on the call's stream: torch's allocator must not
+    hand its block to the next allocation (on torch's own stream) before the queued call read it."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(17)
+    slots, pages, sizes = 128, 96, (4096, 100)
+    pools = make_pools(sizes, slots, gen)
+    codec = kv.create_codec("concat", params, device="cuda")
+    codec.configure(layout_of([pools], slots, 1))
+    location = codec.page_index_location(0)
+    if location != kv.PageIndexLocation.DEVICE:
+        pytest.skip("this path consumes host indices before returning")
+    src = torch.randperm(slots, generator=gen, device="cuda")[:pages]
+    dst = torch.arange(pages, device="cuda")
+    cold = torch.zeros((pages, sum(sizes)), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    with _native.StreamBlocker(int(stream.cuda_stream)):
+        codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)  # a temporary, freed here
+        # Same size, allocated and written on torch's stream while the encode still waits.
+        other = index_pairs(dst, src.flip(0), location)
+        torch.cuda.current_stream().synchronize()
+    stream.synchronize()
+    assert torch.equal(cold, expected_blobs(pools, slots, src))
+    del other
+
+
+@pytest.mark.parametrize("params", PATHS[:2], ids=PATH_IDS[:2])
 def test_gpu_and_cpu_blobs_are_interchangeable(params, stream):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(3)
