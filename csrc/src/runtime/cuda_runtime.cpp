@@ -126,6 +126,12 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
         {
             st = cudaMemset(p, 0, bytes);
         }
+        if (st == cudaSuccess)
+        {
+            // cudaMemset runs on the legacy stream, which the non-blocking streams codec calls run
+            // on do not wait for: the zeros must land before the memory is handed out.
+            st = cudaStreamSynchronize(cudaStreamLegacy);
+        }
         if (st != cudaSuccess)
         {
             cudaGetLastError();
