@@ -809,6 +809,52 @@ private:
         check(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost), "reading the dummy chunk status");
         check(st, "compressing the dummy chunk");
         dummyInBytes_ = host[3];
+        // With lazy module loading nvCOMP's kernels load at their first launch, which can wait for
+        // work queued on the device; encode and decode must never wait. Run every kernel they use
+        // once now: decompressing the dummy chunk, and a chunk of the layout's largest size.
+        roundTripOnce(raw, kDummyRawBytes, "loading nvCOMP's kernels (a small chunk)");
+        roundTripOnce(zeroChunk_, plan_.maxChunkBytes, "loading nvCOMP's kernels (a largest chunk)");
+    }
+
+    // Compresses `bytes` bytes at `raw` and decompresses them back, synchronously, checking that
+    // the bytes came back.
+    void roundTripOnce(uint8_t const* raw, size_t bytes, char const* what)
+    {
+        size_t cap = 0, ct = 0, dt = 0;
+        check(ops_->maxCompressedChunk(bytes, &cap), what);
+        check(ops_->compressTemp(1, bytes, bytes, &ct, nullptr), what);
+        check(ops_->decompressTemp(1, bytes, bytes, &dt, nullptr), what);
+        DeviceArena scratch;
+        auto* comp = scratch.alloc<uint8_t>(roundUp(cap, kStagingAlign), what);
+        auto* back = scratch.alloc<uint8_t>(std::max<size_t>(bytes, 1), what);
+        auto* ctemp = scratch.alloc<uint8_t>(std::max<size_t>(ct, 1), what);
+        auto* dtemp = scratch.alloc<uint8_t>(std::max<size_t>(dt, 1), what);
+        auto* tables = scratch.alloc<uint64_t>(8, what);
+        auto* status = scratch.alloc<nvcompStatus_t>(2, what);
+        // [0] raw, [1] raw bytes, [2] compressed, [3] compressed bytes, [4] back, [5] capacity, [6] actual.
+        uint64_t host[8] = {reinterpret_cast<uint64_t>(raw), bytes, reinterpret_cast<uint64_t>(comp), 0,
+            reinterpret_cast<uint64_t>(back), bytes, 0, 0};
+        check(cudaMemcpy(tables, host, sizeof(host), cudaMemcpyHostToDevice), what);
+        check(ops_->compress(reinterpret_cast<void const* const*>(tables), reinterpret_cast<size_t const*>(tables + 1),
+                  bytes, 1, ctemp, ct, reinterpret_cast<void* const*>(tables + 2), reinterpret_cast<size_t*>(tables + 3),
+                  status, nullptr),
+            what);
+        check(ops_->decompress(reinterpret_cast<void const* const*>(tables + 2),
+                  reinterpret_cast<size_t const*>(tables + 3), reinterpret_cast<size_t const*>(tables + 5),
+                  reinterpret_cast<size_t*>(tables + 6), 1, dtemp, dt, reinterpret_cast<void* const*>(tables + 4),
+                  status + 1, nullptr),
+            what);
+        check(cudaDeviceSynchronize(), what);
+        nvcompStatus_t st[2] = {nvcompErrorInternal, nvcompErrorInternal};
+        check(cudaMemcpy(host, tables, sizeof(host), cudaMemcpyDeviceToHost), what);
+        check(cudaMemcpy(st, status, sizeof(st), cudaMemcpyDeviceToHost), what);
+        check(st[0], what);
+        check(st[1], what);
+        if (host[6] != bytes)
+        {
+            throw std::runtime_error(std::string(what) + ": " + std::to_string(bytes) + " bytes came back as "
+                + std::to_string(host[6]));
+        }
     }
 
     PageIndexLocation location() const noexcept override
@@ -816,16 +862,17 @@ private:
         return PageIndexLocation::kDevice;
     }
 
-    // On the GPU a page's gdeflate blob changed with the other pages of its call (same sizes,
-    // bytes inside compressed chunks differing) while LZ4 and ANS blobs did not. nvCOMP does not
-    // promise to write every byte of a compressed chunk up to its reported size (gdeflate ends
-    // its 32 interleaved bit streams in partial words that the decoder ignores), so stale bytes
-    // of another chunk in the same staging slot can reach the blob. Clearing the slot first
-    // makes the blob depend on its page alone; test_nvcomp_gpu.py's stale-memory test checks
-    // which buffer matters.
+    // On the GPU a page's gdeflate and ANS blobs changed with the other pages of its call (same
+    // sizes, bytes inside compressed chunks differing; compute-sanitizer's initcheck saw ANS's
+    // compress kernel read 16-byte words it had not written) while LZ4 blobs did not. nvCOMP
+    // does not promise to write every byte of a compressed chunk up to its reported size
+    // (gdeflate ends its 32 interleaved bit streams in partial words that the decoder ignores),
+    // so stale bytes of another chunk in the same staging slot can reach the blob. Clearing the
+    // slot first makes the blob depend on its page alone; test_nvcomp_gpu.py's stale-memory test
+    // checks which buffer matters.
     bool zeroCompressed() const noexcept
     {
-        return options_.algorithm == Algorithm::kGdeflate;
+        return options_.algorithm == Algorithm::kGdeflate || options_.algorithm == Algorithm::kAns;
     }
 
     bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
