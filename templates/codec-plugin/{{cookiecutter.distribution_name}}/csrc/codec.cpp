@@ -218,12 +218,35 @@ private:
             {
                 return error.empty() ? true : fail(error); // no pages: nothing to do
             }
-            return submit(layout_.groups()[lc->group], lc->group, id, blob, pairs, n, stream, encode);
+            auto const& group = layout_.groups()[lc->group];
+            if (indexLocation() == PageIndexLocation::kHost && !checkHostPairs(group, pairs, n, encode))
+            {
+                return false;
+            }
+            return submit(group, lc->group, id, blob, pairs, n, stream, encode);
         }
         catch (std::exception const& e)
         {
             return fail(e.what());
         }
+    }
+
+    // Host indices are checked before any work is done or enqueued: a rejected call writes
+    // nothing. (Device indices cannot be read here without waiting for the stream.)
+    bool checkHostPairs(HotLayout::Group const& group, PageIndexPair const* pairs, size_t n, bool encode)
+    {
+        for (size_t i = 0; i < n; ++i)
+        {
+            int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
+            int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
+            if (hot < 0 || uint64_t(hot) >= group.numSlots || cold < 0)
+            {
+                return fail("pageIndices[" + std::to_string(i) + "] = {dst " + std::to_string(pairs[i].dst) + ", src "
+                    + std::to_string(pairs[i].src) + "} is out of range (hot slots 0.."
+                    + std::to_string(group.numSlots - 1) + ", cold slots >= 0)");
+            }
+        }
+        return true;
     }
 
     bool configured_ = false;
@@ -259,14 +282,8 @@ private:
         auto const& ranges = ranges_.at(id);
         for (size_t i = 0; i < n; ++i)
         {
-            int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
+            int32_t const hot = encode ? pairs[i].src : pairs[i].dst; // checked by checkHostPairs
             int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
-            if (hot < 0 || uint64_t(hot) >= group.numSlots || cold < 0)
-            {
-                return fail("pageIndices[" + std::to_string(i) + "] = {dst " + std::to_string(pairs[i].dst) + ", src "
-                    + std::to_string(pairs[i].src) + "} is out of range (hot slots 0.."
-                    + std::to_string(group.numSlots - 1) + ", cold slots >= 0)");
-            }
             auto* page = reinterpret_cast<uint8_t*>(blob + uint64_t(cold) * group.pageBytes);
             uint64_t off = 0;
             for (size_t p = 0; p < group.pools.size(); ++p)
