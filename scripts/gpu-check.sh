@@ -5,6 +5,9 @@
 #   scripts/gpu-check.sh [OUT_DIR]      (default: ./gpu-results, or $OUT when set)
 #   KVCODEC_GPU_STEPS=pytest,fp8 scripts/gpu-check.sh OUT_DIR    (a subset; default: all)
 #
+# KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build (several checks in parallel after one
+# build).
+#
 # Steps: pytest memcheck conformance bench-concat fp8 kvcm workload disk template nvcomp (the build
 # always runs).
 #
@@ -26,14 +29,16 @@ step "environment"
 { nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } \
   > "$OUT_DIR/env.txt" 2>&1
 
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [[ -z "${KVCODEC_GPU_SKIP_BUILD:-}" ]] && compgen -G ".whl/*.whl" > /dev/null; then
   step "wheels from .whl/ (hosts without network access)"
   python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl > "$OUT_DIR/wheels.log" 2>&1 \
     || tail -5 "$OUT_DIR/wheels.log"
 fi
 
 step "build"
-if ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/build.log" 2>&1; then
+if [[ -n "${KVCODEC_GPU_SKIP_BUILD:-}" ]]; then
+  echo "skipped: KVCODEC_GPU_SKIP_BUILD is set (the SDK is already installed)"
+elif ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/build.log" 2>&1; then
   tail -40 "$OUT_DIR/build.log"; echo "build failed"; exit 1
 fi
 (cd "$OUT_DIR" && python3 -c 'import kvcodec_sdk._native as n; print(n.driver_info())') | tee -a "$OUT_DIR/env.txt"

@@ -85,6 +85,8 @@ def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, pages: int = 
         raise ValueError(f"pools ({pools}), pages ({pages}) and iters ({iters}) must be >= 1")
     if device == "auto":
         device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
+    elif device == "cuda":
+        device = "cuda:0"  # torch's per-device calls want an index
     torch = None
     if device != "cpu":
         try:
