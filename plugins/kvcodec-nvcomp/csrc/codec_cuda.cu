@@ -791,6 +791,9 @@ private:
         DeviceArena scratch;
         auto* raw = scratch.alloc<uint8_t>(kDummyRawBytes, "the dummy chunk");
         dummyIn_ = arena_->alloc<uint8_t>(roundUp(cap, kStagingAlign), "the dummy chunk");
+        // Decoders read whole words past a chunk's last byte (gdeflate: 4-byte words): those
+        // bytes are defined too.
+        check(cudaMemset(dummyIn_, 0, roundUp(cap, kStagingAlign)), "clearing the dummy chunk");
         auto* tempPtr = scratch.alloc<uint8_t>(std::max<size_t>(temp, 1), "the dummy chunk");
         auto* tables = scratch.alloc<uint64_t>(4, "the dummy chunk");
         auto* status = scratch.alloc<nvcompStatus_t>(1, "the dummy chunk");
@@ -826,6 +829,7 @@ private:
         check(ops_->decompressTemp(1, bytes, bytes, &dt, nullptr), what);
         DeviceArena scratch;
         auto* comp = scratch.alloc<uint8_t>(roundUp(cap, kStagingAlign), what);
+        check(cudaMemset(comp, 0, roundUp(cap, kStagingAlign)), what); // read past its end, as dummyIn_
         auto* back = scratch.alloc<uint8_t>(std::max<size_t>(bytes, 1), what);
         auto* ctemp = scratch.alloc<uint8_t>(std::max<size_t>(ct, 1), what);
         auto* dtemp = scratch.alloc<uint8_t>(std::max<size_t>(dt, 1), what);
