@@ -191,11 +191,12 @@ def test_temporary_index_tensor_outlives_its_queued_call(params, stream):
     dst = torch.arange(pages, device="cuda")
     cold = torch.zeros((pages, sum(sizes)), dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
-    with _native.StreamBlocker(int(stream.cuda_stream)):
-        codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)  # a temporary, freed here
-        # Same size, allocated and written on torch's stream while the encode still waits.
-        other = index_pairs(dst, src.flip(0), location)
-        torch.cuda.current_stream().synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # ~50 ms: the encode runs well after it is queued
+    codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)  # a temporary, freed here
+    # Same size, allocated and written on torch's stream while the encode still waits. (Nothing
+    # here blocks a stream indefinitely: an allocation may wait for the device.)
+    other = index_pairs(dst, src.flip(0), location)
     stream.synchronize()
     assert torch.equal(cold, expected_blobs(pools, slots, src))
     del other
