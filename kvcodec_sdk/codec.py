@@ -97,7 +97,10 @@ class Codec:
 
         :param page_indices: int32 pairs (dst cold slot, src hot slot), host or device as
             :meth:`page_index_location` says; or an address with ``num_pages``.
-        :param stream: A non-legacy CUDA stream for CUDA codecs; ignored by CPU codecs.
+        :param stream: A non-legacy CUDA stream for CUDA codecs; ignored by CPU codecs. torch
+            CUDA tensors passed as ``dst_base`` or ``page_indices`` stay allocated until the
+            stream reaches this call (``Tensor.record_stream``); memory given by address must be
+            kept alive by the caller.
         """
         self._transform("encode", lifecycle, dst_base, page_indices, stream, num_pages)
 
