@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// kvcodec_fp8._ext: the factory capsule, plus the scalar conversions of the blob format so
-// the tests can check them against independent references. Declarations only.
+// kvcodec_fp8._ext: the factory capsule, plus the scalar conversions of the blob format and
+// the blob plan so the tests can check them against independent references. Declarations only.
 #include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <cuda_fp8.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "fp8_codec.h"
 #include "fp8_format.h"
+#include "fp8_plan.h"
+#include "kvcodec/layout.h"
 
 namespace py = pybind11;
 using namespace kvcodec::fp8;
@@ -34,6 +40,86 @@ py::array_t<Out> mapArray(py::array_t<In, py::array::c_style | py::array::forcec
         dst[i] = f(src[i]);
     }
     return out;
+}
+
+// The blob plan of every lifecycle of a layout, as the codec makes it at configure time.
+// `groups`: [(pools [(base, slot_bytes, num_slots)], lifecycles [(id, buffers [(layer, role,
+// pool, dtype, byte_offset, bytes, tokens, heads, dim)])])]. Only the addresses are used: no
+// memory is touched.
+py::dict planLayout(py::list const& groups, std::string const& paramsJson)
+{
+    using Buf = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
+    using Lc = std::pair<int32_t, std::vector<Buf>>;
+    using Group = std::pair<std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>, std::vector<Lc>>;
+    auto const in = groups.cast<std::vector<Group>>();
+    std::vector<std::vector<kvcodec::PoolDesc>> pools(in.size());
+    std::vector<std::vector<std::vector<kvcodec::BufferDesc>>> buffers(in.size());
+    std::vector<std::vector<kvcodec::LifeCycleDesc>> lcs(in.size());
+    std::vector<kvcodec::PoolGroupDesc> descs;
+    for (size_t g = 0; g < in.size(); ++g)
+    {
+        for (auto const& [base, slotBytes, numSlots] : in[g].first)
+        {
+            pools[g].push_back({reinterpret_cast<void*>(uintptr_t(base)), slotBytes, numSlots});
+        }
+        for (auto const& [id, bufs] : in[g].second)
+        {
+            auto& out = buffers[g].emplace_back();
+            for (auto const& [layer, role, pool, dtype, off, bytes, t, h, d] : bufs)
+            {
+                out.push_back({layer, kvcodec::BufferRole(role), pool, kvcodec::DataType(dtype), off, bytes, t, h, d, 0});
+            }
+        }
+        for (size_t i = 0; i < in[g].second.size(); ++i)
+        {
+            lcs[g].push_back({in[g].second[i].first, uint32_t(buffers[g][i].size()), buffers[g][i].data()});
+        }
+        descs.push_back({kvcodec::PoolGroupIndex(g), uint32_t(pools[g].size()), pools[g].data(),
+            uint32_t(lcs[g].size()), lcs[g].data()});
+    }
+    Fp8Params params;
+    std::string error;
+    if (!parseFp8Params(paramsJson.c_str(), params, error))
+    {
+        throw py::value_error(error);
+    }
+    kvcodec::HotLayout layout;
+    error = layout.load(descs.data(), kvcodec::PoolGroupIndex(descs.size()));
+    if (!error.empty())
+    {
+        throw py::value_error(error);
+    }
+    py::dict result;
+    for (auto const& lc : layout.lifeCycles())
+    {
+        LifeCyclePlan plan;
+        error = planLifeCycle(layout, lc, params, plan);
+        if (!error.empty())
+        {
+            throw py::value_error(error);
+        }
+        py::list planned;
+        for (BufferPlan const& b : plan.buffers)
+        {
+            py::dict d;
+            d["quantized"] = b.quantized, d["dtype"] = b.dtype, d["vector"] = b.vector, d["hot_aligned"] = b.hotAligned;
+            d["group_lanes"] = b.groupLanes, d["rounds"] = b.rounds, d["pool_base"] = b.poolBase;
+            d["slot_bytes"] = b.slotBytes, d["hot_offset"] = b.hotOffset, d["bytes"] = b.bytes, d["elems"] = b.elems;
+            d["num_blocks"] = b.numBlocks, d["block_elems"] = b.blockElems, d["row_elems"] = b.rowElems;
+            d["row_stride"] = b.rowStride, d["block_stride"] = b.blockStride, d["data_offset"] = b.dataOffset;
+            d["scale_offset"] = b.scaleOffset, d["data_end"] = b.dataEnd, d["scale_end"] = b.scaleEnd;
+            d["region_end"] = b.regionEnd, d["first_unit"] = b.firstUnit, d["units"] = b.units;
+            planned.append(d);
+        }
+        py::dict entry;
+        entry["group"] = lc.group;
+        entry["cold_page_bytes"] = plan.coldPageBytes;
+        entry["units_per_page"] = plan.unitsPerPage;
+        entry["num_slots"] = layout.groups()[lc.group].numSlots;
+        entry["buffers"] = planned;
+        result[py::int_(lc.id)] = entry;
+    }
+    return result;
 }
 
 } // namespace
@@ -89,4 +175,6 @@ PYBIND11_MODULE(_ext, m)
             return py::make_tuple(s.scale, s.reciprocal);
         },
         py::arg("amax"), py::arg("format"), "(scale, reciprocal) of a block with finite amax `amax`.");
+    m.def("plan_layout", &planLayout, py::arg("groups"), py::arg("params_json"),
+        "{lifecycle id: blob plan} of a layout given as plain tuples (see kvcodec_fp8.plan).");
 }

@@ -5,7 +5,8 @@
 // Work is cut into warp units: a lossless buffer into kCopyUnitBytes pieces, a quantized buffer
 // into groups of scale blocks, each block handled by `groupLanes` lanes of one warp (the amax
 // is reduced with shuffles, no shared memory). Lanes move 16 elements at a time (two or four
-// 16-byte hot loads, one 16-byte code store) when the buffer allows it, one element otherwise.
+// 16-byte hot loads, one 16-byte code store) when the buffer allows it, one element otherwise
+// (one 2- or 4-byte access, or its bytes when the slot size or offset leaves it unaligned).
 // Encode keeps up to 128 bytes of hot data per lane in registers between the amax and the
 // quantize pass; larger blocks are read twice (the second read is served by L1/L2).
 #include "fp8_kernel.h"
@@ -68,8 +69,33 @@ __device__ __forceinline__ uint32_t elemBits(uint32_t const* w, int i)
     }
 }
 
+// Element bits assembled byte by byte (little-endian): the element path of a buffer whose hot
+// elements are not aligned to their size in every slot (BufferPlan::hotAligned == 0).
+template <int DT>
+__device__ __forceinline__ uint32_t loadBytes(char const* p)
+{
+    uint32_t u = 0;
+#pragma unroll
+    for (int i = 0; i < elemBytes<DT>(); ++i)
+    {
+        u |= uint32_t(static_cast<unsigned char>(p[i])) << (8 * i);
+    }
+    return u;
+}
+
+template <int DT>
+__device__ __forceinline__ void storeBytes(char* p, uint32_t u)
+{
+#pragma unroll
+    for (int i = 0; i < elemBytes<DT>(); ++i)
+    {
+        p[i] = static_cast<char>((u >> (8 * i)) & 0xFFu);
+    }
+}
+
+// `aligned`: the element path may use one 2- or 4-byte access (the vector path always may).
 template <int DT, bool VEC, int LB = 128>
-__device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
+__device__ __forceinline__ void loadRaw(char const* p, uint32_t* w, bool aligned)
 {
     if constexpr (VEC)
     {
@@ -80,6 +106,10 @@ __device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
             uint4 const v = s[q];
             w[4 * q] = v.x, w[4 * q + 1] = v.y, w[4 * q + 2] = v.z, w[4 * q + 3] = v.w;
         }
+    }
+    else if (!aligned)
+    {
+        w[0] = loadBytes<DT>(p);
     }
     else if constexpr (DT == kFp32)
     {
@@ -92,7 +122,7 @@ __device__ __forceinline__ void loadRaw(char const* p, uint32_t* w)
 }
 
 template <int DT, bool VEC, int LB = 128>
-__device__ __forceinline__ void storeRaw(char* p, uint32_t const* w)
+__device__ __forceinline__ void storeRaw(char* p, uint32_t const* w, bool aligned)
 {
     if constexpr (VEC)
     {
@@ -102,6 +132,10 @@ __device__ __forceinline__ void storeRaw(char* p, uint32_t const* w)
         {
             d[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
         }
+    }
+    else if (!aligned)
+    {
+        storeBytes<DT>(p, w[0]);
     }
     else if constexpr (DT == kFp32)
     {
@@ -371,7 +405,7 @@ __device__ void encodeTileV1(BufferPlan const& b, Tile const& t, bool alignedCol
                 uint32_t const k = t.sub + c * t.lanes;
                 if (k < nv)
                 {
-                    loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                    loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c], b.hotAligned != 0);
                 }
             }
 #pragma unroll
@@ -388,7 +422,7 @@ __device__ void encodeTileV1(BufferPlan const& b, Tile const& t, bool alignedCol
             for (uint32_t k = t.sub; k < nv; k += t.lanes)
             {
                 uint32_t w[A::kWords];
-                loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                loadRaw<DT, VEC>(t.hot + elemOffset<N>(b, t.block, k) * E, w, b.hotAligned != 0);
                 amax = max(amax, amaxBits<DT, VEC>(w));
             }
         }
@@ -427,7 +461,7 @@ __device__ void encodeTileV1(BufferPlan const& b, Tile const& t, bool alignedCol
         {
             uint32_t w[A::kWords];
             uint64_t const off = elemOffset<N>(b, t.block, k);
-            loadRaw<DT, VEC>(t.hot + off * E, w);
+            loadRaw<DT, VEC>(t.hot + off * E, w, b.hotAligned != 0);
             uint32_t codes[N == 16 ? 4 : 1];
             quantize<DT, FMT, VEC>(w, bs.reciprocal, codes);
             storeCodes(codesBase + off, codes, N);
@@ -508,7 +542,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
                     uint32_t const k = k0 + c * t.lanes;
                     if (k < nv)
                     {
-                        loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                        loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c], b.hotAligned != 0);
                     }
                 }
 #pragma unroll
@@ -526,7 +560,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
             for (uint32_t k = t.sub; k < nv; k += t.lanes)
             {
                 uint32_t w[A::kWords];
-                loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w, b.hotAligned != 0);
                 m = max(m, exact ? amaxBits<DT, VEC>(w) : rawMaxBits<DT, VEC>(w));
             }
         }
@@ -579,7 +613,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
                 uint32_t const k = k0 + c * t.lanes;
                 if (k < nv)
                 {
-                    loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c]);
+                    loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c], b.hotAligned != 0);
                 }
             }
 #pragma unroll
@@ -599,7 +633,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
         {
             uint32_t w[A::kWords];
             uint64_t const off = elemOffset<N>(b, t.block, k);
-            loadRaw<DT, VEC, LB>(t.hot + off * E, w);
+            loadRaw<DT, VEC, LB>(t.hot + off * E, w, b.hotAligned != 0);
             quantizeStore<DT, FMT, VEC, LB>(w, bs.reciprocal, codesBase + off, unchecked);
         }
     }
@@ -631,7 +665,7 @@ __device__ void encodeRounds(BufferPlan const& b, Tile const& t, bool alignedCol
         act[s] = uint32_t(s) < b.rounds && block < b.numBlocks && t.sub < nv;
         if (act[s])
         {
-            loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, cache[s]);
+            loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, cache[s], b.hotAligned != 0);
         }
     }
     bool nonFinite = false;
@@ -754,7 +788,7 @@ __device__ void decodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
             {
                 uint32_t w[A::kWords];
                 dequantizeAccess<DT, FMT, VEC>(codes[u], s, w, fast);
-                storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w);
+                storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, w, b.hotAligned != 0);
             }
         }
     }
@@ -791,7 +825,7 @@ __device__ void decodeRounds(BufferPlan const& b, Tile const& t, bool alignedCol
         {
             uint32_t w[A::kWords];
             dequantizeAccess<DT, FMT, VEC>(codes[s], scale[s], w, fast);
-            storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, w);
+            storeRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, block, t.sub) * E, w, b.hotAligned != 0);
         }
     }
 }

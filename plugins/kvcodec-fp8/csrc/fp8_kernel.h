@@ -50,7 +50,9 @@ struct BufferPlan
     uint32_t groupLanes;   ///< Lanes of a warp working on one scale block (power of two <= 32).
     uint32_t rounds;       ///< Rounds of 32/groupLanes blocks per work unit (> 1 only when
                            ///< every lane has at most one access per block: one access per round).
-    uint32_t reserved;
+    uint32_t hotAligned;   ///< 1: every hot element is aligned to its size in every slot, so the
+                           ///< element path moves it with one 2- or 4-byte access; 0 (an odd slot
+                           ///< size or offset, e.g. a packed slot with odd padding): byte accesses.
     uint64_t poolBase;     ///< Hot pool base address.
     uint64_t slotBytes;    ///< Hot pool slot size.
     uint64_t hotOffset;    ///< Byte offset of the buffer inside the slot.

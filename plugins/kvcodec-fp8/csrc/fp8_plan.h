@@ -281,6 +281,10 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             plan.scaleOffset = alignUp(plan.dataEnd, kRegionAlign);
             plan.scaleEnd = plan.scaleOffset + 4 * plan.numBlocks;
             plan.regionEnd = alignUp(plan.scaleEnd, kRegionAlign);
+            // Slot s of the buffer starts at base + byteOffset + s * slotBytes: both terms decide
+            // the alignment of every slot, not only of slot 0.
+            uint64_t const esize = dataTypeBytes(b.dtype);
+            plan.hotAligned = ((pool.base + b.byteOffset) % esize == 0 && pool.slotBytes % esize == 0) ? 1 : 0;
             plan.vector = (plan.rowElems % 16 == 0 && (pool.base + b.byteOffset) % 16 == 0 && pool.slotBytes % 16 == 0) ? 1 : 0;
             uint64_t const vectorsPerBlock = plan.blockElems / (plan.vector ? 16 : 1);
             plan.groupLanes = nextPow2(vectorsPerBlock);

@@ -34,7 +34,7 @@ step "compute-sanitizer memcheck"
 if command -v compute-sanitizer > /dev/null && [[ -z "${KVCODEC_SKIP_MEMCHECK:-}" ]]; then
   (cd "$OUT_DIR" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
      python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
-     "$HERE/tests/test_fp8_gpu.py" -k "mixed and pinned and e4m3 or scalar_path or out_of_range or variant_on_the_scalar and deep-block") \
+     "$HERE/tests/test_fp8_gpu.py" -k "mixed and pinned and e4m3 or scalar_path or out_of_range or variant_on_the_scalar and deep-block or conformance_layouts and page_head-v1") \
      > "$OUT_DIR/memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi

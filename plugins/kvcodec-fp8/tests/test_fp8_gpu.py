@@ -162,6 +162,72 @@ def scalar_path(params, stream):
     codec.close()
 
 
+# The conformance suite's own layouts: harness-allocated pools (allocation + guard bytes), packed
+# fp16 K/V in odd-sized slots (elements at odd addresses in every other slot), fp8 and opaque
+# buffers, 1-7 byte slots. Odd hot slots are encoded (as the suite does) and even ones decoded.
+CONFORMANCE_PARAMS = [{"granularity": "page_head", **TUNINGS[i]} for i in (0, 3, -1)] + [
+    {"granularity": "token_head", "kernel": "v1"}, {"granularity": "page", "kernel": "v1"},
+    {"granularity": "page", **TUNINGS[-1]}]
+
+
+@pytest.mark.parametrize("params", CONFORMANCE_PARAMS, ids=["-".join(p.values()) for p in CONFORMANCE_PARAMS])
+@pytest.mark.parametrize("cold_kind", ["pinned", "device", "unaligned"])
+@pytest.mark.parametrize("layout", ["mixed", "tiny-odd"])
+def test_conformance_layouts_gpu_blobs_equal_cpu_blobs(layout, cold_kind, params):
+    from kvcodec_sdk.testing.harness import GUARD_BYTES, Harness
+    from kvcodec_sdk.testing.layouts import named_layout
+
+    from kvcodec_fp8.plugin import SPEC
+
+    plan = named_layout(layout)
+    gpu = Harness(SPEC, params, "cuda", plan, seed=5)
+    cpu = Harness(SPEC, params, "cpu", plan, seed=5)
+    try:
+        for lc in plan.lifecycle_ids:
+            g = plan.group_of(lc)
+            src, back = gpu.pages(lc, 8)
+            dst = gpu.spread_blobs(len(src))
+            num = 2 * len(src) + 1
+            size = gpu.cold_bytes(lc)
+            assert size == cpu.cold_bytes(lc), f"lifecycle {lc}: GPU and CPU cold page sizes differ"
+            host_cold = cpu.cold_buffer(lc, num, clause="gpu-vs-cpu")
+            cpu.must("encode", lc, host_cold.base, cpu.index_array(lc, dst, src), clause="gpu-vs-cpu")
+            want = host_cold.blobs()
+            shift = 3 if cold_kind == "unaligned" else 0  # a cold base off 16-byte alignment
+            backing = torch.full((num * size + 2 * GUARD_BYTES,), 0xC3, dtype=torch.uint8)
+            backing = backing.cuda() if cold_kind == "device" else backing.pin_memory()
+            base = backing.data_ptr() + GUARD_BYTES + shift
+            torch.cuda.synchronize()  # the fill ran on the default stream, the codec uses another
+            gpu.must("encode", lc, base, gpu.index_array(lc, dst, src), clause="gpu-vs-cpu")
+            gpu.sync()
+            raw = backing.cpu().numpy()
+            got = raw[GUARD_BYTES + shift:GUARD_BYTES + shift + num * size].reshape(num, size)
+            for d in dst:
+                if not np.array_equal(got[d], want[d]):
+                    i = int(np.flatnonzero(got[d] != want[d])[0])
+                    pytest.fail(f"{layout}, lifecycle {lc}, {params}: blob {d}: GPU byte {i} is {got[d][i]:#x}, "
+                                f"CPU byte {want[d][i]:#x}")
+            untouched = sorted(set(range(num)) - set(dst.tolist()))
+            assert (got[untouched] == 0xC3).all(), f"lifecycle {lc}: encode wrote outside its destination blobs"
+
+            # Decode the CPU's blobs on both sides into even slots: identical hot bytes, guards kept.
+            backing[GUARD_BYTES + shift:GUARD_BYTES + shift + num * size].copy_(torch.from_numpy(want.reshape(-1)))
+            torch.cuda.synchronize()
+            cpu.must("decode", lc, host_cold.base, cpu.index_array(lc, back, dst), clause="gpu-vs-cpu")
+            gpu.must("decode", lc, base, gpu.index_array(lc, back, dst), clause="gpu-vs-cpu")
+            gpu.sync()
+            for p, (x, y) in enumerate(zip(gpu.hot_raw()[g], cpu.hot_raw()[g])):
+                if not np.array_equal(x, y):
+                    i = int(np.flatnonzero(x != y)[0])
+                    pytest.fail(f"{layout}, lifecycle {lc}, {params}: pool {p} byte {i} (guard {GUARD_BYTES}): "
+                                f"GPU decode wrote {x[i]:#x}, CPU decode {y[i]:#x}")
+            gpu.restore_hot()
+            cpu.restore_hot()
+    finally:
+        gpu.close()
+        cpu.close()
+
+
 def test_page_indices_out_of_range_are_skipped_and_legacy_stream_refused(stream):
     rng = np.random.default_rng(13)
     host = build_layout(rng, MIXED, num_slots=4)
