@@ -5,11 +5,13 @@
 #   scripts/gpu-check.sh [OUT_DIR]      (default: ./gpu-results, or $OUT when set)
 #   KVCODEC_GPU_STEPS=pytest,fp8 scripts/gpu-check.sh OUT_DIR    (a subset; default: all)
 #
-# KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build (several checks in parallel after one
-# build).
+# All steps (the default) run in two phases after one build: the correctness checks side by side
+# (core tests and sanitizers, the template, the nvCOMP and fp8 plugins' tests; about 3 minutes on
+# an H200), then the benchmarks one at a time, so each has the GPU to itself. A subset runs its
+# steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
-# Steps: pytest memcheck conformance bench-concat fp8 kvcm workload disk template nvcomp (the build
-# always runs).
+# Steps: pytest memcheck conformance bench-concat fp8 kvcm (= kvcm-memcheck + kvcm-bench) workload
+# disk template nvcomp (the build always runs).
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
 # requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
@@ -25,9 +27,11 @@ STEPS=",${KVCODEC_GPU_STEPS:-all},"
 step() { echo "== $* ($(date +%T))"; }
 want() { [[ "$STEPS" == *",all,"* || "$STEPS" == *",$1,"* ]]; }
 
+if [[ -z "${KVCODEC_GPU_CHILD:-}" ]]; then
 step "environment"
 { nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } \
   > "$OUT_DIR/env.txt" 2>&1
+fi
 
 if [[ -z "${KVCODEC_GPU_SKIP_BUILD:-}" ]] && compgen -G ".whl/*.whl" > /dev/null; then
   step "wheels from .whl/ (hosts without network access)"
@@ -41,7 +45,35 @@ if [[ -n "${KVCODEC_GPU_SKIP_BUILD:-}" ]]; then
 elif ! python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT_DIR/build.log" 2>&1; then
   tail -40 "$OUT_DIR/build.log"; echo "build failed"; exit 1
 fi
-(cd "$OUT_DIR" && python3 -c 'import kvcodec_sdk._native as n; print(n.driver_info())') | tee -a "$OUT_DIR/env.txt"
+[[ -n "${KVCODEC_GPU_CHILD:-}" ]] || (cd "$OUT_DIR" && python3 -c 'import kvcodec_sdk._native as n; print(n.driver_info())') \
+  | tee -a "$OUT_DIR/env.txt"
+
+if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
+  # Phase 1: correctness, side by side (each check has its own logs; the GPU is shared).
+  export KVCODEC_GPU_SKIP_BUILD=1 KVCODEC_GPU_CHILD=1
+  self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+  plugins="$(cd "$(dirname "$0")/.." && pwd)/plugins"
+  step "correctness checks side by side: core, template, nvCOMP, fp8"
+  KVCODEC_GPU_STEPS=pytest,memcheck,conformance,kvcm-memcheck bash "$self" "$OUT_DIR" > "$OUT_DIR/phase-core.log" 2>&1 &
+  p1=$!
+  KVCODEC_GPU_STEPS=template bash "$self" "$OUT_DIR" > "$OUT_DIR/phase-template.log" 2>&1 &
+  p2=$!
+  KVCODEC_GPU_PHASE=tests timeout 540 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" \
+    > "$OUT_DIR/phase-nvcomp.log" 2>&1 &
+  p3=$!
+  KVCODEC_GPU_PHASE=tests timeout 540 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" \
+    > "$OUT_DIR/phase-fp8.log" 2>&1 &
+  p4=$!
+  for p in $p1 $p2 $p3 $p4; do wait "$p" || status=1; done
+  cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log"
+  # Phase 2: benchmarks, one at a time.
+  step "benchmarks one at a time"
+  KVCODEC_GPU_STEPS=bench-concat,kvcm-bench,workload,disk bash "$self" "$OUT_DIR" || status=1
+  KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
+  KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
+  step "done (status $status)"
+  exit $status
+fi
 
 if want pytest; then
 step "pytest -m gpu"
@@ -80,7 +112,7 @@ step "fp8 plugin: build, GPU tests, memcheck, benchmark"
 timeout 480 bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
 fi
 
-if want kvcm; then
+if want kvcm || want kvcm-memcheck; then
 step "compute-sanitizer memcheck (KV-cache manager GPU tests)"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -90,7 +122,7 @@ if command -v compute-sanitizer > /dev/null; then
 fi
 fi
 
-if want kvcm; then
+if want kvcm || want kvcm-memcheck; then
 step "compute-sanitizer memcheck (KV-cache manager disk level GPU tests)"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -100,7 +132,7 @@ if command -v compute-sanitizer > /dev/null; then
 fi
 fi
 
-if want kvcm; then
+if want kvcm || want kvcm-memcheck; then
 step "compute-sanitizer memcheck (KV-cache manager resize and defragmentation GPU tests)"
 if command -v compute-sanitizer > /dev/null; then
   (cd "$OUT_DIR" && timeout 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
@@ -110,7 +142,7 @@ if command -v compute-sanitizer > /dev/null; then
 fi
 fi
 
-if want kvcm; then
+if want kvcm || want kvcm-bench; then
 step "kvcodec bench kvcm"
 (cd "$OUT_DIR" && timeout 240 kvcodec bench kvcm --json bench-kvcm.json) > "$OUT_DIR/bench-kvcm.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm.txt"

@@ -4,6 +4,9 @@
 #
 #   plugins/kvcodec-fp8/scripts/gpu-check.sh [OUT_DIR]     (default: ./gpu-results-fp8)
 #
+# KVCODEC_GPU_PHASE=tests runs the build, the tests and memcheck only; =bench only the benchmark
+# (the plugin installed by an earlier tests phase); unset or all: everything.
+#
 # Needs torch with CUDA, ml_dtypes, pytest, scikit-build-core, pybind11, cmake and nvcc.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,8 +16,11 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 export PYTHONUNBUFFERED=1
 export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
 status=0
+PHASE=${KVCODEC_GPU_PHASE:-all}
 step() { echo "== fp8: $* ($(date +%T))"; }
+case "$PHASE" in all|tests|bench) ;; *) echo "KVCODEC_GPU_PHASE is '$PHASE'; use all, tests or bench" >&2; exit 2 ;; esac
 
+if [[ "$PHASE" != bench ]]; then
 step "build"
 if ! KVCODEC_FP8_PTXAS_VERBOSE=ON timeout 420 python3 -m pip install --no-build-isolation --no-deps -v "$HERE" \
      > "$OUT_DIR/build.log" 2>&1; then
@@ -39,9 +45,13 @@ if command -v compute-sanitizer > /dev/null && [[ -z "${KVCODEC_SKIP_MEMCHECK:-}
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 fi
 
+fi
+
+if [[ "$PHASE" != tests ]]; then
 step "benchmark (default kernel, then the sweep of the tuning knobs)"
 (cd "$OUT_DIR" && timeout -s INT 240 python3 "$HERE/bench/bench_fp8.py" --out-dir "$OUT_DIR") > "$OUT_DIR/bench.log" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench.log"
+fi
 
 step "done (status $status)"
 exit $status

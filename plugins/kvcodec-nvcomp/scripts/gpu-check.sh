@@ -9,6 +9,9 @@
 # (about 9 minutes in all); a healthy run takes a fraction of that.
 #
 # Offline hosts: wheels in <repo>/.whl/ (nvidia_libnvcomp_cu13-6.*.whl, lz4) are installed first.
+#
+# KVCODEC_GPU_PHASE=tests runs the install, the tests and the sanitizers only; =bench only the
+# benchmark (the plugin installed by an earlier tests phase); unset or all: everything.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 PLUGIN="$ROOT/plugins/kvcodec-nvcomp"
@@ -16,7 +19,9 @@ OUT_DIR=$(mkdir -p "${1:?usage: gpu-check.sh OUT_DIR}/nvcomp" && cd "$1/nvcomp" 
 export PYTHONUNBUFFERED=1
 LOG_CAP=2000000
 status=0
+PHASE=${KVCODEC_GPU_PHASE:-all}
 step() { echo "== nvcomp: $* ($(date +%T))"; }
+case "$PHASE" in all|tests|bench) ;; *) echo "KVCODEC_GPU_PHASE is '$PHASE'; use all, tests or bench" >&2; exit 2 ;; esac
 
 # run LOG SECONDS CMD...: runs CMD in OUT_DIR under timeout, output capped into LOG.
 run() {
@@ -33,6 +38,7 @@ run() {
 
 PYTEST=(python3 -m pytest -p no:cacheprovider --rootdir "$PLUGIN" -c "$PLUGIN/pyproject.toml" --tb=short)
 
+if [[ "$PHASE" != bench ]]; then
 step "install"
 if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
   run wheels.log 60 python3 -m pip install -q --no-index --no-deps "$ROOT"/.whl/*.whl || tail -5 "$OUT_DIR/wheels.log"
@@ -51,18 +57,23 @@ if command -v compute-sanitizer > /dev/null; then
     "$PLUGIN/tests/test_nvcomp_gpu.py" -k "odd_layout or corrupted or did_not_fit or interchangeable"
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -5
 
-  # initcheck: no uninitialized device bytes may reach nvCOMP or a blob (gdeflate's batch dependence).
+  # initcheck: no uninitialized device bytes may reach nvCOMP or a blob (gdeflate's and ANS's batch
+  # dependence), encode and decode.
   step "compute-sanitizer initcheck"
   run initcheck.log 45 compute-sanitizer --tool initcheck --error-exitcode 3 "${PYTEST[@]}" -q \
-    "$PLUGIN/tests/test_nvcomp_gpu.py" -k "rest_of_the_call and staged and plain"
+    "$PLUGIN/tests/test_nvcomp_gpu.py" -k "rest_of_the_call and staged and plain or round_trip and kv and default"
   grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/initcheck.log" | tail -5
 fi
 
+fi
+
+if [[ "$PHASE" != tests ]]; then
 step "benchmark"
 run bench.log 90 python3 "$PLUGIN/bench/bench_nvcomp.py" --budget-s 60 --json bench-nvcomp.json \
   --markdown bench-nvcomp.md
 grep -v '^\[bench\]' "$OUT_DIR/bench.log" | head -40
 grep -E "FAILED|skipped" "$OUT_DIR/bench.log" | head -10
+fi
 
 step "done (status $status)"
 exit $status
