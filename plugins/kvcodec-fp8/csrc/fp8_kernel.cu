@@ -508,6 +508,24 @@ __device__ __forceinline__ void quantizeStore(uint32_t const* w, float r, char* 
     storeCodes(dst, codes, N);
 }
 
+// Loads the lane's accesses k0, k0 + lanes, ..., k0 + (C - 1) * lanes of the tile's block that
+// lie below nv into `cache`, all issued before any is used.
+template <int DT, bool VEC, int LB, int C>
+__device__ __forceinline__ void loadBatch(BufferPlan const& b, Tile const& t, uint32_t k0, uint32_t nv,
+    uint32_t (&cache)[C][Access<DT, VEC, LB>::kWords])
+{
+    constexpr int N = Access<DT, VEC, LB>::kElems;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+    {
+        uint32_t const k = k0 + c * t.lanes;
+        if (k < nv)
+        {
+            loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * elemBytes<DT>(), cache[c], b.hotAligned != 0);
+        }
+    }
+}
+
 // Encode of one tile: a scale block spread over `lanes` lanes. LB: hot bytes a lane caches;
 // BATCH: blocks larger than the cache are streamed LB bytes per lane at a time (else one access).
 // `fast` (finite_check=block): one raw maximum per access, the exact finite amax and the
@@ -536,15 +554,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
         {
             for (uint32_t k0 = t.sub; k0 < nv; k0 += step)
             {
-#pragma unroll
-                for (int c = 0; c < C; ++c)
-                {
-                    uint32_t const k = k0 + c * t.lanes;
-                    if (k < nv)
-                    {
-                        loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c], b.hotAligned != 0);
-                    }
-                }
+                loadBatch<DT, VEC, LB, C>(b, t, k0, nv, cache);
 #pragma unroll
                 for (int c = 0; c < C; ++c)
                 {
@@ -607,15 +617,7 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
     {
         for (uint32_t k0 = t.sub; k0 < nv; k0 += step)
         {
-#pragma unroll
-            for (int c = 0; c < C; ++c)
-            {
-                uint32_t const k = k0 + c * t.lanes;
-                if (k < nv)
-                {
-                    loadRaw<DT, VEC, LB>(t.hot + elemOffset<N>(b, t.block, k) * E, cache[c], b.hotAligned != 0);
-                }
-            }
+            loadBatch<DT, VEC, LB, C>(b, t, k0, nv, cache);
 #pragma unroll
             for (int c = 0; c < C; ++c)
             {
