@@ -24,16 +24,21 @@ pytestmark = [
 ]
 
 
+
+def fill_on_stream(m, pages, stream):
+    """Page i's bytes become i % 251 + 1, written by torch on ``stream`` (not synchronized)."""
+    with torch.cuda.stream(stream):
+        for i, p in enumerate(pages):
+            for v in m.page_view(p):
+                v.fill_(i % 251 + 1)
+
 def test_shrink_and_defragment_after_side_stream_writes():
     page = 4096
     m = KVCacheManager(config([group([0], [3072, 1024])], gpu_quota=page * 64, host_quota=page * 64,
                               max_gpu_quota=page * 96, device="cuda:0"))
     s = torch.cuda.Stream()
     pages = m.allocate(0, 64, stream=s)
-    with torch.cuda.stream(s):
-        for i, p in enumerate(pages):
-            for v in m.page_view(p):
-                v.fill_(i % 251 + 1)
+    fill_on_stream(m, pages, s)
     m.free(pages[::2])
     keep = list(pages[1::2])  # slots 1, 3, ..., 63
     assert m.defragment(CacheLevel.HOT, stream=s) == 16
@@ -71,10 +76,7 @@ def test_disk_shrink_grow_and_defragment_after_side_stream_writes(tmp_path):
     try:
         s = torch.cuda.Stream()
         pages = m.allocate(0, 48, stream=s)
-        with torch.cuda.stream(s):
-            for i, p in enumerate(pages):
-                for v in m.page_view(p):
-                    v.fill_(i % 251 + 1)
+        fill_on_stream(m, pages, s)
         m.evict(pages, level=CacheLevel.DISK, stream=s)
         m.free(pages[::2])
         keep = list(pages[1::2])  # 24 pages spread over 48 slots
