@@ -212,8 +212,6 @@ class Harness:
 
             # Default priority: never the harness's side stream (see side_stream).
             self.stream = torch.cuda.Stream(device=self.device, priority=0)
-            if self.stream.cuda_stream == side_stream(self.device).cuda_stream:
-                raise RuntimeError("the codec's stream is the harness's side stream")
         self.codec = make_codec(spec, params, self.device)
         self.native = self.codec._live()
         # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
