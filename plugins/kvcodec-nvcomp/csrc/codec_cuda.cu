@@ -782,54 +782,38 @@ private:
 
     // A small valid compressed chunk that decoding hands to nvCOMP in place of chunks it must
     // not decompress (raw chunks, bad pages): nvCOMP's batch size is fixed by the host.
+    // With lazy module loading nvCOMP's kernels load at their first launch, which can wait for
+    // work queued on the device; encode and decode must never wait. So every kernel they use runs
+    // once here: compressing and decompressing the dummy chunk and a chunk of the layout's
+    // largest size.
     void makeDummyChunk()
     {
         size_t cap = 0;
         check(ops_->maxCompressedChunk(kDummyRawBytes, &cap), "nvCOMP max chunk size query");
-        size_t temp = 0;
-        check(ops_->compressTemp(1, kDummyRawBytes, kDummyRawBytes, &temp, nullptr), "nvCOMP compress temp-size query");
+        dummyIn_ = arena_->alloc<uint8_t>(roundUp(cap, kStagingAlign), "the dummy chunk");
         DeviceArena scratch;
         auto* raw = scratch.alloc<uint8_t>(kDummyRawBytes, "the dummy chunk");
-        dummyIn_ = arena_->alloc<uint8_t>(roundUp(cap, kStagingAlign), "the dummy chunk");
-        // Decoders read whole words past a chunk's last byte (gdeflate: 4-byte words): those
-        // bytes are defined too.
-        check(cudaMemset(dummyIn_, 0, roundUp(cap, kStagingAlign)), "clearing the dummy chunk");
-        auto* tempPtr = scratch.alloc<uint8_t>(std::max<size_t>(temp, 1), "the dummy chunk");
-        auto* tables = scratch.alloc<uint64_t>(4, "the dummy chunk");
-        auto* status = scratch.alloc<nvcompStatus_t>(1, "the dummy chunk");
         check(cudaMemset(raw, 0, kDummyRawBytes), "clearing the dummy chunk");
-        uint64_t host[4] = {reinterpret_cast<uint64_t>(raw), kDummyRawBytes, reinterpret_cast<uint64_t>(dummyIn_), 0};
-        check(cudaMemcpy(tables, host, sizeof(host), cudaMemcpyHostToDevice), "copying the dummy tables");
-        auto* inPtrs = reinterpret_cast<void const* const*>(tables);
-        auto* inBytes = reinterpret_cast<size_t const*>(tables + 1);
-        auto* outPtrs = reinterpret_cast<void* const*>(tables + 2);
-        auto* outBytes = reinterpret_cast<size_t*>(tables + 3);
-        check(ops_->compress(inPtrs, inBytes, kDummyRawBytes, 1, tempPtr, temp, outPtrs, outBytes, status, nullptr),
-            "compressing the dummy chunk");
-        check(cudaDeviceSynchronize(), "compressing the dummy chunk");
-        nvcompStatus_t st = nvcompErrorInternal;
-        check(cudaMemcpy(host, tables, sizeof(host), cudaMemcpyDeviceToHost), "reading the dummy chunk size");
-        check(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost), "reading the dummy chunk status");
-        check(st, "compressing the dummy chunk");
-        dummyInBytes_ = host[3];
-        // With lazy module loading nvCOMP's kernels load at their first launch, which can wait for
-        // work queued on the device; encode and decode must never wait. Run every kernel they use
-        // once now: decompressing the dummy chunk, and a chunk of the layout's largest size.
-        roundTripOnce(raw, kDummyRawBytes, "loading nvCOMP's kernels (a small chunk)");
-        roundTripOnce(zeroChunk_, plan_.maxChunkBytes, "loading nvCOMP's kernels (a largest chunk)");
+        dummyInBytes_ = roundTripOnce(raw, kDummyRawBytes, dummyIn_, "the dummy chunk");
+        roundTripOnce(zeroChunk_, plan_.maxChunkBytes, nullptr, "loading nvCOMP's kernels (a largest chunk)");
     }
 
-    // Compresses `bytes` bytes at `raw` and decompresses them back, synchronously, checking that
-    // the bytes came back.
-    void roundTripOnce(uint8_t const* raw, size_t bytes, char const* what)
+    // Compresses `bytes` bytes at `raw` into `comp` (nvCOMP's bound for them, rounded up to
+    // kStagingAlign; a scratch buffer when null) and decompresses them back, synchronously,
+    // checking that the bytes came back; returns the compressed size. `comp` is cleared first:
+    // decoders read whole words past a chunk's last byte (gdeflate: 4-byte words).
+    size_t roundTripOnce(uint8_t const* raw, size_t bytes, uint8_t* comp, char const* what)
     {
         size_t cap = 0, ct = 0, dt = 0;
         check(ops_->maxCompressedChunk(bytes, &cap), what);
         check(ops_->compressTemp(1, bytes, bytes, &ct, nullptr), what);
         check(ops_->decompressTemp(1, bytes, bytes, &dt, nullptr), what);
         DeviceArena scratch;
-        auto* comp = scratch.alloc<uint8_t>(roundUp(cap, kStagingAlign), what);
-        check(cudaMemset(comp, 0, roundUp(cap, kStagingAlign)), what); // read past its end, as dummyIn_
+        if (comp == nullptr)
+        {
+            comp = scratch.alloc<uint8_t>(roundUp(cap, kStagingAlign), what);
+        }
+        check(cudaMemset(comp, 0, roundUp(cap, kStagingAlign)), what);
         auto* back = scratch.alloc<uint8_t>(std::max<size_t>(bytes, 1), what);
         auto* ctemp = scratch.alloc<uint8_t>(std::max<size_t>(ct, 1), what);
         auto* dtemp = scratch.alloc<uint8_t>(std::max<size_t>(dt, 1), what);
@@ -859,6 +843,7 @@ private:
             throw std::runtime_error(std::string(what) + ": " + std::to_string(bytes) + " bytes came back as "
                 + std::to_string(host[6]));
         }
+        return host[3];
     }
 
     PageIndexLocation location() const noexcept override
