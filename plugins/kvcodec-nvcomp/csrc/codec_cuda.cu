@@ -4,15 +4,20 @@
 // the caller's stream with no host synchronization:
 //
 //   encode: prepare kernel (chunk pointer tables from the device page indices; bit shuffle or
-//           copy into aligned staging when needed) -> nvCOMP batched compress -> finish kernel
-//           (per page: choose raw/compressed per chunk from the device-side sizes, pack header,
-//           table and payload into a staging blob, CRC-32C, envelope, store the used bytes into
-//           the cold slot; an envelope alone with did-not-fit when the page exceeds the slot).
-//   decode: fetch kernel (per page: read and check the envelope, copy the used bytes into
-//           staging, verify the CRC-32C and the chunk table, build nvCOMP's tables; chunks of
-//           a bad page and raw chunks get a small dummy compressed chunk so the batch size stays
-//           fixed) -> nvCOMP batched decompress -> scatter kernel (raw chunks, un-shuffle,
-//           writes only pages whose every chunk decoded).
+//           copy into aligned staging when needed) -> nvCOMP batched compress -> layout kernel
+//           (per page: raw or compressed per chunk from the device-side sizes, chunk table,
+//           payload offsets, does the page fit) -> chunks kernel (per chunk: its payload straight
+//           into the cold slot, and its piece of the CRC-32C) -> seal kernel (per page: codec
+//           header and chunk table, the pieces combined into the checksum, the envelope; an
+//           envelope alone with did-not-fit when the page exceeds the slot).
+//   decode: header kernel (per page: check the envelope, stage and check the chunk table, lay
+//           out the chunks) -> chunks kernel (per chunk: stage its payload, its piece of the
+//           CRC-32C) -> verify kernel (per page: the checksum; nvCOMP's tables, where raw chunks
+//           and the chunks of a bad page get a small dummy compressed chunk so the batch size
+//           stays fixed) -> nvCOMP batched decompress -> scatter kernel (per chunk: raw chunks,
+//           un-shuffle; only pages whose every chunk decoded).
+//   The per-chunk kernels put every chunk of a batch in flight at once: one block per page
+//   would leave most of the GPU idle and serialize a page's checksum and copies.
 //
 // Workspaces are allocated at configure time for the largest batch, two per direction ("lanes",
 // each with its own internal stream); workspace.h sizes them from the layout's real chunks. A call is cut into batches that
@@ -129,44 +134,14 @@ __device__ void blockShuffle(uint8_t* dst, uint8_t const* src, uint64_t bytes, u
     }
 }
 
-// CRC-32C of `bytes` at `p` by the whole block: each thread a power-of-two segment with a
-// table in shared memory, then a tree combination (format.h). Result valid in every thread.
-__device__ uint32_t blockCrc32c(uint8_t const* p, uint64_t bytes, uint32_t const* xpow, uint32_t const* table)
+// CRC-32C pieces (format.h): every kernel that checksums a blob computes the raw CRC of pieces
+// in parallel (threads of a block, blocks of a batch) and combines them in blob order.
+struct CrcTables
 {
-    __shared__ uint32_t part[kThreads];
-    __shared__ uint64_t plen[kThreads];
-    __shared__ uint32_t result;
-    uint64_t const seg = crcSegmentBytes(bytes, blockDim.x);
-    uint64_t const begin = min(uint64_t(threadIdx.x) * seg, bytes);
-    uint64_t const end = min(begin + seg, bytes);
-    uint32_t c = 0;
-    for (uint64_t b = begin; b < end; ++b)
-    {
-        c = table[(c ^ p[b]) & 0xffu] ^ (c >> 8);
-    }
-    part[threadIdx.x] = c;
-    plen[threadIdx.x] = end - begin;
-    __syncthreads();
-    for (uint32_t stride = 1; stride < blockDim.x; stride *= 2)
-    {
-        uint32_t const t = threadIdx.x;
-        if (t % (2 * stride) == 0 && t + stride < blockDim.x && plen[t + stride] > 0)
-        {
-            uint64_t const rl = plen[t + stride];
-            part[t] = crcMulMod(crcShiftOperator(rl, xpow), part[t]) ^ part[t + stride];
-            plen[t] += rl;
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-    {
-        result = crcFinish(part[0], bytes, xpow);
-    }
-    __syncthreads();
-    return result;
-}
+    uint32_t t[4][256];
+};
 
-__device__ void loadCrcTable(uint32_t* table)
+__device__ void loadCrcTables(CrcTables& s)
 {
     for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
     {
@@ -175,8 +150,82 @@ __device__ void loadCrcTable(uint32_t* table)
         {
             c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
         }
-        table[i] = c;
+        s.t[0][i] = c;
     }
+    __syncthreads();
+    for (int k = 1; k < 4; ++k)
+    {
+        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
+        {
+            s.t[k][i] = (s.t[k - 1][i] >> 8) ^ s.t[0][s.t[k - 1][i] & 0xffu];
+        }
+        __syncthreads();
+    }
+}
+
+// Raw CRC of the concatenation of every thread's piece, in thread order (thread t's piece has
+// `bytes` bytes and raw CRC `raw`; empty pieces are allowed). Valid in every thread.
+__device__ uint32_t blockCrcCombine(uint32_t raw, uint64_t bytes, uint32_t const* xpow)
+{
+    __shared__ uint32_t part[kThreads];
+    __shared__ uint64_t plen[kThreads];
+    uint32_t const t = threadIdx.x;
+    part[t] = raw;
+    plen[t] = bytes;
+    __syncthreads();
+    for (uint32_t stride = 1; stride < blockDim.x; stride *= 2)
+    {
+        if (t % (2 * stride) == 0 && t + stride < blockDim.x)
+        {
+            uint64_t const rl = plen[t + stride];
+            if (rl > 0)
+            {
+                part[t] = crcCombine(part[t], part[t + stride], rl, xpow);
+                plen[t] += rl;
+            }
+        }
+        __syncthreads();
+    }
+    uint32_t const result = part[0];
+    __syncthreads(); // the arrays are reused by the next call
+    return result;
+}
+
+// Raw CRC of `bytes` at `p` by the whole block: one power-of-two segment per thread.
+__device__ uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, CrcTables const& s, uint32_t const* xpow)
+{
+    uint64_t const seg = crcSegmentBytes(bytes, blockDim.x);
+    uint64_t const begin = min(uint64_t(threadIdx.x) * seg, bytes);
+    uint64_t const end = min(begin + seg, bytes);
+    return blockCrcCombine(crcUpdate(0, p + begin, end - begin, s.t), end - begin, xpow);
+}
+
+// The contiguous run [first, last) of `n` items that thread threadIdx.x of the block takes.
+__device__ void threadRun(uint32_t n, uint32_t& first, uint32_t& last)
+{
+    uint32_t const per = (n + blockDim.x - 1) / blockDim.x;
+    first = min(n, threadIdx.x * per);
+    last = min(n, first + per);
+}
+
+// Exclusive prefix sum of one value per thread over the block; *total gets the sum.
+__device__ uint64_t blockExclusiveScan(uint64_t v, uint64_t* total)
+{
+    __shared__ uint64_t s[kThreads];
+    uint32_t const t = threadIdx.x;
+    s[t] = v;
+    __syncthreads();
+    for (uint32_t d = 1; d < blockDim.x; d *= 2)
+    {
+        uint64_t const add = t >= d ? s[t - d] : 0;
+        __syncthreads();
+        s[t] += add;
+        __syncthreads();
+    }
+    uint64_t const inclusive = s[t];
+    *total = s[blockDim.x - 1];
+    __syncthreads();
+    return inclusive - v;
 }
 
 __device__ uint32_t load32(uint8_t const* p)
@@ -191,6 +240,26 @@ __device__ void store32(uint8_t* p, uint32_t v)
     p[2] = uint8_t(v >> 16);
     p[3] = uint8_t(v >> 24);
 }
+
+// Per page of a batch, between the kernels of one call.
+struct PageState
+{
+    uint64_t used;      // blob bytes: envelope, header and payload
+    uint32_t checksum;  // decode: the envelope's checksum
+    uint32_t headerRaw; // decode: raw CRC of [32, headerBytes)
+    uint32_t flags;
+};
+
+static_assert(sizeof(PageState) == 24, "workspace.cpp sizes page states at 24 bytes");
+
+enum : uint32_t
+{
+    kPageOk = 1,         // encode: the page fits and is written; decode: envelope and table are valid
+    kPageCompressed = 2, // encode: some chunk is stored compressed
+};
+
+// Page threads per block of the per-page kernels (layout, seal, header, verify).
+constexpr uint32_t kPageThreads = 128;
 
 // ------------------------------------------------------------------------------------------
 // Encode
@@ -220,14 +289,19 @@ struct EncodeArgs
     nvcompStatus_t const* statuses;
     uint32_t* entries;
     uint64_t* offsets;
-    uint8_t* blobStaging;
-    uint64_t blobStride;
+    uint32_t* chunkCrc;
+    PageState* pages;
     uint64_t coldBytes;
     uint32_t headerBytes;
     uint64_t pageBytes;
     uintptr_t coldBase;
     uint32_t const* xpow;
 };
+
+__device__ uint8_t* coldSlot(uintptr_t base, int32_t slot, uint64_t coldBytes)
+{
+    return reinterpret_cast<uint8_t*>(base + uint64_t(slot) * coldBytes);
+}
 
 __global__ void encodePrepare(EncodeArgs a)
 {
@@ -268,78 +342,121 @@ __global__ void encodePrepare(EncodeArgs a)
     }
 }
 
-__global__ void encodeFinish(EncodeArgs a)
+// Per page, after nvCOMP: raw or compressed per chunk, the chunk table and the payload offsets.
+__global__ void encodeLayout(EncodeArgs a)
 {
-    __shared__ uint32_t table[256];
-    __shared__ uint64_t total;
-    __shared__ bool fits;
-    __shared__ bool anyCompressed;
-    __shared__ uint8_t env[32];
+    uint64_t const i = blockIdx.x;
+    PageIndexPair const pair = a.pairs[i];
+    uint64_t const base = i * a.numChunks;
+    uint32_t first = 0, last = 0;
+    threadRun(a.numChunks, first, last);
+    uint64_t run = 0;
+    bool any = false;
+    for (uint32_t c = first; c < last; ++c)
+    {
+        uint32_t const raw = a.chunks[c].bytes;
+        size_t const got = a.outBytes[base + c];
+        bool const shrank = a.statuses[base + c] == nvcompSuccess && got > 0 && got < raw;
+        uint32_t const stored = shrank ? uint32_t(got) : raw;
+        a.entries[base + c] = stored | (shrank ? kChunkCompressedBit : 0u);
+        run += roundUp(stored, kPayloadAlign);
+        any = any || shrank;
+    }
+    uint64_t payload = 0;
+    uint64_t pos = a.headerBytes + blockExclusiveScan(run, &payload);
+    for (uint32_t c = first; c < last; ++c)
+    {
+        a.offsets[base + c] = pos;
+        pos += roundUp(a.entries[base + c] & kChunkSizeMask, kPayloadAlign);
+    }
+    any = __syncthreads_or(any);
+    if (threadIdx.x == 0)
+    {
+        uint64_t const total = a.headerBytes + payload;
+        bool const fits = pair.dst >= 0 && pair.src >= 0 && uint64_t(pair.src) < a.numSlots && total <= a.coldBytes;
+        a.pages[i] = PageState{fits ? total : sizeof(ColdPageEnvelope), 0, 0,
+            (fits ? kPageOk : 0u) | (any ? kPageCompressed : 0u)};
+    }
+}
+
+// Per chunk: stores its payload into the cold slot (zero padded) and its piece of the checksum.
+__global__ void encodeChunks(EncodeArgs a)
+{
+    __shared__ CrcTables tables;
+    uint64_t const k = blockIdx.x;
+    uint64_t const i = k / a.numChunks;
+    PageIndexPair const pair = a.pairs[i];
+    if ((a.pages[i].flags & kPageOk) == 0)
+    {
+        return; // Invalid indices or did not fit: the envelope alone is written.
+    }
+    loadCrcTables(tables);
+    uint32_t const entry = a.entries[k];
+    uint32_t const stored = entry & kChunkSizeMask;
+    uint64_t const padded = roundUp(stored, kPayloadAlign);
+    auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[k] : a.inPtrs[k]);
+    uint8_t* dst = coldSlot(a.coldBase, pair.dst, a.coldBytes) + a.offsets[k];
+    blockCopy(dst, src, stored);
+    for (uint64_t b = stored + threadIdx.x; b < padded; b += blockDim.x)
+    {
+        dst[b] = 0;
+    }
+    // From the device-side source, not the cold slot (which may be host memory).
+    uint32_t const raw = blockCrcRaw(src, stored, tables, a.xpow);
+    if (threadIdx.x == 0)
+    {
+        a.chunkCrc[k] = crcCombine(raw, 0, padded - stored, a.xpow); // the zero padding
+    }
+}
+
+// Per page: codec header and chunk table, then the envelope with the blob's checksum.
+__global__ void encodeSeal(EncodeArgs a)
+{
+    __shared__ CrcTables tables;
+    __shared__ uint8_t env[sizeof(ColdPageEnvelope)];
     uint64_t const i = blockIdx.x;
     PageIndexPair const pair = a.pairs[i];
     if (pair.dst < 0)
     {
         return; // No cold slot to write to.
     }
-    bool const valid = pair.src >= 0 && uint64_t(pair.src) < a.numSlots;
-    loadCrcTable(table);
+    PageState const page = a.pages[i];
     uint64_t const base = i * a.numChunks;
-    if (threadIdx.x == 0)
-    {
-        uint64_t pos = a.headerBytes;
-        bool any = false;
-        for (uint32_t c = 0; c < a.numChunks; ++c)
-        {
-            uint32_t const raw = a.chunks[c].bytes;
-            size_t const got = a.outBytes[base + c];
-            bool const shrank = a.statuses[base + c] == nvcompSuccess && got > 0 && got < raw;
-            uint32_t const stored = shrank ? uint32_t(got) : raw;
-            a.entries[base + c] = stored | (shrank ? kChunkCompressedBit : 0u);
-            a.offsets[base + c] = pos;
-            pos += roundUp(stored, kPayloadAlign);
-            any = any || shrank;
-        }
-        total = pos;
-        fits = valid && pos <= a.coldBytes;
-        anyCompressed = any;
-    }
-    __syncthreads();
-    uint8_t* stage = a.blobStaging + i * a.blobStride;
+    uint8_t* cold = coldSlot(a.coldBase, pair.dst, a.coldBytes);
+    bool const fits = (page.flags & kPageOk) != 0;
     uint32_t checksum = 0;
     if (fits)
     {
-        if (threadIdx.x == 0)
+        loadCrcTables(tables);
+        // [32, headerBytes) as 32-bit words: the codec header, the chunk table, zeros.
+        uint32_t const words = (a.headerBytes - kCodecHeaderOffset) / 4;
+        uint32_t first = 0, last = 0;
+        threadRun(words, first, last);
+        uint32_t raw = 0;
+        for (uint32_t j = first; j < last; ++j)
         {
-            store32(stage + 32, a.numChunks);
-            store32(stage + 36, uint32_t(a.chunkBytes));
-            stage[40] = a.algorithm;
-            stage[41] = uint8_t(a.elementBytes);
-            stage[42] = uint8_t(a.bitshuffle);
-            stage[43] = 0;
-            store32(stage + 44, 0);
+            uint32_t w = 0;
+            if (j == 0) w = a.numChunks;
+            else if (j == 1) w = uint32_t(a.chunkBytes);
+            else if (j == 2) w = uint32_t(a.algorithm) | (a.elementBytes << 8) | (a.bitshuffle << 16);
+            else if (j >= 4 && j - 4 < a.numChunks) w = a.entries[base + j - 4];
+            store32(cold + kCodecHeaderOffset + 4 * j, w);
+            raw = crcWord(raw, w, tables.t);
         }
-        for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
+        uint32_t const headerRaw = blockCrcCombine(raw, 4ull * (last - first), a.xpow);
+        // The chunks' pieces, in blob order.
+        threadRun(a.numChunks, first, last);
+        raw = 0;
+        uint64_t bytes = 0;
+        for (uint32_t c = first; c < last; ++c)
         {
-            store32(stage + kChunkTableOffset + 4 * c, a.entries[base + c]);
+            uint64_t const padded = roundUp(a.entries[base + c] & kChunkSizeMask, kPayloadAlign);
+            raw = crcCombine(raw, a.chunkCrc[base + c], padded, a.xpow);
+            bytes += padded;
         }
-        for (uint64_t b = kChunkTableOffset + 4ull * a.numChunks + threadIdx.x; b < a.headerBytes; b += blockDim.x)
-        {
-            stage[b] = 0;
-        }
-        for (uint32_t c = 0; c < a.numChunks; ++c)
-        {
-            uint32_t const entry = a.entries[base + c];
-            uint32_t const stored = entry & kChunkSizeMask;
-            auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[base + c] : a.inPtrs[base + c]);
-            uint8_t* dst = stage + a.offsets[base + c];
-            blockCopy(dst, src, stored);
-            for (uint64_t b = stored + threadIdx.x; b < roundUp(stored, kPayloadAlign); b += blockDim.x)
-            {
-                dst[b] = 0;
-            }
-        }
-        __syncthreads();
-        checksum = blockCrc32c(stage + 32, total - 32, a.xpow, table);
+        uint32_t const payloadRaw = blockCrcCombine(raw, bytes, a.xpow);
+        uint64_t const payloadBytes = page.used - a.headerBytes;
+        checksum = crcFinish(crcCombine(headerRaw, payloadRaw, payloadBytes, a.xpow), page.used - kCodecHeaderOffset, a.xpow);
     }
     if (threadIdx.x == 0)
     {
@@ -349,29 +466,23 @@ __global__ void encodeFinish(EncodeArgs a)
         e.rawBytes = a.pageBytes;
         if (fits)
         {
-            e.flags = anyCompressed ? kEnvelopeCompressed : kEnvelopeStoredRaw;
+            e.flags = (page.flags & kPageCompressed) ? kEnvelopeCompressed : kEnvelopeStoredRaw;
             e.headerBytes = a.headerBytes;
-            e.payloadBytes = uint32_t(total - a.headerBytes);
+            e.payloadBytes = uint32_t(page.used - a.headerBytes);
             e.checksum = checksum;
         }
         else
         {
             e.flags = kEnvelopeDidNotFit;
             e.headerBytes = sizeof(ColdPageEnvelope);
-            total = sizeof(ColdPageEnvelope);
         }
         e.headerCrc = crc32cBitwise(reinterpret_cast<uint8_t const*>(&e), offsetof(ColdPageEnvelope, headerCrc));
         memcpy(env, &e, sizeof(e));
     }
     __syncthreads();
-    auto* cold = reinterpret_cast<uint8_t*>(a.coldBase + uint64_t(pair.dst) * a.coldBytes);
-    if (threadIdx.x < 32)
+    if (threadIdx.x < sizeof(ColdPageEnvelope))
     {
         cold[threadIdx.x] = env[threadIdx.x];
-    }
-    if (total > 32)
-    {
-        blockCopy(cold + 32, stage + 32, total - 32);
     }
 }
 
@@ -407,6 +518,8 @@ struct DecodeArgs
     nvcompStatus_t const* statuses;
     uint8_t* kinds;
     uint64_t* offsets;
+    uint32_t* chunkCrc;
+    PageState* pages;
     uint8_t const* dummyIn;
     uint64_t dummyInBytes;
     uint8_t* dummyOut;
@@ -419,9 +532,11 @@ struct DecodeArgs
     uint32_t const* xpow;
 };
 
-__global__ void decodeFetch(DecodeArgs a)
+// Per page: checks the envelope, stages the codec header and chunk table, checks them and lays
+// out the chunks; the header's piece of the checksum.
+__global__ void decodeHeader(DecodeArgs a)
 {
-    __shared__ uint32_t table[256];
+    __shared__ CrcTables tables;
     __shared__ ColdPageEnvelope env;
     __shared__ bool ok;
     uint64_t const i = blockIdx.x;
@@ -430,8 +545,8 @@ __global__ void decodeFetch(DecodeArgs a)
     bool const indicesOk = pair.src >= 0 && pair.dst >= 0 && uint64_t(pair.dst) < a.numSlots;
     auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + (indicesOk ? uint64_t(pair.src) * a.coldBytes : 0));
     uint8_t* stage = a.blobStaging + i * a.blobStride;
-    loadCrcTable(table);
-    if (indicesOk && threadIdx.x < 32)
+    loadCrcTables(tables);
+    if (indicesOk && threadIdx.x < sizeof(ColdPageEnvelope))
     {
         reinterpret_cast<uint8_t*>(&env)[threadIdx.x] = blob[threadIdx.x]; // one PCIe round trip
     }
@@ -451,32 +566,94 @@ __global__ void decodeFetch(DecodeArgs a)
         ok = good;
     }
     __syncthreads();
+    if (!ok)
+    {
+        if (threadIdx.x == 0) a.pages[i] = PageState{0, 0, 0, 0};
+        return;
+    }
+    uint64_t const used = uint64_t(env.headerBytes) + env.payloadBytes;
+    blockCopy(stage + kCodecHeaderOffset, blob + kCodecHeaderOffset, a.headerBytes - kCodecHeaderOffset);
+    __syncthreads();
+    bool good = load32(stage + 32) == a.numChunks && load32(stage + 36) == uint32_t(a.chunkBytes)
+        && stage[40] == a.algorithm && stage[41] == a.elementBytes && stage[42] == a.bitshuffle;
+    uint32_t first = 0, last = 0;
+    threadRun(a.numChunks, first, last);
+    uint64_t run = 0;
+    for (uint32_t c = first; c < last; ++c)
+    {
+        run += roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
+    }
+    uint64_t payload = 0;
+    uint64_t pos = a.headerBytes + blockExclusiveScan(run, &payload);
+    for (uint32_t c = first; c < last; ++c)
+    {
+        uint32_t const entry = load32(stage + kChunkTableOffset + 4 * c);
+        uint32_t const stored = entry & kChunkSizeMask;
+        bool const compressed = (entry & kChunkCompressedBit) != 0;
+        uint32_t const raw = a.chunks[c].bytes;
+        good = good && pos + stored <= used && (compressed ? (stored > 0 && stored < raw) : stored == raw);
+        a.kinds[base + c] = compressed ? kChunkCompressed : kChunkRaw;
+        a.offsets[base + c] = pos;
+        pos += roundUp(stored, kPayloadAlign);
+    }
+    good = __syncthreads_and(good) && a.headerBytes + payload == used;
+    uint32_t const headerRaw = blockCrcRaw(stage + kCodecHeaderOffset, a.headerBytes - kCodecHeaderOffset, tables, a.xpow);
+    if (threadIdx.x == 0)
+    {
+        a.pages[i] = PageState{used, env.checksum, headerRaw, good ? kPageOk : 0u};
+    }
+}
+
+// Per chunk of a page whose header is valid: stages its payload and its piece of the checksum.
+__global__ void decodeChunks(DecodeArgs a)
+{
+    __shared__ CrcTables tables;
+    uint64_t const k = blockIdx.x;
+    uint64_t const i = k / a.numChunks;
+    if ((a.pages[i].flags & kPageOk) == 0)
+    {
+        return;
+    }
+    loadCrcTables(tables);
+    PageIndexPair const pair = a.pairs[i];
+    auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + uint64_t(pair.src) * a.coldBytes);
+    uint8_t* stage = a.blobStaging + i * a.blobStride;
+    uint32_t const c = uint32_t(k % a.numChunks);
+    uint64_t const offset = a.offsets[k];
+    uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
+    blockCopy(stage + offset, blob + offset, padded);
+    __syncthreads();
+    uint32_t const raw = blockCrcRaw(stage + offset, padded, tables, a.xpow);
+    if (threadIdx.x == 0)
+    {
+        a.chunkCrc[k] = raw;
+    }
+}
+
+// Per page: the checksum, then nvCOMP's tables (a dummy chunk for raw chunks and bad pages).
+__global__ void decodeVerify(DecodeArgs a)
+{
+    uint64_t const i = blockIdx.x;
+    PageIndexPair const pair = a.pairs[i];
+    PageState const page = a.pages[i];
+    uint64_t const base = i * a.numChunks;
+    uint8_t const* stage = a.blobStaging + i * a.blobStride;
+    bool ok = (page.flags & kPageOk) != 0;
     if (ok)
     {
-        uint64_t const used = uint64_t(env.headerBytes) + env.payloadBytes;
-        blockCopy(stage + 32, blob + 32, used - 32);
-        __syncthreads();
-        uint32_t const crc = blockCrc32c(stage + 32, used - 32, a.xpow, table);
-        if (threadIdx.x == 0)
+        uint32_t first = 0, last = 0;
+        threadRun(a.numChunks, first, last);
+        uint32_t raw = 0;
+        uint64_t bytes = 0;
+        for (uint32_t c = first; c < last; ++c)
         {
-            bool good = crc == env.checksum && load32(stage + 32) == a.numChunks
-                && load32(stage + 36) == uint32_t(a.chunkBytes) && stage[40] == a.algorithm
-                && stage[41] == a.elementBytes && stage[42] == a.bitshuffle;
-            uint64_t pos = env.headerBytes;
-            for (uint32_t c = 0; good && c < a.numChunks; ++c)
-            {
-                uint32_t const entry = load32(stage + kChunkTableOffset + 4 * c);
-                uint32_t const stored = entry & kChunkSizeMask;
-                bool const compressed = (entry & kChunkCompressedBit) != 0;
-                uint32_t const raw = a.chunks[c].bytes;
-                good = pos + stored <= used && (compressed ? (stored > 0 && stored < raw) : stored == raw);
-                a.kinds[base + c] = compressed ? kChunkCompressed : kChunkRaw;
-                a.offsets[base + c] = pos;
-                pos += roundUp(stored, kPayloadAlign);
-            }
-            ok = good && pos == used;
+            uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
+            raw = crcCombine(raw, a.chunkCrc[base + c], padded, a.xpow);
+            bytes += padded;
         }
-        __syncthreads();
+        uint32_t const payloadRaw = blockCrcCombine(raw, bytes, a.xpow);
+        uint32_t const total = crcCombine(page.headerRaw, payloadRaw, page.used - a.headerBytes, a.xpow);
+        ok = crcFinish(total, page.used - kCodecHeaderOffset, a.xpow) == page.checksum;
     }
     for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
     {
@@ -502,20 +679,23 @@ __global__ void decodeFetch(DecodeArgs a)
     }
 }
 
+// Per chunk, after nvCOMP: writes raw and staged chunks of pages whose every chunk decoded.
 __global__ void decodeScatter(DecodeArgs a)
 {
-    uint64_t const i = blockIdx.x;
-    PageIndexPair const pair = a.pairs[i];
+    uint64_t const k = blockIdx.x;
+    uint64_t const i = k / a.numChunks;
+    uint32_t const c = uint32_t(k % a.numChunks);
     uint64_t const base = i * a.numChunks;
-    if (a.kinds[base] == kChunkSkip)
+    uint8_t const kind = a.kinds[k];
+    if (kind == kChunkSkip || (kind == kChunkCompressed && a.direct))
     {
-        return;
+        return; // Not decoded, or nvCOMP wrote it in place.
     }
     int bad = 0;
-    for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
+    for (uint32_t j = threadIdx.x; j < a.numChunks; j += blockDim.x)
     {
-        uint64_t const k = base + c;
-        if (a.kinds[k] == kChunkCompressed && (a.statuses[k] != nvcompSuccess || a.actual[k] != a.chunks[c].bytes))
+        if (a.kinds[base + j] == kChunkCompressed
+            && (a.statuses[base + j] != nvcompSuccess || a.actual[base + j] != a.chunks[j].bytes))
         {
             bad = 1;
         }
@@ -524,26 +704,18 @@ __global__ void decodeScatter(DecodeArgs a)
     {
         return; // A chunk failed to decompress: the page is not written.
     }
-    uint8_t const* stage = a.blobStaging + i * a.blobStride;
-    for (uint32_t c = 0; c < a.numChunks; ++c)
+    PageIndexPair const pair = a.pairs[i];
+    DevChunk const ch = a.chunks[c];
+    uint8_t const* src = kind == kChunkCompressed ? a.outStaging + k * a.chunkStride
+                                                  : a.blobStaging + i * a.blobStride + a.offsets[k];
+    auto* dst = reinterpret_cast<uint8_t*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset);
+    if (a.bitshuffle)
     {
-        uint64_t const k = base + c;
-        DevChunk const ch = a.chunks[c];
-        uint8_t const kind = a.kinds[k];
-        if (kind == kChunkCompressed && a.direct)
-        {
-            continue; // nvCOMP wrote it in place.
-        }
-        uint8_t const* src = kind == kChunkCompressed ? a.outStaging + k * a.chunkStride : stage + a.offsets[k];
-        auto* dst = reinterpret_cast<uint8_t*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset);
-        if (a.bitshuffle)
-        {
-            blockShuffle(dst, src, ch.bytes, a.elementBytes, true);
-        }
-        else
-        {
-            blockCopy(dst, src, ch.bytes);
-        }
+        blockShuffle(dst, src, ch.bytes, a.elementBytes, true);
+    }
+    else
+    {
+        blockCopy(dst, src, ch.bytes);
     }
 }
 
@@ -629,9 +801,10 @@ private:
         nvcompStatus_t* statuses = nullptr;
         uint32_t* entries = nullptr;
         uint64_t* offsets = nullptr;
+        uint32_t* chunkCrc = nullptr;
+        PageState* pages = nullptr;
         uint8_t* compStaging = nullptr;
         uint8_t* inStaging = nullptr;
-        uint8_t* blobStaging = nullptr;
         uint8_t* temp = nullptr;
         size_t tempBytes = 0;
     };
@@ -646,6 +819,8 @@ private:
         nvcompStatus_t* statuses = nullptr;
         uint8_t* kinds = nullptr;
         uint64_t* offsets = nullptr;
+        uint32_t* chunkCrc = nullptr;
+        PageState* pages = nullptr;
         uint8_t* outStaging = nullptr;
         uint8_t* dummyOut = nullptr;
         uint8_t* blobStaging = nullptr;
@@ -680,7 +855,9 @@ private:
             // work already queued on the device, and encode/decode must never wait.
             cudaFuncAttributes attributes{};
             for (void const* kernel : {reinterpret_cast<void const*>(&encodePrepare),
-                     reinterpret_cast<void const*>(&encodeFinish), reinterpret_cast<void const*>(&decodeFetch),
+                     reinterpret_cast<void const*>(&encodeLayout), reinterpret_cast<void const*>(&encodeChunks),
+                     reinterpret_cast<void const*>(&encodeSeal), reinterpret_cast<void const*>(&decodeHeader),
+                     reinterpret_cast<void const*>(&decodeChunks), reinterpret_cast<void const*>(&decodeVerify),
                      reinterpret_cast<void const*>(&decodeScatter)})
             {
                 check(cudaFuncGetAttributes(&attributes, kernel), "loading the codec's kernels");
@@ -755,9 +932,10 @@ private:
         w.statuses = arena_->alloc<nvcompStatus_t>(n, "encode tables");
         w.entries = arena_->alloc<uint32_t>(n, "encode tables");
         w.offsets = arena_->alloc<uint64_t>(n, "encode tables");
+        w.chunkCrc = arena_->alloc<uint32_t>(n, "encode tables");
+        w.pages = arena_->alloc<PageState>(plan_.maxPages, "encode page states");
         w.compStaging = arena_->alloc<uint8_t>(n * compStride_, "compressed-chunk staging");
         w.inStaging = plan_.encodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "shuffle staging") : nullptr;
-        w.blobStaging = arena_->alloc<uint8_t>(plan_.blobBytes, "encode blob staging");
         w.tempBytes = plan_.compressTempBytes;
         w.temp = arena_->alloc<uint8_t>(std::max<uint64_t>(w.tempBytes, 1), "nvCOMP compress workspace");
     }
@@ -773,6 +951,8 @@ private:
         w.statuses = arena_->alloc<nvcompStatus_t>(n, "decode tables");
         w.kinds = arena_->alloc<uint8_t>(n, "decode tables");
         w.offsets = arena_->alloc<uint64_t>(n, "decode tables");
+        w.chunkCrc = arena_->alloc<uint32_t>(n, "decode tables");
+        w.pages = arena_->alloc<PageState>(plan_.maxPages, "decode page states");
         w.outStaging = plan_.decodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "decompression staging") : nullptr;
         w.dummyOut = arena_->alloc<uint8_t>(n * kDummyRawBytes, "dummy outputs");
         w.blobStaging = arena_->alloc<uint8_t>(plan_.blobBytes, "decode blob staging");
@@ -926,17 +1106,21 @@ private:
         EncodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
             options_.bitshuffle ? 1u : 0u, groups_[g].encodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
             options_.chunkBytes, chunkStride_, enc_.inStaging, zeroChunk_, enc_.inPtrs, enc_.inBytes, enc_.outPtrs,
-            enc_.compStaging, compStride_, zeroCompressed() ? 1u : 0u, enc_.outBytes, enc_.statuses, enc_.entries, enc_.offsets, enc_.blobStaging,
-            roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
+            enc_.compStaging, compStride_, zeroCompressed() ? 1u : 0u, enc_.outBytes, enc_.statuses, enc_.entries,
+            enc_.offsets, enc_.chunkCrc, enc_.pages, plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
         encodePrepare<<<unsigned(total), 128, 0, stream>>>(a);
         cudaError_t st = cudaGetLastError();
         if (st != cudaSuccess) return "prepare kernel launch failed: " + cudaText(st);
         nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, plan_.maxChunkBytes, total, enc_.temp,
             enc_.tempBytes, enc_.outPtrs, enc_.outBytes, enc_.statuses, stream);
         if (ns != nvcompSuccess) return "nvCOMP batched compress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
-        encodeFinish<<<unsigned(m), kThreads, 0, stream>>>(a);
+        // Layout per page, payload and checksum pieces per chunk (every chunk of the batch in
+        // flight at once), then header and envelope per page.
+        encodeLayout<<<unsigned(m), kPageThreads, 0, stream>>>(a);
+        encodeChunks<<<unsigned(total), kThreads, 0, stream>>>(a);
+        encodeSeal<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         st = cudaGetLastError();
-        return st == cudaSuccess ? std::string() : "finish kernel launch failed: " + cudaText(st);
+        return st == cudaSuccess ? std::string() : "finish kernels' launch failed: " + cudaText(st);
     }
 
     std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
@@ -950,16 +1134,19 @@ private:
         DecodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
             options_.bitshuffle ? 1u : 0u, groups_[g].decodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
             options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
-            dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dummyIn_, dummyInBytes_, dec_.dummyOut,
+            dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, dummyIn_, dummyInBytes_, dec_.dummyOut,
             dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
             blob, xpow_};
-        decodeFetch<<<unsigned(m), kThreads, 0, stream>>>(a);
+        // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
+        decodeHeader<<<unsigned(m), kPageThreads, 0, stream>>>(a);
+        decodeChunks<<<unsigned(total), kThreads, 0, stream>>>(a);
+        decodeVerify<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         cudaError_t st = cudaGetLastError();
-        if (st != cudaSuccess) return "fetch kernel launch failed: " + cudaText(st);
+        if (st != cudaSuccess) return "fetch kernels' launch failed: " + cudaText(st);
         nvcompStatus_t ns = ops_->decompress(dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual, total, dec_.temp,
             dec_.tempBytes, dec_.outPtrs, dec_.statuses, stream);
         if (ns != nvcompSuccess) return "nvCOMP batched decompress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
-        decodeScatter<<<unsigned(m), kThreads, 0, stream>>>(a);
+        decodeScatter<<<unsigned(total), kThreads, 0, stream>>>(a);
         st = cudaGetLastError();
         return st == cudaSuccess ? std::string() : "scatter kernel launch failed: " + cudaText(st);
     }
@@ -1011,33 +1198,125 @@ IKvCacheColdPageCodec* createCudaCodec(CodecOptions const& options, int device, 
     return new NvcompCodecCuda(options, device);
 }
 
-uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads)
+namespace {
+
+// Host mirrors of the kernels' CRC steps, with the same pieces in the same order.
+struct HostCrc
 {
     uint32_t xpow[64];
-    crcPowerTable(xpow);
-    uint64_t const seg = crcSegmentBytes(bytes, threads);
-    std::vector<uint32_t> part(threads);
-    std::vector<uint64_t> plen(threads);
-    for (uint32_t t = 0; t < threads; ++t)
+    uint32_t t[4][256];
+    HostCrc()
     {
-        uint64_t const begin = std::min<uint64_t>(t * seg, bytes);
-        uint64_t const end = std::min<uint64_t>(begin + seg, bytes);
-        // Raw register (initial 0, no final XOR) = ~standard CRC started from ~0.
-        part[t] = ~crc32cBitwise(data + begin, uint32_t(end - begin), 0xFFFFFFFFu);
-        plen[t] = end - begin;
+        crcPowerTable(xpow);
+        crcSliceTables(t);
     }
-    for (uint32_t stride = 1; stride < threads; stride *= 2)
+
+    // blockCrcCombine over `threads` pieces.
+    uint32_t combine(std::vector<uint32_t> part, std::vector<uint64_t> plen) const
     {
-        for (uint32_t t = 0; t + stride < threads; t += 2 * stride)
+        uint32_t const threads = uint32_t(part.size());
+        for (uint32_t stride = 1; stride < threads; stride *= 2)
         {
-            if (plen[t + stride] > 0)
+            for (uint32_t t = 0; t + stride < threads; t += 2 * stride)
             {
-                part[t] = crcMulMod(crcShiftOperator(plen[t + stride], xpow), part[t]) ^ part[t + stride];
-                plen[t] += plen[t + stride];
+                if (plen[t + stride] > 0)
+                {
+                    part[t] = crcCombine(part[t], part[t + stride], plen[t + stride], xpow);
+                    plen[t] += plen[t + stride];
+                }
             }
         }
+        return part[0];
     }
-    return crcFinish(part[0], bytes, xpow);
+
+    // blockCrcRaw.
+    uint32_t blockRaw(uint8_t const* p, uint64_t bytes, uint32_t threads) const
+    {
+        uint64_t const seg = crcSegmentBytes(bytes, threads);
+        std::vector<uint32_t> part(threads);
+        std::vector<uint64_t> plen(threads);
+        for (uint32_t th = 0; th < threads; ++th)
+        {
+            uint64_t const begin = std::min<uint64_t>(uint64_t(th) * seg, bytes);
+            uint64_t const end = std::min<uint64_t>(begin + seg, bytes);
+            part[th] = crcUpdate(0, p + begin, end - begin, t);
+            plen[th] = end - begin;
+        }
+        return combine(part, plen);
+    }
+
+    // threadRun.
+    static void run(uint32_t n, uint32_t threads, uint32_t th, uint32_t& first, uint32_t& last)
+    {
+        uint32_t const per = (n + threads - 1) / threads;
+        first = std::min(n, th * per);
+        last = std::min(n, first + per);
+    }
+};
+
+} // namespace
+
+uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads)
+{
+    HostCrc const h;
+    return crcFinish(h.blockRaw(data, bytes, threads), bytes, h.xpow);
+}
+
+uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<uint32_t> const& stored,
+    uint32_t chunkThreads, uint32_t pageThreads)
+{
+    HostCrc const h;
+    // Header: 32-bit words in runs per page thread (encodeSeal), or segments (decodeHeader,
+    // which the first caller of this function checks through blockRaw below).
+    uint32_t const words = uint32_t(headerBytes / 4);
+    std::vector<uint32_t> part(pageThreads);
+    std::vector<uint64_t> plen(pageThreads);
+    for (uint32_t th = 0; th < pageThreads; ++th)
+    {
+        uint32_t first = 0, last = 0;
+        HostCrc::run(words, pageThreads, th, first, last);
+        uint32_t raw = 0;
+        for (uint32_t j = first; j < last; ++j)
+        {
+            uint8_t const* w = region + 4ull * j;
+            raw = crcWord(raw, uint32_t(w[0]) | (uint32_t(w[1]) << 8) | (uint32_t(w[2]) << 16) | (uint32_t(w[3]) << 24), h.t);
+        }
+        part[th] = raw;
+        plen[th] = 4ull * (last - first);
+    }
+    uint32_t const headerRaw = h.combine(part, plen);
+    if (headerRaw != h.blockRaw(region, headerBytes, pageThreads))
+    {
+        throw std::logic_error("the header's word runs and segments disagree");
+    }
+    // Chunks: stored bytes by a chunk block, zero padding appended (encodeChunks), then runs of
+    // chunks per page thread (encodeSeal, decodeVerify).
+    uint32_t const n = uint32_t(stored.size());
+    std::vector<uint32_t> chunkRaw(n);
+    std::vector<uint64_t> padded(n);
+    uint64_t pos = headerBytes;
+    for (uint32_t c = 0; c < n; ++c)
+    {
+        padded[c] = roundUp(stored[c], kPayloadAlign);
+        chunkRaw[c] = crcCombine(h.blockRaw(region + pos, stored[c], chunkThreads), 0, padded[c] - stored[c], h.xpow);
+        pos += padded[c];
+    }
+    for (uint32_t th = 0; th < pageThreads; ++th)
+    {
+        uint32_t first = 0, last = 0;
+        HostCrc::run(n, pageThreads, th, first, last);
+        uint32_t raw = 0;
+        uint64_t bytes = 0;
+        for (uint32_t c = first; c < last; ++c)
+        {
+            raw = crcCombine(raw, chunkRaw[c], padded[c], h.xpow);
+            bytes += padded[c];
+        }
+        part[th] = raw;
+        plen[th] = bytes;
+    }
+    uint32_t const payloadRaw = h.combine(part, plen);
+    return crcFinish(crcCombine(headerRaw, payloadRaw, pos - headerBytes, h.xpow), pos, h.xpow);
 }
 
 DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr_t data, uint64_t bytes,

@@ -22,6 +22,13 @@ KvcodecCodecFactory const* codecFactory(Algorithm algorithm) noexcept;
 /// Host emulation of the GPU's segmented CRC-32C (for tests of the combination step).
 uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads);
 
+/// Host emulation of the blob checksum as the GPU kernels compute it from pieces: `region` is a
+/// blob from byte 32 on, `headerBytes` of codec header and chunk table (a multiple of 4) and
+/// then each chunk's `stored` bytes zero padded to 16; chunks checksummed by `chunkThreads`
+/// threads, pages combined by `pageThreads`. For tests of the combination steps.
+uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<uint32_t> const& stored,
+    uint32_t chunkThreads, uint32_t pageThreads);
+
 /// Result of compressing and decompressing chunks with nvCOMP's batched API directly.
 struct DirectResult
 {

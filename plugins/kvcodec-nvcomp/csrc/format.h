@@ -193,6 +193,75 @@ KVNV_HD uint32_t crcFinish(uint32_t raw, uint64_t bytes, uint32_t const* xpow)
     return ~(crcMulMod(crcShiftOperator(bytes, xpow), 0xFFFFFFFFu) ^ raw);
 }
 
+/// rawA extended by a piece B of `bytesB` bytes whose raw CRC is rawB: raw(A||B).
+KVNV_HD uint32_t crcCombine(uint32_t rawA, uint32_t rawB, uint64_t bytesB, uint32_t const* xpow)
+{
+    return crcMulMod(crcShiftOperator(bytesB, xpow), rawA) ^ rawB;
+}
+
+/// Slicing-by-4 tables: t[0] is the byte table; t[k][i] advances t[k-1][i] by one zero byte.
+inline void crcSliceTables(uint32_t (*t)[256])
+{
+    for (uint32_t i = 0; i < 256; ++i)
+    {
+        uint32_t c = i;
+        for (int k = 0; k < 8; ++k)
+        {
+            c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
+        }
+        t[0][i] = c;
+    }
+    for (int k = 1; k < 4; ++k)
+    {
+        for (uint32_t i = 0; i < 256; ++i)
+        {
+            t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xffu];
+        }
+    }
+}
+
+/// Raw register after one little-endian 32-bit word.
+KVNV_HD uint32_t crcWord(uint32_t c, uint32_t word, uint32_t const (*t)[256])
+{
+    c ^= word;
+    return t[3][c & 0xffu] ^ t[2][(c >> 8) & 0xffu] ^ t[1][(c >> 16) & 0xffu] ^ t[0][c >> 24];
+}
+
+/// Raw register `c` advanced over `n` bytes at `p`: 16 bytes per step when p is 16-byte aligned.
+KVNV_HD uint32_t crcUpdate(uint32_t c, unsigned char const* p, uint64_t n, uint32_t const (*t)[256])
+{
+    uint64_t b = 0;
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0)
+    {
+        for (; b + 16 <= n; b += 16)
+        {
+            uint32_t w[4];
+#if defined(__CUDA_ARCH__)
+            uint4 const v = *reinterpret_cast<uint4 const*>(p + b);
+            w[0] = v.x;
+            w[1] = v.y;
+            w[2] = v.z;
+            w[3] = v.w;
+#else
+            for (int j = 0; j < 4; ++j)
+            {
+                w[j] = uint32_t(p[b + 4 * j]) | (uint32_t(p[b + 4 * j + 1]) << 8) | (uint32_t(p[b + 4 * j + 2]) << 16)
+                    | (uint32_t(p[b + 4 * j + 3]) << 24);
+            }
+#endif
+            for (int j = 0; j < 4; ++j)
+            {
+                c = crcWord(c, w[j], t);
+            }
+        }
+    }
+    for (; b < n; ++b)
+    {
+        c = t[0][(c ^ p[b]) & 0xffu] ^ (c >> 8);
+    }
+    return c;
+}
+
 /// Segment length used by `threads` cooperating threads on `bytes`: a power of two >= 16.
 KVNV_HD uint64_t crcSegmentBytes(uint64_t bytes, uint32_t threads)
 {

@@ -65,6 +65,24 @@ PYBIND11_MODULE(_ext, m)
         "CRC-32C computed the way the GPU kernels do (per-thread segments combined); for tests.");
 
     m.def(
+        "piece_crc32c",
+        [](py::buffer const& region, uint64_t headerBytes, std::vector<uint32_t> const& stored, uint32_t chunkThreads,
+            uint32_t pageThreads) {
+            auto info = contiguousBytes(region);
+            uint64_t need = headerBytes;
+            for (uint32_t b : stored) need += roundUp(b, kPayloadAlign);
+            if (headerBytes % 4 != 0 || need != uint64_t(info.size) || chunkThreads == 0 || pageThreads == 0)
+            {
+                throw py::value_error("piece_crc32c: header_bytes " + std::to_string(headerBytes) + " must be a multiple of 4, "
+                    "the region (" + std::to_string(info.size) + " bytes) header_bytes plus every stored size padded to 16 ("
+                    + std::to_string(need) + "), and the thread counts positive");
+            }
+            return pieceCrc32c(static_cast<uint8_t const*>(info.ptr), headerBytes, stored, chunkThreads, pageThreads);
+        },
+        py::arg("region"), py::arg("header_bytes"), py::arg("stored"), py::arg("chunk_threads"), py::arg("page_threads"),
+        "Blob checksum computed the way the GPU kernels do (header words, chunk pieces, zero padding); for tests.");
+
+    m.def(
         "lz4_compress",
         [](py::buffer const& data) {
             auto info = contiguousBytes(data);

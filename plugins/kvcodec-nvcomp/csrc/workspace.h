@@ -33,7 +33,7 @@ struct WorkspacePlan
     uint64_t chunkStride = 0;         ///< Bytes between staged raw chunks (input and output staging).
     uint64_t compStride = 0;          ///< Bytes between compressed chunks.
     uint64_t maxCompressedChunk = 0;  ///< nvCOMP's bound for a chunk of maxChunkBytes.
-    uint64_t blobBytes = 0;           ///< Blob staging per lane and direction.
+    uint64_t blobBytes = 0;           ///< Blob staging of a decode lane.
     uint64_t compressTotalBytes = 0;  ///< Raw bytes of the largest batch (nvCOMP's total bound).
     uint64_t compressTempBytes = 0;
     uint64_t decompressTempBytes = 0;

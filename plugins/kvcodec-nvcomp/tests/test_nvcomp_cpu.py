@@ -128,6 +128,28 @@ def test_segmented_crc_matches_crc32c(size, threads, rng):
     assert _ext.segmented_crc32c(data, threads) == blobs.crc32c(data)
 
 
+@pytest.mark.parametrize("chunk_threads,page_threads", [(1, 1), (3, 5), (256, 128)])
+@pytest.mark.parametrize("chunks", [0, 1, 7, 300])
+def test_piece_crc_matches_crc32c(chunks, chunk_threads, page_threads, rng):
+    """The blob checksum from pieces (header words, chunk segments, zero padding, runs of chunks
+    combined in trees) equals the CRC-32C of the whole region."""
+    header = 16 + 4 * chunks
+    header += -header % 16
+    stored = [int(s) for s in rng.integers(0, 5000, size=chunks)]
+    if chunks:
+        stored[0] = 16  # one chunk without padding
+    parts = [rng.integers(0, 256, size=header, dtype=np.uint8).tobytes()]
+    for s in stored:
+        parts.append(rng.integers(0, 256, size=s, dtype=np.uint8).tobytes() + bytes(-s % 16))
+    region = b"".join(parts)
+    assert _ext.piece_crc32c(region, header, stored, chunk_threads, page_threads) == blobs.crc32c(region)
+
+
+def test_piece_crc_rejects_a_region_of_the_wrong_size():
+    with pytest.raises(ValueError, match="header_bytes 16"):
+        _ext.piece_crc32c(bytes(40), 16, [20], 4, 4)
+
+
 def test_crc32c_check_value():
     assert blobs.crc32c(b"123456789") == 0xE3069283
     assert _ext.segmented_crc32c(b"123456789", 4) == 0xE3069283
