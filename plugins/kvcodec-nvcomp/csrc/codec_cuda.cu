@@ -163,41 +163,67 @@ __device__ void loadCrcTables(CrcTables& s)
     }
 }
 
-// Raw CRC of the concatenation of every thread's piece, in thread order (thread t's piece has
-// `bytes` bytes and raw CRC `raw`; empty pieces are allowed). Valid in every thread.
-__device__ uint32_t blockCrcCombine(uint32_t raw, uint64_t bytes, uint32_t const* xpow)
+// Raw CRC of the block's pieces in thread order when every piece has 2^log2Bytes bytes
+// (crcLeadingZeroSegment); blockDim.x is a power of two. Valid in every thread.
+__device__ uint32_t blockCrcEqual(uint32_t raw, uint32_t log2Bytes, uint32_t const* xpow)
 {
     __shared__ uint32_t part[kThreads];
-    __shared__ uint64_t plen[kThreads];
     uint32_t const t = threadIdx.x;
     part[t] = raw;
-    plen[t] = bytes;
+    __syncthreads();
+    uint32_t k = 3 + log2Bytes;
+    for (uint32_t stride = 1; stride < blockDim.x; stride *= 2, ++k)
+    {
+        if (t % (2 * stride) == 0)
+        {
+            uint32_t const left = part[t];
+            part[t] = (left == 0 ? 0u : crcMulMod(xpow[k], left)) ^ part[t + stride];
+        }
+        __syncthreads();
+    }
+    uint32_t const result = part[0];
+    __syncthreads(); // the array is reused by the next call
+    return result;
+}
+
+// The piece made of every thread's piece in thread order. Valid in every thread.
+__device__ CrcPiece blockCrcJoin(CrcPiece mine)
+{
+    __shared__ uint32_t raw[kThreads];
+    __shared__ uint32_t op[kThreads];
+    uint32_t const t = threadIdx.x;
+    raw[t] = mine.raw;
+    op[t] = mine.op;
     __syncthreads();
     for (uint32_t stride = 1; stride < blockDim.x; stride *= 2)
     {
         if (t % (2 * stride) == 0 && t + stride < blockDim.x)
         {
-            uint64_t const rl = plen[t + stride];
-            if (rl > 0)
-            {
-                part[t] = crcCombine(part[t], part[t + stride], rl, xpow);
-                plen[t] += rl;
-            }
+            CrcPiece const j = crcJoin(CrcPiece{raw[t], op[t]}, CrcPiece{raw[t + stride], op[t + stride]});
+            raw[t] = j.raw;
+            op[t] = j.op;
         }
         __syncthreads();
     }
-    uint32_t const result = part[0];
-    __syncthreads(); // the arrays are reused by the next call
+    CrcPiece const result{raw[0], op[0]};
+    __syncthreads();
     return result;
 }
 
-// Raw CRC of `bytes` at `p` by the whole block: one power-of-two segment per thread.
-__device__ uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, CrcTables const& s, uint32_t const* xpow)
+// Raw CRC of `bytes` at `p` by the whole block, bytes from `valid` on read as zeros (a chunk's
+// padding); 16-byte loads when p is 16-byte aligned and bytes a multiple of 16.
+__device__ uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, uint64_t valid, CrcTables const& s, uint32_t const* xpow)
 {
     uint64_t const seg = crcSegmentBytes(bytes, blockDim.x);
-    uint64_t const begin = min(uint64_t(threadIdx.x) * seg, bytes);
-    uint64_t const end = min(begin + seg, bytes);
-    return blockCrcCombine(crcUpdate(0, p + begin, end - begin, s.t), end - begin, xpow);
+    uint64_t b0 = 0, b1 = 0;
+    crcLeadingZeroSegment(bytes, seg, blockDim.x, threadIdx.x, b0, b1);
+    uint64_t const end = min(b1, max(b0, valid));
+    uint32_t c = crcUpdate(0, p + b0, end - b0, s.t);
+    for (uint64_t b = end; b < b1; ++b)
+    {
+        c = s.t[0][c & 0xffu] ^ (c >> 8);
+    }
+    return blockCrcEqual(c, uint32_t(__ffsll(static_cast<long long>(seg)) - 1), xpow);
 }
 
 // The contiguous run [first, last) of `n` items that thread threadIdx.x of the block takes.
@@ -289,8 +315,9 @@ struct EncodeArgs
     nvcompStatus_t const* statuses;
     uint32_t* entries;
     uint64_t* offsets;
-    uint32_t* chunkCrc;
+    CrcPiece* chunkCrc;
     PageState* pages;
+    uint32_t headerOp; // x^(8 * (headerBytes - 32))
     uint64_t coldBytes;
     uint32_t headerBytes;
     uint64_t pageBytes;
@@ -401,11 +428,14 @@ __global__ void encodeChunks(EncodeArgs a)
     {
         dst[b] = 0;
     }
-    // From the device-side source, not the cold slot (which may be host memory).
-    uint32_t const raw = blockCrcRaw(src, stored, tables, a.xpow);
+    // Thread 0's piece is the shortest (crcLeadingZeroSegment): it also computes the operator.
+    uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
+    // From the device-side source, not the cold slot (which may be host memory); the padding
+    // counts as zeros.
+    uint32_t const raw = blockCrcRaw(src, padded, stored, tables, a.xpow);
     if (threadIdx.x == 0)
     {
-        a.chunkCrc[k] = crcCombine(raw, 0, padded - stored, a.xpow); // the zero padding
+        a.chunkCrc[k] = CrcPiece{raw, op};
     }
 }
 
@@ -428,12 +458,14 @@ __global__ void encodeSeal(EncodeArgs a)
     if (fits)
     {
         loadCrcTables(tables);
-        // [32, headerBytes) as 32-bit words: the codec header, the chunk table, zeros.
-        uint32_t const words = (a.headerBytes - kCodecHeaderOffset) / 4;
-        uint32_t first = 0, last = 0;
-        threadRun(words, first, last);
+        // [32, headerBytes) as 32-bit words: the codec header, the chunk table, zeros; each
+        // thread stores and checksums its segment.
+        uint64_t const n = a.headerBytes - kCodecHeaderOffset;
+        uint64_t const seg = crcSegmentBytes(n, blockDim.x);
+        uint64_t b0 = 0, b1 = 0;
+        crcLeadingZeroSegment(n, seg, blockDim.x, threadIdx.x, b0, b1);
         uint32_t raw = 0;
-        for (uint32_t j = first; j < last; ++j)
+        for (uint64_t j = b0 / 4; j < b1 / 4; ++j)
         {
             uint32_t w = 0;
             if (j == 0) w = a.numChunks;
@@ -443,20 +475,17 @@ __global__ void encodeSeal(EncodeArgs a)
             store32(cold + kCodecHeaderOffset + 4 * j, w);
             raw = crcWord(raw, w, tables.t);
         }
-        uint32_t const headerRaw = blockCrcCombine(raw, 4ull * (last - first), a.xpow);
+        CrcPiece const header{blockCrcEqual(raw, uint32_t(__ffsll(static_cast<long long>(seg)) - 1), a.xpow), a.headerOp};
         // The chunks' pieces, in blob order.
+        uint32_t first = 0, last = 0;
         threadRun(a.numChunks, first, last);
-        raw = 0;
-        uint64_t bytes = 0;
+        CrcPiece run{0, kCrcOne};
         for (uint32_t c = first; c < last; ++c)
         {
-            uint64_t const padded = roundUp(a.entries[base + c] & kChunkSizeMask, kPayloadAlign);
-            raw = crcCombine(raw, a.chunkCrc[base + c], padded, a.xpow);
-            bytes += padded;
+            run = crcJoin(run, a.chunkCrc[base + c]);
         }
-        uint32_t const payloadRaw = blockCrcCombine(raw, bytes, a.xpow);
-        uint64_t const payloadBytes = page.used - a.headerBytes;
-        checksum = crcFinish(crcCombine(headerRaw, payloadRaw, payloadBytes, a.xpow), page.used - kCodecHeaderOffset, a.xpow);
+        CrcPiece const all = crcJoin(header, blockCrcJoin(run));
+        checksum = crcFinishOp(all.raw, all.op);
     }
     if (threadIdx.x == 0)
     {
@@ -518,8 +547,9 @@ struct DecodeArgs
     nvcompStatus_t const* statuses;
     uint8_t* kinds;
     uint64_t* offsets;
-    uint32_t* chunkCrc;
+    CrcPiece* chunkCrc;
     PageState* pages;
+    uint32_t headerOp; // x^(8 * (headerBytes - 32))
     uint8_t const* dummyIn;
     uint64_t dummyInBytes;
     uint8_t* dummyOut;
@@ -597,7 +627,8 @@ __global__ void decodeHeader(DecodeArgs a)
         pos += roundUp(stored, kPayloadAlign);
     }
     good = __syncthreads_and(good) && a.headerBytes + payload == used;
-    uint32_t const headerRaw = blockCrcRaw(stage + kCodecHeaderOffset, a.headerBytes - kCodecHeaderOffset, tables, a.xpow);
+    uint64_t const n = a.headerBytes - kCodecHeaderOffset;
+    uint32_t const headerRaw = blockCrcRaw(stage + kCodecHeaderOffset, n, n, tables, a.xpow);
     if (threadIdx.x == 0)
     {
         a.pages[i] = PageState{used, env.checksum, headerRaw, good ? kPageOk : 0u};
@@ -623,10 +654,11 @@ __global__ void decodeChunks(DecodeArgs a)
     uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
     blockCopy(stage + offset, blob + offset, padded);
     __syncthreads();
-    uint32_t const raw = blockCrcRaw(stage + offset, padded, tables, a.xpow);
+    uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
+    uint32_t const raw = blockCrcRaw(stage + offset, padded, padded, tables, a.xpow);
     if (threadIdx.x == 0)
     {
-        a.chunkCrc[k] = raw;
+        a.chunkCrc[k] = CrcPiece{raw, op};
     }
 }
 
@@ -643,17 +675,13 @@ __global__ void decodeVerify(DecodeArgs a)
     {
         uint32_t first = 0, last = 0;
         threadRun(a.numChunks, first, last);
-        uint32_t raw = 0;
-        uint64_t bytes = 0;
+        CrcPiece run{0, kCrcOne};
         for (uint32_t c = first; c < last; ++c)
         {
-            uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
-            raw = crcCombine(raw, a.chunkCrc[base + c], padded, a.xpow);
-            bytes += padded;
+            run = crcJoin(run, a.chunkCrc[base + c]);
         }
-        uint32_t const payloadRaw = blockCrcCombine(raw, bytes, a.xpow);
-        uint32_t const total = crcCombine(page.headerRaw, payloadRaw, page.used - a.headerBytes, a.xpow);
-        ok = crcFinish(total, page.used - kCodecHeaderOffset, a.xpow) == page.checksum;
+        CrcPiece const all = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockCrcJoin(run));
+        ok = crcFinishOp(all.raw, all.op) == page.checksum;
     }
     for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
     {
@@ -801,7 +829,7 @@ private:
         nvcompStatus_t* statuses = nullptr;
         uint32_t* entries = nullptr;
         uint64_t* offsets = nullptr;
-        uint32_t* chunkCrc = nullptr;
+        CrcPiece* chunkCrc = nullptr;
         PageState* pages = nullptr;
         uint8_t* compStaging = nullptr;
         uint8_t* inStaging = nullptr;
@@ -819,7 +847,7 @@ private:
         nvcompStatus_t* statuses = nullptr;
         uint8_t* kinds = nullptr;
         uint64_t* offsets = nullptr;
-        uint32_t* chunkCrc = nullptr;
+        CrcPiece* chunkCrc = nullptr;
         PageState* pages = nullptr;
         uint8_t* outStaging = nullptr;
         uint8_t* dummyOut = nullptr;
@@ -892,10 +920,9 @@ private:
                     "copying the chunk table");
             }
 
-            std::vector<uint32_t> xpow(64);
-            crcPowerTable(xpow.data());
+            crcPowerTable(xpowHost_);
             xpow_ = arena_->alloc<uint32_t>(64, "the CRC power table");
-            check(cudaMemcpy(xpow_, xpow.data(), 64 * sizeof(uint32_t), cudaMemcpyHostToDevice), "copying the CRC table");
+            check(cudaMemcpy(xpow_, xpowHost_, sizeof(xpowHost_), cudaMemcpyHostToDevice), "copying the CRC table");
             zeroChunk_ = arena_->alloc<uint8_t>(chunkStride_, "the zero chunk");
             check(cudaMemset(zeroChunk_, 0, chunkStride_), "clearing the zero chunk");
 
@@ -932,7 +959,7 @@ private:
         w.statuses = arena_->alloc<nvcompStatus_t>(n, "encode tables");
         w.entries = arena_->alloc<uint32_t>(n, "encode tables");
         w.offsets = arena_->alloc<uint64_t>(n, "encode tables");
-        w.chunkCrc = arena_->alloc<uint32_t>(n, "encode tables");
+        w.chunkCrc = arena_->alloc<CrcPiece>(n, "encode tables");
         w.pages = arena_->alloc<PageState>(plan_.maxPages, "encode page states");
         w.compStaging = arena_->alloc<uint8_t>(n * compStride_, "compressed-chunk staging");
         w.inStaging = plan_.encodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "shuffle staging") : nullptr;
@@ -951,7 +978,7 @@ private:
         w.statuses = arena_->alloc<nvcompStatus_t>(n, "decode tables");
         w.kinds = arena_->alloc<uint8_t>(n, "decode tables");
         w.offsets = arena_->alloc<uint64_t>(n, "decode tables");
-        w.chunkCrc = arena_->alloc<uint32_t>(n, "decode tables");
+        w.chunkCrc = arena_->alloc<CrcPiece>(n, "decode tables");
         w.pages = arena_->alloc<PageState>(plan_.maxPages, "decode page states");
         w.outStaging = plan_.decodeStaging ? arena_->alloc<uint8_t>(n * chunkStride_, "decompression staging") : nullptr;
         w.dummyOut = arena_->alloc<uint8_t>(n * kDummyRawBytes, "dummy outputs");
@@ -1024,6 +1051,12 @@ private:
                 + std::to_string(host[6]));
         }
         return host[3];
+    }
+
+    // The operator of a blob's codec header and chunk table, [32, headerBytes).
+    uint32_t headerOp(uint32_t headerBytes) const noexcept
+    {
+        return crcShiftOperator(headerBytes - kCodecHeaderOffset, xpowHost_);
     }
 
     PageIndexLocation location() const noexcept override
@@ -1107,7 +1140,7 @@ private:
             options_.bitshuffle ? 1u : 0u, groups_[g].encodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
             options_.chunkBytes, chunkStride_, enc_.inStaging, zeroChunk_, enc_.inPtrs, enc_.inBytes, enc_.outPtrs,
             enc_.compStaging, compStride_, zeroCompressed() ? 1u : 0u, enc_.outBytes, enc_.statuses, enc_.entries,
-            enc_.offsets, enc_.chunkCrc, enc_.pages, plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
+            enc_.offsets, enc_.chunkCrc, enc_.pages, headerOp(plan.headerBytes), plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_};
         encodePrepare<<<unsigned(total), 128, 0, stream>>>(a);
         cudaError_t st = cudaGetLastError();
         if (st != cudaSuccess) return "prepare kernel launch failed: " + cudaText(st);
@@ -1134,7 +1167,7 @@ private:
         DecodeArgs a{groups_[g].chunks, numChunks, group.numSlots, pairs, options_.elementBytes,
             options_.bitshuffle ? 1u : 0u, groups_[g].decodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
             options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
-            dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, dummyIn_, dummyInBytes_, dec_.dummyOut,
+            dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, headerOp(plan.headerBytes), dummyIn_, dummyInBytes_, dec_.dummyOut,
             dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
             blob, xpow_};
         // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
@@ -1162,6 +1195,7 @@ private:
     uint64_t chunkStride_ = 0;
     uint64_t compStride_ = 0;
     uint32_t* xpow_ = nullptr;
+    uint32_t xpowHost_[64] = {};
     uint8_t* zeroChunk_ = nullptr;
     uint8_t* dummyIn_ = nullptr;
     uint64_t dummyInBytes_ = 0;
@@ -1211,38 +1245,57 @@ struct HostCrc
         crcSliceTables(t);
     }
 
-    // blockCrcCombine over `threads` pieces.
-    uint32_t combine(std::vector<uint32_t> part, std::vector<uint64_t> plen) const
+    // blockCrcEqual.
+    uint32_t equal(std::vector<uint32_t> part, uint32_t log2Bytes) const
     {
         uint32_t const threads = uint32_t(part.size());
-        for (uint32_t stride = 1; stride < threads; stride *= 2)
+        uint32_t k = 3 + log2Bytes;
+        for (uint32_t stride = 1; stride < threads; stride *= 2, ++k)
         {
-            for (uint32_t t = 0; t + stride < threads; t += 2 * stride)
+            for (uint32_t i = 0; i < threads; i += 2 * stride)
             {
-                if (plen[t + stride] > 0)
-                {
-                    part[t] = crcCombine(part[t], part[t + stride], plen[t + stride], xpow);
-                    plen[t] += plen[t + stride];
-                }
+                part[i] = (part[i] == 0 ? 0u : crcMulMod(xpow[k], part[i])) ^ part[i + stride];
             }
         }
         return part[0];
     }
 
+    // blockCrcJoin.
+    static CrcPiece join(std::vector<CrcPiece> part)
+    {
+        uint32_t const threads = uint32_t(part.size());
+        for (uint32_t stride = 1; stride < threads; stride *= 2)
+        {
+            for (uint32_t i = 0; i + stride < threads; i += 2 * stride)
+            {
+                part[i] = crcJoin(part[i], part[i + stride]);
+            }
+        }
+        return part[0];
+    }
+
+    static uint32_t log2(uint64_t pow2)
+    {
+        uint32_t k = 0;
+        while ((uint64_t(1) << k) < pow2) ++k;
+        return k;
+    }
+
     // blockCrcRaw.
-    uint32_t blockRaw(uint8_t const* p, uint64_t bytes, uint32_t threads) const
+    uint32_t blockRaw(uint8_t const* p, uint64_t bytes, uint64_t valid, uint32_t threads) const
     {
         uint64_t const seg = crcSegmentBytes(bytes, threads);
         std::vector<uint32_t> part(threads);
-        std::vector<uint64_t> plen(threads);
         for (uint32_t th = 0; th < threads; ++th)
         {
-            uint64_t const begin = std::min<uint64_t>(uint64_t(th) * seg, bytes);
-            uint64_t const end = std::min<uint64_t>(begin + seg, bytes);
-            part[th] = crcUpdate(0, p + begin, end - begin, t);
-            plen[th] = end - begin;
+            uint64_t b0 = 0, b1 = 0;
+            crcLeadingZeroSegment(bytes, seg, threads, th, b0, b1);
+            uint64_t const end = std::min(b1, std::max(b0, valid));
+            uint32_t c = crcUpdate(0, p + b0, end - b0, t);
+            for (uint64_t b = end; b < b1; ++b) c = t[0][c & 0xffu] ^ (c >> 8);
+            part[th] = c;
         }
-        return combine(part, plen);
+        return equal(part, log2(seg));
     }
 
     // threadRun.
@@ -1254,69 +1307,77 @@ struct HostCrc
     }
 };
 
+void requirePowerOfTwo(uint32_t threads)
+{
+    if (threads == 0 || (threads & (threads - 1)) != 0)
+    {
+        throw std::invalid_argument("threads is " + std::to_string(threads) + "; a block's thread count is a power of two");
+    }
+}
+
 } // namespace
 
 uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads)
 {
+    requirePowerOfTwo(threads);
     HostCrc const h;
-    return crcFinish(h.blockRaw(data, bytes, threads), bytes, h.xpow);
+    return crcFinish(h.blockRaw(data, bytes, bytes, threads), bytes, h.xpow);
 }
 
 uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<uint32_t> const& stored,
     uint32_t chunkThreads, uint32_t pageThreads)
 {
+    requirePowerOfTwo(chunkThreads);
+    requirePowerOfTwo(pageThreads);
     HostCrc const h;
-    // Header: 32-bit words in runs per page thread (encodeSeal), or segments (decodeHeader,
-    // which the first caller of this function checks through blockRaw below).
-    uint32_t const words = uint32_t(headerBytes / 4);
+    // Header: encodeSeal checksums 32-bit words per leading-zero segment, decodeHeader the
+    // staged bytes; both must agree.
+    uint64_t const seg = crcSegmentBytes(headerBytes, pageThreads);
     std::vector<uint32_t> part(pageThreads);
-    std::vector<uint64_t> plen(pageThreads);
     for (uint32_t th = 0; th < pageThreads; ++th)
     {
-        uint32_t first = 0, last = 0;
-        HostCrc::run(words, pageThreads, th, first, last);
+        uint64_t b0 = 0, b1 = 0;
+        crcLeadingZeroSegment(headerBytes, seg, pageThreads, th, b0, b1);
         uint32_t raw = 0;
-        for (uint32_t j = first; j < last; ++j)
+        for (uint64_t j = b0 / 4; j < b1 / 4; ++j)
         {
-            uint8_t const* w = region + 4ull * j;
+            uint8_t const* w = region + 4 * j;
             raw = crcWord(raw, uint32_t(w[0]) | (uint32_t(w[1]) << 8) | (uint32_t(w[2]) << 16) | (uint32_t(w[3]) << 24), h.t);
         }
         part[th] = raw;
-        plen[th] = 4ull * (last - first);
     }
-    uint32_t const headerRaw = h.combine(part, plen);
-    if (headerRaw != h.blockRaw(region, headerBytes, pageThreads))
+    uint32_t const headerRaw = h.equal(part, HostCrc::log2(seg));
+    if (headerRaw != h.blockRaw(region, headerBytes, headerBytes, pageThreads))
     {
-        throw std::logic_error("the header's word runs and segments disagree");
+        throw std::logic_error("the header's word segments and byte segments disagree");
     }
-    // Chunks: stored bytes by a chunk block, zero padding appended (encodeChunks), then runs of
-    // chunks per page thread (encodeSeal, decodeVerify).
+    // Chunks as encodeChunks (the source's stored bytes, the padding as zeros) and decodeChunks
+    // (the padded bytes) checksum them, joined in runs per page thread (encodeSeal, decodeVerify).
     uint32_t const n = uint32_t(stored.size());
-    std::vector<uint32_t> chunkRaw(n);
-    std::vector<uint64_t> padded(n);
+    std::vector<CrcPiece> chunk(n);
     uint64_t pos = headerBytes;
     for (uint32_t c = 0; c < n; ++c)
     {
-        padded[c] = roundUp(stored[c], kPayloadAlign);
-        chunkRaw[c] = crcCombine(h.blockRaw(region + pos, stored[c], chunkThreads), 0, padded[c] - stored[c], h.xpow);
-        pos += padded[c];
+        uint64_t const padded = roundUp(stored[c], kPayloadAlign);
+        uint32_t const raw = h.blockRaw(region + pos, padded, stored[c], chunkThreads);
+        if (raw != h.blockRaw(region + pos, padded, padded, chunkThreads))
+        {
+            throw std::logic_error("a chunk's padding is not zero");
+        }
+        chunk[c] = CrcPiece{raw, crcShiftOperator(padded, h.xpow)};
+        pos += padded;
     }
+    std::vector<CrcPiece> runs(pageThreads);
     for (uint32_t th = 0; th < pageThreads; ++th)
     {
         uint32_t first = 0, last = 0;
         HostCrc::run(n, pageThreads, th, first, last);
-        uint32_t raw = 0;
-        uint64_t bytes = 0;
-        for (uint32_t c = first; c < last; ++c)
-        {
-            raw = crcCombine(raw, chunkRaw[c], padded[c], h.xpow);
-            bytes += padded[c];
-        }
-        part[th] = raw;
-        plen[th] = bytes;
+        CrcPiece r{0, kCrcOne};
+        for (uint32_t c = first; c < last; ++c) r = crcJoin(r, chunk[c]);
+        runs[th] = r;
     }
-    uint32_t const payloadRaw = h.combine(part, plen);
-    return crcFinish(crcCombine(headerRaw, payloadRaw, pos - headerBytes, h.xpow), pos, h.xpow);
+    CrcPiece const all = crcJoin(CrcPiece{headerRaw, crcShiftOperator(headerBytes, h.xpow)}, HostCrc::join(runs));
+    return crcFinishOp(all.raw, all.op);
 }
 
 DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr_t data, uint64_t bytes,

@@ -172,31 +172,56 @@ inline void crcPowerTable(uint32_t* xpow)
     }
 }
 
-/// x^(8 * bytes) mod P.
+/// x^0: the operator of an empty piece.
+inline constexpr uint32_t kCrcOne = 1u << 31;
+
+/// x^(8 * bytes) mod P; a power of two costs one table read.
 KVNV_HD uint32_t crcShiftOperator(uint64_t bytes, uint32_t const* xpow)
 {
-    uint32_t r = 1u << 31; // x^0
+    uint32_t r = kCrcOne;
     uint64_t e = bytes;
     for (int k = 3; e != 0; ++k, e >>= 1)
     {
         if (e & 1)
         {
-            r = crcMulMod(xpow[k], r);
+            r = r == kCrcOne ? xpow[k] : crcMulMod(xpow[k], r);
         }
     }
     return r;
 }
 
+/// Standard CRC-32C of a message whose raw CRC is `raw` and whose operator is `op`.
+KVNV_HD uint32_t crcFinishOp(uint32_t raw, uint32_t op)
+{
+    return ~(crcMulMod(op, 0xFFFFFFFFu) ^ raw);
+}
+
 /// Standard CRC-32C of a message of `bytes` whose raw CRC is `raw`.
 KVNV_HD uint32_t crcFinish(uint32_t raw, uint64_t bytes, uint32_t const* xpow)
 {
-    return ~(crcMulMod(crcShiftOperator(bytes, xpow), 0xFFFFFFFFu) ^ raw);
+    return crcFinishOp(raw, crcShiftOperator(bytes, xpow));
 }
 
 /// rawA extended by a piece B of `bytesB` bytes whose raw CRC is rawB: raw(A||B).
 KVNV_HD uint32_t crcCombine(uint32_t rawA, uint32_t rawB, uint64_t bytesB, uint32_t const* xpow)
 {
     return crcMulMod(crcShiftOperator(bytesB, xpow), rawA) ^ rawB;
+}
+
+/// A piece of a message: its raw CRC and its operator x^(8 * its length). Pieces join without
+/// knowing their lengths, at two multiplications per join.
+struct CrcPiece
+{
+    uint32_t raw;
+    uint32_t op;
+};
+
+/// The piece A||B.
+KVNV_HD CrcPiece crcJoin(CrcPiece a, CrcPiece b)
+{
+    if (b.op == kCrcOne) return a; // empty
+    if (a.op == kCrcOne) return b;
+    return CrcPiece{crcMulMod(b.op, a.raw) ^ b.raw, crcMulMod(a.op, b.op)};
 }
 
 /// Slicing-by-4 tables: t[0] is the byte table; t[k][i] advances t[k-1][i] by one zero byte.
@@ -260,6 +285,19 @@ KVNV_HD uint32_t crcUpdate(uint32_t c, unsigned char const* p, uint64_t n, uint3
         c = t[0][(c ^ p[b]) & 0xffu] ^ (c >> 8);
     }
     return c;
+}
+
+/// The bytes [b0, b1) of a message of `bytes` bytes that thread `t` of `threads` (a power of two)
+/// checksums, with `seg` = crcSegmentBytes(bytes, threads). The message is taken as preceded by
+/// zeros up to threads * seg bytes, which leaves its raw CRC unchanged: every thread's piece then
+/// has seg bytes, and pieces join with operators read from the power table. b0 is congruent to
+/// `bytes` modulo 16, so 16-byte aligned loads stay aligned for a multiple of 16.
+KVNV_HD void crcLeadingZeroSegment(uint64_t bytes, uint64_t seg, uint32_t threads, uint32_t t, uint64_t& b0, uint64_t& b1)
+{
+    uint64_t const z = uint64_t(threads) * seg - bytes;
+    uint64_t const s = uint64_t(t) * seg;
+    b0 = s > z ? s - z : 0;
+    b1 = s + seg > z ? s + seg - z : 0;
 }
 
 /// Segment length used by `threads` cooperating threads on `bytes`: a power of two >= 16.

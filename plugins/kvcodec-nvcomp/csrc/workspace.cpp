@@ -110,15 +110,14 @@ WorkspacePlan planWorkspace(CodecOptions const& options, HotLayout const& layout
         measure();
     }
 
-    // Per chunk: nvCOMP's tables, the chunk entry or kind, its offset and its CRC piece; per page
+    // Per chunk: nvCOMP's tables, the chunk entry or kind, its offset and its 8-byte CRC piece; per page
     // a 24-byte state. Encode writes payloads straight into the cold slots (no blob staging);
     // decode stages the used bytes of each blob.
     uint64_t const tables = sizeof(void*) * 2 + sizeof(size_t) * 2 + sizeof(nvcompStatus_t) + sizeof(uint32_t)
-        + sizeof(uint64_t) + sizeof(uint32_t);
+        + sizeof(uint64_t) + 8;
     w.encodeLaneBytes = w.maxChunks * (tables + w.compStride + (w.encodeStaging ? w.chunkStride : 0)) + 24 * w.maxPages
         + w.compressTempBytes;
-    uint64_t const dtables = sizeof(void*) * 2 + sizeof(size_t) * 3 + sizeof(nvcompStatus_t) + 1 + sizeof(uint64_t)
-        + sizeof(uint32_t);
+    uint64_t const dtables = sizeof(void*) * 2 + sizeof(size_t) * 3 + sizeof(nvcompStatus_t) + 1 + sizeof(uint64_t) + 8;
     w.decodeLaneBytes = w.maxChunks * (dtables + kDummyRawBytes + (w.decodeStaging ? w.chunkStride : 0)) + w.blobBytes
         + 24 * w.maxPages + w.decompressTempBytes;
     return w;
