@@ -99,6 +99,33 @@ __device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
     }
 }
 
+// Copies `bytes` bytes and writes zeros up to roundUp(bytes, 16), reading nothing past the
+// source's last byte: 16-byte stores only when both are 16-byte aligned (a blob in host memory
+// then gets no single-byte PCIe writes).
+__device__ void blockCopyPadded(uint8_t* dst, uint8_t const* src, uint64_t bytes)
+{
+    uint64_t const full = bytes / 16 * 16;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0)
+    {
+        blockCopy(dst, src, bytes);
+        for (uint64_t b = bytes + threadIdx.x; b < roundUp(bytes, 16); b += blockDim.x)
+        {
+            dst[b] = 0;
+        }
+        return;
+    }
+    blockCopy(dst, src, full);
+    if (full < bytes && threadIdx.x == blockDim.x - 1)
+    {
+        alignas(16) uint8_t last[16];
+        for (uint32_t b = 0; b < 16; ++b)
+        {
+            last[b] = full + b < bytes ? src[full + b] : 0;
+        }
+        *reinterpret_cast<uint4*>(dst + full) = *reinterpret_cast<uint4 const*>(last);
+    }
+}
+
 // Zeroes bytes [begin, end) of dst; `end` and dst 16-byte aligned.
 __device__ void blockZero(uint8_t* dst, uint64_t begin, uint64_t end)
 {
@@ -423,11 +450,7 @@ __global__ void encodeChunks(EncodeArgs a)
     uint64_t const padded = roundUp(stored, kPayloadAlign);
     auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[k] : a.inPtrs[k]);
     uint8_t* dst = coldSlot(a.coldBase, pair.dst, a.coldBytes) + a.offsets[k];
-    blockCopy(dst, src, stored);
-    for (uint64_t b = stored + threadIdx.x; b < padded; b += blockDim.x)
-    {
-        dst[b] = 0;
-    }
+    blockCopyPadded(dst, src, stored);
     // Thread 0's piece is the shortest (crcLeadingZeroSegment): it also computes the operator.
     uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
     // From the device-side source, not the cold slot (which may be host memory); the padding
@@ -443,7 +466,7 @@ __global__ void encodeChunks(EncodeArgs a)
 __global__ void encodeSeal(EncodeArgs a)
 {
     __shared__ CrcTables tables;
-    __shared__ uint8_t env[sizeof(ColdPageEnvelope)];
+    __shared__ __align__(16) uint8_t env[sizeof(ColdPageEnvelope)];
     uint64_t const i = blockIdx.x;
     PageIndexPair const pair = a.pairs[i];
     if (pair.dst < 0)
@@ -464,16 +487,26 @@ __global__ void encodeSeal(EncodeArgs a)
         uint64_t const seg = crcSegmentBytes(n, blockDim.x);
         uint64_t b0 = 0, b1 = 0;
         crcLeadingZeroSegment(n, seg, blockDim.x, threadIdx.x, b0, b1);
+        bool const aligned = (reinterpret_cast<uintptr_t>(cold) & 15) == 0;
         uint32_t raw = 0;
-        for (uint64_t j = b0 / 4; j < b1 / 4; ++j)
+        for (uint64_t j = b0 / 4; j < b1 / 4; j += 4) // b0 and b1 are multiples of 16
         {
-            uint32_t w = 0;
-            if (j == 0) w = a.numChunks;
-            else if (j == 1) w = uint32_t(a.chunkBytes);
-            else if (j == 2) w = uint32_t(a.algorithm) | (a.elementBytes << 8) | (a.bitshuffle << 16);
-            else if (j >= 4 && j - 4 < a.numChunks) w = a.entries[base + j - 4];
-            store32(cold + kCodecHeaderOffset + 4 * j, w);
-            raw = crcWord(raw, w, tables.t);
+            uint32_t w[4];
+            for (uint32_t q = 0; q < 4; ++q)
+            {
+                uint64_t const x = j + q;
+                w[q] = 0;
+                if (x == 0) w[q] = a.numChunks;
+                else if (x == 1) w[q] = uint32_t(a.chunkBytes);
+                else if (x == 2) w[q] = uint32_t(a.algorithm) | (a.elementBytes << 8) | (a.bitshuffle << 16);
+                else if (x >= 4 && x - 4 < a.numChunks) w[q] = a.entries[base + x - 4];
+                raw = crcWord(raw, w[q], tables.t);
+                if (!aligned) store32(cold + kCodecHeaderOffset + 4 * x, w[q]);
+            }
+            if (aligned)
+            {
+                *reinterpret_cast<uint4*>(cold + kCodecHeaderOffset + 4 * j) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
         }
         CrcPiece const header{blockCrcEqual(raw, uint32_t(__ffsll(static_cast<long long>(seg)) - 1), a.xpow), a.headerOp};
         // The chunks' pieces, in blob order.
@@ -509,7 +542,14 @@ __global__ void encodeSeal(EncodeArgs a)
         memcpy(env, &e, sizeof(e));
     }
     __syncthreads();
-    if (threadIdx.x < sizeof(ColdPageEnvelope))
+    if ((reinterpret_cast<uintptr_t>(cold) & 15) == 0)
+    {
+        if (threadIdx.x < sizeof(ColdPageEnvelope) / 16)
+        {
+            reinterpret_cast<uint4*>(cold)[threadIdx.x] = reinterpret_cast<uint4 const*>(env)[threadIdx.x];
+        }
+    }
+    else if (threadIdx.x < sizeof(ColdPageEnvelope))
     {
         cold[threadIdx.x] = env[threadIdx.x];
     }
@@ -1053,6 +1093,19 @@ private:
         return host[3];
     }
 
+    // Whether the blobs at `blob` are device memory (a host query, no synchronization); unknown
+    // memory counts as host memory.
+    static bool deviceResident(uintptr_t blob) noexcept
+    {
+        cudaPointerAttributes attributes{};
+        if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void const*>(blob)) != cudaSuccess)
+        {
+            cudaGetLastError();
+            return false;
+        }
+        return attributes.type == cudaMemoryTypeDevice;
+    }
+
     // The operator of a blob's codec header and chunk table, [32, headerBytes).
     uint32_t headerOp(uint32_t headerBytes) const noexcept
     {
@@ -1104,9 +1157,16 @@ private:
         }
         auto const& plan = plans_[g];
         auto const& group = layout_.groups()[g];
-        // At least four batches when the call is large enough, none under ~8 MiB of raw data.
-        uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
-        uint64_t const batch = std::min<uint64_t>(plan.maxPagesPerBatch, std::max<uint64_t>(minPages, (n + 3) / 4));
+        // Blobs in host memory: at least four batches when the call is large enough, none under
+        // ~8 MiB of raw data, so one batch's PCIe transfer overlaps the next one's compression.
+        // Blobs in device memory have no transfer to hide: the largest batches keep the most
+        // chunks in flight.
+        uint64_t batch = plan.maxPagesPerBatch;
+        if (!deviceResident(blob))
+        {
+            uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
+            batch = std::min<uint64_t>(batch, std::max<uint64_t>(minPages, (n + 3) / 4));
+        }
         std::string err;
         int b = 0;
         for (size_t first = 0; first < n && err.empty(); first += batch, ++b)

@@ -136,9 +136,12 @@ def test_odd_layout_uses_staging(name, stream):
     encode_decode(name, {"chunk_bytes": 4096}, layout, 6, stream, pinned=False)
 
 
-def test_batches_larger_than_the_workspace(stream):
+@pytest.mark.parametrize("pinned", [True, False], ids=["host-blobs", "device-blobs"])
+def test_batches_larger_than_the_workspace(pinned, stream):
+    # Blobs in host memory are cut into at least four batches, blobs in device memory into the
+    # largest batches: both exceed a workspace of five pages here.
     layout = GpuLayout((65536,), 40, "kv")
-    encode_decode("nvcomp-ans", {"max_batch_bytes": 5 * 65536, "data_type": "uint16"}, layout, 40, stream)
+    encode_decode("nvcomp-ans", {"max_batch_bytes": 5 * 65536, "data_type": "uint16"}, layout, 40, stream, pinned=pinned)
 
 
 @pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-gdeflate"])
