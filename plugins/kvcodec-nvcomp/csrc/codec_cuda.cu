@@ -434,31 +434,34 @@ __global__ void encodeLayout(EncodeArgs a)
 }
 
 // Per chunk: stores its payload into the cold slot (zero padded) and its piece of the checksum.
-__global__ void encodeChunks(EncodeArgs a)
+// A block takes chunks blockIdx.x, + gridDim.x, ...: blobs in host memory get a small grid, so
+// blocks waiting on PCIe writes leave the SMs to the next batch's compression.
+__global__ void encodeChunks(EncodeArgs a, uint64_t total)
 {
     __shared__ CrcTables tables;
-    uint64_t const k = blockIdx.x;
-    uint64_t const i = k / a.numChunks;
-    PageIndexPair const pair = a.pairs[i];
-    if ((a.pages[i].flags & kPageOk) == 0)
-    {
-        return; // Invalid indices or did not fit: the envelope alone is written.
-    }
     loadCrcTables(tables);
-    uint32_t const entry = a.entries[k];
-    uint32_t const stored = entry & kChunkSizeMask;
-    uint64_t const padded = roundUp(stored, kPayloadAlign);
-    auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[k] : a.inPtrs[k]);
-    uint8_t* dst = coldSlot(a.coldBase, pair.dst, a.coldBytes) + a.offsets[k];
-    blockCopyPadded(dst, src, stored);
-    // Thread 0's piece is the shortest (crcLeadingZeroSegment): it also computes the operator.
-    uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
-    // From the device-side source, not the cold slot (which may be host memory); the padding
-    // counts as zeros.
-    uint32_t const raw = blockCrcRaw(src, padded, stored, tables, a.xpow);
-    if (threadIdx.x == 0)
+    for (uint64_t k = blockIdx.x; k < total; k += gridDim.x)
     {
-        a.chunkCrc[k] = CrcPiece{raw, op};
+        uint64_t const i = k / a.numChunks;
+        if ((a.pages[i].flags & kPageOk) == 0)
+        {
+            continue; // Invalid indices or did not fit: the envelope alone is written.
+        }
+        uint32_t const entry = a.entries[k];
+        uint32_t const stored = entry & kChunkSizeMask;
+        uint64_t const padded = roundUp(stored, kPayloadAlign);
+        auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[k] : a.inPtrs[k]);
+        uint8_t* dst = coldSlot(a.coldBase, a.pairs[i].dst, a.coldBytes) + a.offsets[k];
+        blockCopyPadded(dst, src, stored);
+        // Thread 0's piece is the shortest (crcLeadingZeroSegment): it also computes the operator.
+        uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
+        // From the device-side source, not the cold slot (which may be host memory); the padding
+        // counts as zeros.
+        uint32_t const raw = blockCrcRaw(src, padded, stored, tables, a.xpow);
+        if (threadIdx.x == 0)
+        {
+            a.chunkCrc[k] = CrcPiece{raw, op};
+        }
     }
 }
 
@@ -676,29 +679,31 @@ __global__ void decodeHeader(DecodeArgs a)
 }
 
 // Per chunk of a page whose header is valid: stages its payload and its piece of the checksum.
-__global__ void decodeChunks(DecodeArgs a)
+// Blocks take chunks as in encodeChunks.
+__global__ void decodeChunks(DecodeArgs a, uint64_t total)
 {
     __shared__ CrcTables tables;
-    uint64_t const k = blockIdx.x;
-    uint64_t const i = k / a.numChunks;
-    if ((a.pages[i].flags & kPageOk) == 0)
-    {
-        return;
-    }
     loadCrcTables(tables);
-    PageIndexPair const pair = a.pairs[i];
-    auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + uint64_t(pair.src) * a.coldBytes);
-    uint8_t* stage = a.blobStaging + i * a.blobStride;
-    uint32_t const c = uint32_t(k % a.numChunks);
-    uint64_t const offset = a.offsets[k];
-    uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
-    blockCopy(stage + offset, blob + offset, padded);
-    __syncthreads();
-    uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
-    uint32_t const raw = blockCrcRaw(stage + offset, padded, padded, tables, a.xpow);
-    if (threadIdx.x == 0)
+    for (uint64_t k = blockIdx.x; k < total; k += gridDim.x)
     {
-        a.chunkCrc[k] = CrcPiece{raw, op};
+        uint64_t const i = k / a.numChunks;
+        if ((a.pages[i].flags & kPageOk) == 0)
+        {
+            continue;
+        }
+        auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + uint64_t(a.pairs[i].src) * a.coldBytes);
+        uint8_t* stage = a.blobStaging + i * a.blobStride;
+        uint32_t const c = uint32_t(k % a.numChunks);
+        uint64_t const offset = a.offsets[k];
+        uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
+        blockCopy(stage + offset, blob + offset, padded);
+        __syncthreads();
+        uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
+        uint32_t const raw = blockCrcRaw(stage + offset, padded, padded, tables, a.xpow);
+        if (threadIdx.x == 0)
+        {
+            a.chunkCrc[k] = CrcPiece{raw, op};
+        }
     }
 }
 
@@ -930,6 +935,7 @@ private:
             {
                 check(cudaFuncGetAttributes(&attributes, kernel), "loading the codec's kernels");
             }
+            check(cudaDeviceGetAttribute(&smCount_, cudaDevAttrMultiProcessorCount, device_), "querying the SM count");
             ops_ = makeNvcompOps(options_.algorithm, options_.elementBytes);
             arena_ = std::make_unique<DeviceArena>();
             nvcompAlignmentRequirements_t da{};
@@ -1162,7 +1168,8 @@ private:
         // Blobs in device memory have no transfer to hide: the largest batches keep the most
         // chunks in flight.
         uint64_t batch = plan.maxPagesPerBatch;
-        if (!deviceResident(blob))
+        bool const hostBlobs = !deviceResident(blob);
+        if (hostBlobs)
         {
             uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
             batch = std::min<uint64_t>(batch, std::max<uint64_t>(minPages, (n + 3) / 4));
@@ -1173,7 +1180,8 @@ private:
         {
             size_t const m = std::min<size_t>(batch, n - first);
             Lane& lane = lanes[b % kLanes];
-            err = encode ? encodeBatch(g, blob, pairs + first, m, lane) : decodeBatch(g, blob, pairs + first, m, lane);
+            err = encode ? encodeBatch(g, blob, pairs + first, m, lane, hostBlobs)
+                         : decodeBatch(g, blob, pairs + first, m, lane, hostBlobs);
         }
         for (int l = 0; l < kLanes; ++l)
         {
@@ -1188,7 +1196,14 @@ private:
         return err.empty() ? true : fail(std::string(op) + "(): " + err);
     }
 
-    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
+    // Blocks of the chunk kernels: one per chunk, or for blobs in host memory two per SM (enough
+    // bytes in flight for the link).
+    unsigned chunkGrid(size_t chunks, bool hostBlobs) const noexcept
+    {
+        return unsigned(hostBlobs ? std::min<size_t>(chunks, 2 * size_t(smCount_)) : chunks);
+    }
+
+    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs)
     {
         EncodeWorkspace& enc_ = lane.enc;
         cudaStream_t const stream = lane.stream;
@@ -1210,13 +1225,13 @@ private:
         // Layout per page, payload and checksum pieces per chunk (every chunk of the batch in
         // flight at once), then header and envelope per page.
         encodeLayout<<<unsigned(m), kPageThreads, 0, stream>>>(a);
-        encodeChunks<<<unsigned(total), kThreads, 0, stream>>>(a);
+        encodeChunks<<<chunkGrid(total, hostBlobs), kThreads, 0, stream>>>(a, total);
         encodeSeal<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         st = cudaGetLastError();
         return st == cudaSuccess ? std::string() : "finish kernels' launch failed: " + cudaText(st);
     }
 
-    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane)
+    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs)
     {
         DecodeWorkspace& dec_ = lane.dec;
         cudaStream_t const stream = lane.stream;
@@ -1232,7 +1247,7 @@ private:
             blob, xpow_};
         // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
         decodeHeader<<<unsigned(m), kPageThreads, 0, stream>>>(a);
-        decodeChunks<<<unsigned(total), kThreads, 0, stream>>>(a);
+        decodeChunks<<<chunkGrid(total, hostBlobs), kThreads, 0, stream>>>(a, total);
         decodeVerify<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         cudaError_t st = cudaGetLastError();
         if (st != cudaSuccess) return "fetch kernels' launch failed: " + cudaText(st);
@@ -1256,6 +1271,7 @@ private:
     uint64_t compStride_ = 0;
     uint32_t* xpow_ = nullptr;
     uint32_t xpowHost_[64] = {};
+    int smCount_ = 1;
     uint8_t* zeroChunk_ = nullptr;
     uint8_t* dummyIn_ = nullptr;
     uint64_t dummyInBytes_ = 0;
