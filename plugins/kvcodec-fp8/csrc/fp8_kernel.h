@@ -34,7 +34,7 @@ inline constexpr KernelVariant kKernelVariants[] = {
     {"v1", 2, 128, false, false}, // the original kernel (default)
     {"b2", 2, 128, true, false},
     {"b4", 4, 64, true, false},
-    {"tile", 4, 64, true, true},
+    {"tile", 3, 64, true, true},
 };
 inline constexpr int kNumKernelVariants = int(sizeof(kKernelVariants) / sizeof(kKernelVariants[0]));
 

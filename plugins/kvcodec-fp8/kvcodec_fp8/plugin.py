@@ -76,7 +76,7 @@ _PARAMS = (
     kv.ParamSpec("kernel", str, "v1", "Tuning knob, blobs unchanged: CUDA kernel variant. 'v1' (2 blocks/SM, 128 B "
                  "per lane cached), 'b2' (2 blocks/SM, 128 B per lane, large blocks streamed in batches), 'b4' (4 "
                  "blocks/SM, 64 B per lane, batched), 'tile' (one thread block per tile of whole scale blocks staged "
-                 "in shared memory; other buffers as 'b4').", choices=("v1", "b2", "b4", "tile"), affects_blob=False),
+                 "in shared memory; its other buffers run b4's warp code).", choices=("v1", "b2", "b4", "tile"), affects_blob=False),
     kv.ParamSpec("small_blocks", str, "wide", "Tuning knob, blobs unchanged: 'wide' (a warp unit is one round of "
                  "blocks) or 'deep' (blocks of at most one access per lane are packed several rounds per warp "
                  "unit); 'deep' needs kernel 'b2', 'b4' or 'tile'.", choices=("wide", "deep"), affects_blob=False),
