@@ -10,8 +10,8 @@ For each configuration (format, granularity, tokens per page) it measures, in on
   - a baseline: torch amax-and-cast (per page and head) of the same data, in bf16 input bytes/s;
   - error statistics of decode(encode(x)) on KV-like data (mean, p99, max relative error over
     nonzero elements, and the largest error as a fraction of the declared bound).
-Then it sweeps the kernel tuning knobs (``kernel``, ``small_blocks``, ``finite_check``; they
-never change a blob byte) on the same data: encode/decode device-to-device and pinned ratios of
+Then it sweeps the kernel tuning knobs (``kernel`` including ``tile``, ``small_blocks``,
+``finite_check``; they never change a blob byte) on the same data: encode/decode device-to-device and pinned ratios of
 every tuning, checking on the way that each tuning's blobs and decoded bytes equal v1's
 (``--no-sweep`` skips it). Writes bench-fp8.json, bench-fp8.txt (the tables) and
 bench-fp8-sweep.txt (every tuning of every row) into the output folder.
@@ -33,9 +33,12 @@ import kvcodec_sdk as kv
 from kvcodec_fp8.bound import error_bound_of
 
 HEADS, HEAD_DIM = 8, 128
-# Every valid combination of the kernel tuning knobs (v1 takes no other knob).
+# Every valid combination of the kernel tuning knobs for v1/b2/b4 (v1 takes no other knob), and
+# the tile kernel with the knobs off and on (they only steer its buffers that are not tiled).
 TUNINGS = [{"kernel": "v1"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
-                                for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))]
+                                for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))] + [
+    {"kernel": "tile", "small_blocks": "wide", "finite_check": "element"},
+    {"kernel": "tile", "small_blocks": "deep", "finite_check": "block"}]
 
 
 def tuning_name(t):

@@ -46,7 +46,7 @@ py::array_t<Out> mapArray(py::array_t<In, py::array::c_style | py::array::forcec
 // `groups`: [(pools [(base, slot_bytes, num_slots)], lifecycles [(id, buffers [(layer, role,
 // pool, dtype, byte_offset, bytes, tokens, heads, dim)])])]. Only the addresses are used: no
 // memory is touched.
-py::dict planLayout(py::list const& groups, std::string const& paramsJson)
+py::dict planLayout(py::list const& groups, std::string const& paramsJson, uint64_t tileBudget)
 {
     using Buf = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
     using Lc = std::pair<int32_t, std::vector<Buf>>;
@@ -93,7 +93,7 @@ py::dict planLayout(py::list const& groups, std::string const& paramsJson)
     for (auto const& lc : layout.lifeCycles())
     {
         LifeCyclePlan plan;
-        error = planLifeCycle(layout, lc, params, plan);
+        error = planLifeCycle(layout, lc, params, plan, tileBudget);
         if (!error.empty())
         {
             throw py::value_error(error);
@@ -109,12 +109,15 @@ py::dict planLayout(py::list const& groups, std::string const& paramsJson)
             d["row_stride"] = b.rowStride, d["block_stride"] = b.blockStride, d["data_offset"] = b.dataOffset;
             d["scale_offset"] = b.scaleOffset, d["data_end"] = b.dataEnd, d["scale_end"] = b.scaleEnd;
             d["region_end"] = b.regionEnd, d["first_unit"] = b.firstUnit, d["units"] = b.units;
+            d["warp_units"] = b.warpUnits, d["tile_blocks"] = b.tileBlocks;
             planned.append(d);
         }
         py::dict entry;
         entry["group"] = lc.group;
         entry["cold_page_bytes"] = plan.coldPageBytes;
         entry["units_per_page"] = plan.unitsPerPage;
+        entry["tile_encode_smem"] = plan.tileEncodeSmem;
+        entry["tile_decode_smem"] = plan.tileDecodeSmem;
         entry["num_slots"] = layout.groups()[lc.group].numSlots;
         entry["buffers"] = planned;
         result[py::int_(lc.id)] = entry;
@@ -176,5 +179,13 @@ PYBIND11_MODULE(_ext, m)
         },
         py::arg("amax"), py::arg("format"), "(scale, reciprocal) of a block with finite amax `amax`.");
     m.def("plan_layout", &planLayout, py::arg("groups"), py::arg("params_json"),
+        py::arg("tile_budget") = kDefaultTileBudget,
         "{lifecycle id: blob plan} of a layout given as plain tuples (see kvcodec_fp8.plan).");
+    m.def("tile_budget", &tileBudget, py::arg("smem_per_sm"), py::arg("smem_optin_per_block"),
+        py::arg("reserved_per_block"), "Shared memory bytes a tile may use on a device with these limits.");
+    m.attr("DEFAULT_TILE_BUDGET") = kDefaultTileBudget;
+    m.attr("MAX_TILE_BUDGET") = kMaxTileBudget;
+    m.attr("TILE_META_BYTES") = kTileMetaBytes;
+    m.attr("BLOCK_THREADS") = kBlockThreads;
+    m.attr("WARPS_PER_CTA") = kWarpsPerCta;
 }

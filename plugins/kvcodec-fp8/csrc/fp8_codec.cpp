@@ -4,6 +4,7 @@
 // reference and the CUDA implementation of blob format 1 (see fp8_format.h).
 #include "fp8_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -51,7 +52,7 @@ public:
             for (auto const& lc : layout_.lifeCycles())
             {
                 LifeCyclePlan plan;
-                err = planLifeCycle(layout_, lc, params_, plan);
+                err = planLifeCycle(layout_, lc, params_, plan, tileBudgetBytes());
                 if (!err.empty())
                 {
                     return fail(err);
@@ -130,6 +131,12 @@ public:
 
 protected:
     virtual bool configureBackend() = 0;
+    /// Shared memory a tile of the tile variant may use (the CPU reference plans with the
+    /// default; its blobs do not depend on it).
+    virtual uint64_t tileBudgetBytes() const noexcept
+    {
+        return kDefaultTileBudget;
+    }
     virtual PageIndexLocation location() const noexcept = 0;
     virtual bool submit(HotLayout::LifeCycle const& lc, LifeCyclePlan const& plan, uintptr_t blob,
         PageIndexPair const* pairs, size_t n, cudaStream_t stream, bool encode)
@@ -376,10 +383,11 @@ std::string cudaText(cudaError_t st)
 class Fp8CodecCuda final : public Fp8CodecBase
 {
 public:
-    Fp8CodecCuda(Fp8Params params, int device, int numSms)
+    Fp8CodecCuda(Fp8Params params, int device, int numSms, uint64_t tileBudget)
         : Fp8CodecBase(std::move(params))
         , device_(device)
         , numSms_(numSms)
+        , tileBudget_(tileBudget)
     {
     }
 
@@ -418,8 +426,31 @@ private:
             {
                 return fail("allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st));
             }
+            if (kKernelVariants[params_.kernel].tiled)
+            {
+                // Dynamic shared memory and resident thread blocks of this lifecycle's launches.
+                TileLaunch& launch = tileLaunch_[id];
+                launch.smem[0] = uint32_t(plan.tileDecodeSmem);
+                launch.smem[1] = uint32_t(plan.tileEncodeSmem);
+                for (int enc = 0; enc < 2; ++enc)
+                {
+                    int resident = 0;
+                    st = prepareTileKernel(enc == 1, tileBudget_, launch.smem[enc], &resident);
+                    if (st != cudaSuccess)
+                    {
+                        return fail("preparing the tile kernel for lifecycle " + std::to_string(id) + " ("
+                            + std::to_string(launch.smem[enc]) + " bytes of shared memory) failed: " + cudaText(st));
+                    }
+                    launch.resident[enc] = uint32_t(std::max(resident, 1));
+                }
+            }
         }
         return true;
+    }
+
+    uint64_t tileBudgetBytes() const noexcept override
+    {
+        return tileBudget_;
     }
 
     PageIndexLocation location() const noexcept override
@@ -458,13 +489,26 @@ private:
         args.pairs = pairs;
         args.numPairs = n;
         args.blob = blob;
+        if (auto it = tileLaunch_.find(lc.id); it != tileLaunch_.end())
+        {
+            args.tileSmem = it->second.smem[encode ? 1 : 0];
+            args.tileResident = it->second.resident[encode ? 1 : 0];
+        }
         cudaError_t const st = launchFp8(args, numSms_, stream);
         return st == cudaSuccess ? true : fail("fp8 kernel launch failed: " + cudaText(st));
     }
 
+    struct TileLaunch
+    {
+        uint32_t smem[2] = {0, 0};     ///< [decode, encode]
+        uint32_t resident[2] = {1, 1};
+    };
+
     int device_;
     int numSms_;
+    uint64_t tileBudget_;
     std::unordered_map<LifeCycleId, BufferPlan*> tables_;
+    std::unordered_map<LifeCycleId, TileLaunch> tileLaunch_;
 };
 
 IKvCacheColdPageCodec* createFp8(char const* paramsJson, int32_t device, char* errorMessage, size_t errorCapacity)
@@ -499,9 +543,14 @@ IKvCacheColdPageCodec* createFp8(char const* paramsJson, int32_t device, char* e
                     .c_str());
             return nullptr;
         }
-        int numSms = 0;
+        int numSms = 0, perSm = 0, optin = 0, reserved = 0;
         cudaDeviceGetAttribute(&numSms, cudaDevAttrMultiProcessorCount, device);
-        return new Fp8CodecCuda(std::move(params), device, numSms);
+        cudaDeviceGetAttribute(&perSm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+        uint64_t const budget = tileBudget(uint64_t(std::max(perSm, 0)), uint64_t(std::max(optin, 0)),
+            uint64_t(std::max(reserved, 0)));
+        return new Fp8CodecCuda(std::move(params), device, numSms, budget);
     }
     catch (std::exception const& e)
     {

@@ -25,14 +25,59 @@ struct KernelVariant
     bool tunable;     ///< Blocks larger than the register cache are streamed in batches of
                       ///< laneBytes per lane (v1: one access per lane at a time), and the
                       ///< small_blocks / finite_check parameters apply (v1: fixed).
+    bool tiled;       ///< CTA tiles: one thread block per tile of whole scale blocks staged in
+                      ///< shared memory (see fp8_plan.h, planTiles); other buffers take the
+                      ///< warp units of this variant's laneBytes, eight per thread block.
 };
 
 inline constexpr KernelVariant kKernelVariants[] = {
-    {"v1", 2, 128, false}, // the original kernel (default)
-    {"b2", 2, 128, true},
-    {"b4", 4, 64, true},
+    {"v1", 2, 128, false, false}, // the original kernel (default)
+    {"b2", 2, 128, true, false},
+    {"b4", 4, 64, true, false},
+    {"tile", 3, 64, true, true},
 };
 inline constexpr int kNumKernelVariants = int(sizeof(kKernelVariants) / sizeof(kKernelVariants[0]));
+
+/// Threads of one thread block (all variants).
+inline constexpr uint32_t kBlockThreads = 256;
+
+/// Warp units of a non-tiled buffer one thread block takes under the tile variant (its warps).
+inline constexpr uint64_t kWarpsPerCta = kBlockThreads / 32;
+
+/// Shared memory per scale block of a tile besides its hot bytes: the amax (later the
+/// reciprocal of the scale) and the non-finite flag, 4 bytes each.
+inline constexpr uint64_t kTileMetaBytes = 8;
+
+/// Largest tile budget: 96 KiB of hot bytes and metadata per thread block (docs/fp8.md).
+inline constexpr uint64_t kMaxTileBudget = 96 * 1024;
+
+/// Shared memory of one tile (encode): its hot bytes, then the per-block metadata.
+constexpr uint64_t tileEncodeSmem(uint64_t blocks, uint64_t blockBytes)
+{
+    return blocks * (blockBytes + kTileMetaBytes);
+}
+
+/// Shared memory of one tile (decode): its fp32 scales.
+constexpr uint64_t tileDecodeSmem(uint64_t blocks)
+{
+    return 4 * blocks;
+}
+
+/// The tile budget of a device: the largest tile that still lets two thread blocks share an SM
+/// (one loads while the other quantizes), at most kMaxTileBudget and at most what one block may
+/// opt in to, rounded down to 1 KiB. 0 when not even that fits (no tiles).
+constexpr uint64_t tileBudget(uint64_t smemPerSm, uint64_t smemOptinPerBlock, uint64_t reservedPerBlock)
+{
+    uint64_t const half = smemPerSm / 2 > reservedPerBlock ? smemPerSm / 2 - reservedPerBlock : 0;
+    uint64_t b = half < kMaxTileBudget ? half : kMaxTileBudget;
+    b = b < smemOptinPerBlock ? b : smemOptinPerBlock;
+    return b / 1024 * 1024;
+}
+
+/// H200 / H100 (sm_90: 228 KiB per SM, 227 KiB per block, 1 KiB reserved per block): the
+/// budget the CPU-side plan uses when no device is given.
+inline constexpr uint64_t kDefaultTileBudget = tileBudget(228 * 1024, 227 * 1024, 1024);
+static_assert(kDefaultTileBudget == kMaxTileBudget, "sm_90 takes the full tile budget");
 
 /// Accesses a lane caches between the amax and the quantize pass: laneBytes of 16-element
 /// vectors (at least one), or 4 single elements on the scalar path.
@@ -68,8 +113,13 @@ struct BufferPlan
     uint64_t dataEnd;      ///< End of the codes / lossless bytes (padding starts here).
     uint64_t scaleEnd;     ///< End of the scales (quantized buffers; padding starts here).
     uint64_t regionEnd;    ///< End of the buffer's regions, padding included.
-    uint64_t firstUnit;    ///< Index of the buffer's first warp work unit inside a page.
-    uint64_t units;        ///< Warp work units of the buffer per page.
+    uint64_t firstUnit;    ///< Index of the buffer's first work unit inside a page.
+    uint64_t units;        ///< Work units of the buffer per page: warp units, except under the
+                           ///< tile variant, whose units are thread blocks: one per tile of a
+                           ///< tiled buffer, kWarpsPerCta warp units of any other buffer.
+    uint64_t warpUnits;    ///< Warp units of the buffer per page (its split without tiles).
+    uint64_t tileBlocks;   ///< Scale blocks per tile (the last tile may have fewer); 0: the
+                           ///< buffer is not tiled.
 };
 
 struct KernelArgs
@@ -87,7 +137,13 @@ struct KernelArgs
     PageIndexPair const* pairs; ///< Device array.
     uint64_t numPairs;
     uint64_t blob;             ///< Cold base (GPU-accessible).
+    uint32_t tileSmem;         ///< Tile variant: dynamic shared memory per thread block.
+    uint32_t tileResident;     ///< Tile variant: resident thread blocks per SM with tileSmem.
 };
+
+/// Tile variant: sets the kernels' dynamic shared memory limit to `budget` on the current
+/// device and returns how many thread blocks with `smem` bytes fit on one SM.
+cudaError_t prepareTileKernel(bool encode, uint64_t budget, uint32_t smem, int* residentPerSm) noexcept;
 
 /// Loads every kernel instance now: with lazy module loading the first launch can wait for work
 /// already queued on the device, and an encode/decode call must never wait.

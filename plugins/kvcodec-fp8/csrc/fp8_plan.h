@@ -182,7 +182,7 @@ inline bool parseFp8Params(char const* json, Fp8Params& out, std::string& error)
     {
         error = std::string("fp8 parameters 'small_blocks' = 'deep' and 'finite_check' = 'block' need a tunable kernel; "
                             "'kernel' is '")
-            + kKernelVariants[out.kernel].name + "' (use 'b2' or 'b4')";
+            + kKernelVariants[out.kernel].name + "' (use 'b2', 'b4' or 'tile')";
         return false;
     }
     return true;
@@ -194,6 +194,8 @@ struct LifeCyclePlan
     std::vector<BufferPlan> buffers;
     uint64_t coldPageBytes = 0;
     uint64_t unitsPerPage = 0;
+    uint64_t tileEncodeSmem = 0; ///< Tile variant: largest encode tile's shared memory (0: no tile).
+    uint64_t tileDecodeSmem = 0; ///< Tile variant: largest decode tile's shared memory.
 };
 
 /// True when the policy quantizes a buffer (K or V role, float dtype, shaped, not excluded).
@@ -215,10 +217,35 @@ inline uint32_t nextPow2(uint64_t v)
     return p;
 }
 
+/// Scale blocks per tile of a quantized buffer under the tile variant, 0 when the buffer takes
+/// the warp units instead. A tile is a run of whole scale blocks of one (page, buffer); it needs
+/// the vector path (16-byte aligned rows of a multiple of 16 elements in every slot, so the
+/// tile's hot bytes and codes move as aligned 16-byte pieces) and at least one block that fits
+/// `budget` with its metadata. The blocks are split into as few tiles as the budget allows, of
+/// equal size but the last (ceil(numBlocks / tiles) each): one tile per page when the buffer
+/// fits, so page_head writes every head's codes of a token row together.
+inline uint64_t planTileBlocks(BufferPlan const& b, uint64_t budget)
+{
+    if (!b.quantized || !b.vector)
+    {
+        return 0;
+    }
+    uint64_t const blockBytes = b.blockElems * dataTypeBytes(DataType(b.dtype));
+    uint64_t const fit = budget / (blockBytes + kTileMetaBytes);
+    if (fit == 0)
+    {
+        return 0;
+    }
+    uint64_t const tiles = (b.numBlocks + fit - 1) / fit;
+    return (b.numBlocks + tiles - 1) / tiles;
+}
+
 /// Plans the blob of `lc` (buffers in descriptor order; one lossless buffer per pool when the
-/// lifecycle declares none). Returns an error message or an empty string.
+/// lifecycle declares none) and its work units. `tileBudget`: shared memory bytes a tile may
+/// use (the device's tileBudget(); only the tile variant reads it). Returns an error message or
+/// an empty string.
 inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle const& lc, Fp8Params const& params,
-    LifeCyclePlan& out)
+    LifeCyclePlan& out, uint64_t tileBudget = kDefaultTileBudget)
 {
     auto const& group = layout.groups()[lc.group];
     std::vector<BufferDesc> buffers = lc.buffers;
@@ -306,6 +333,23 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             plan.scaleOffset = plan.scaleEnd = plan.regionEnd;
             plan.groupLanes = 32;
             plan.units = (b.bytes + kCopyUnitBytes - 1) / kCopyUnitBytes;
+        }
+        plan.warpUnits = plan.units;
+        plan.tileBlocks = 0;
+        if (kKernelVariants[params.kernel].tiled)
+        {
+            plan.tileBlocks = planTileBlocks(plan, tileBudget);
+            if (plan.tileBlocks > 0)
+            {
+                plan.units = (plan.numBlocks + plan.tileBlocks - 1) / plan.tileBlocks;
+                uint64_t const blockBytes = plan.blockElems * dataTypeBytes(b.dtype);
+                out.tileEncodeSmem = std::max(out.tileEncodeSmem, tileEncodeSmem(plan.tileBlocks, blockBytes));
+                out.tileDecodeSmem = std::max(out.tileDecodeSmem, tileDecodeSmem(plan.tileBlocks));
+            }
+            else
+            {
+                plan.units = (plan.warpUnits + kWarpsPerCta - 1) / kWarpsPerCta;
+            }
         }
         plan.firstUnit = unit;
         unit += plan.units;

@@ -330,7 +330,7 @@ def test_spec_is_registered_with_its_bound():
         ({"lossless_layers": "1,x"}, r"'lossless_layers' has the item 'x'"),
         ({"lossless_layers": 3}, r"'lossless_layers' is 3 \(int\); it must be a string"),
         ({"scale": "per_head"}, r"has no parameter 'scale'; valid parameters: 'format'"),
-        ({"kernel": "v2"}, r"'kernel' is 'v2'; valid values are 'v1', 'b2', 'b4'"),
+        ({"kernel": "v2"}, r"'kernel' is 'v2'; valid values are 'v1', 'b2', 'b4', 'tile'"),
         ({"small_blocks": "narrow"}, r"'small_blocks' is 'narrow'; valid values"),
         ({"finite_check": "none"}, r"'finite_check' is 'none'; valid values"),
         ({"small_blocks": "deep"}, r"small_blocks='deep' and finite_check='element' need a tunable kernel; "
@@ -351,7 +351,7 @@ def test_bad_parameters_are_refused_in_python(params, message):
         ('{"lossless_layers": "-1"}', "'lossless_layers' has the item '-1'"),
         ('{"lossless_roles": "keys"}', "'lossless_roles' names 'keys'"),
         ('{"bogus": 1}', "unknown fp8 parameter 'bogus'"),
-        ('{"kernel": "b3"}', "'kernel' is b3; valid values are 'v1', 'b2', 'b4'"),
+        ('{"kernel": "b3"}', "'kernel' is b3; valid values are 'v1', 'b2', 'b4', 'tile'"),
         ('{"small_blocks": "x"}', "'small_blocks' is x; valid values are 'wide', 'deep'"),
         ('{"finite_check": 0}', "'finite_check' is 0; valid values are 'element', 'block'"),
         ('{"kernel": "v1", "small_blocks": "deep"}', "need a tunable kernel; 'kernel' is 'v1'"),
@@ -366,7 +366,7 @@ def test_bad_parameters_are_refused_natively(json, message):
 
 
 TUNINGS = [{"kernel": k, "small_blocks": s, "finite_check": f}
-           for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))]
+           for k, s, f in itertools.product(("b2", "b4", "tile"), ("wide", "deep"), ("element", "block"))]
 
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=["-".join(t.values()) for t in TUNINGS])

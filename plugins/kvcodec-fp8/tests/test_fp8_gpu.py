@@ -82,7 +82,8 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kin
 
 # Every kernel variant and tuning knob (docs/fp8.md, Performance) must write the v1 blob bytes.
 TUNINGS = [{"kernel": "v1"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
-                                for k, s, f in itertools.product(("b2", "b4"), ("wide", "deep"), ("element", "block"))]
+                                for k, s, f in itertools.product(("b2", "b4", "tile"), ("wide", "deep"),
+                                                                 ("element", "block"))]
 TUNING_IDS = ["-".join(t.values()) for t in TUNINGS]
 
 
@@ -165,9 +166,13 @@ def scalar_path(params, stream):
 # The conformance suite's own layouts: harness-allocated pools (allocation + guard bytes), packed
 # fp16 K/V in odd-sized slots (elements at odd addresses in every other slot), fp8 and opaque
 # buffers, 1-7 byte slots. Odd hot slots are encoded (as the suite does) and even ones decoded.
-CONFORMANCE_PARAMS = [{"granularity": "page_head", **TUNINGS[i]} for i in (0, 3, -1)] + [
+B4_DEEP_BLOCK = {"kernel": "b4", "small_blocks": "deep", "finite_check": "block"}
+TILE = {"kernel": "tile", "small_blocks": "wide", "finite_check": "element"}
+TILE_DEEP_BLOCK = {"kernel": "tile", "small_blocks": "deep", "finite_check": "block"}
+CONFORMANCE_PARAMS = [{"granularity": "page_head", **t} for t in (TUNINGS[0], TUNINGS[3], B4_DEEP_BLOCK)] + [
     {"granularity": "token_head", "kernel": "v1"}, {"granularity": "page", "kernel": "v1"},
-    {"granularity": "page", **TUNINGS[-1]}]
+    {"granularity": "page", **B4_DEEP_BLOCK}] + [
+    {"granularity": g, **t} for g in ("page_head", "token_head", "page") for t in (TILE, TILE_DEEP_BLOCK)]
 
 
 @pytest.mark.parametrize("params", CONFORMANCE_PARAMS, ids=["-".join(p.values()) for p in CONFORMANCE_PARAMS])
@@ -266,7 +271,8 @@ def test_encode_reads_data_written_just_before_on_the_stream(stream):
 
 
 @pytest.mark.parametrize("tuning", [{}, {"kernel": "b2", "small_blocks": "deep", "finite_check": "block"},
-                                    {"kernel": "b4", "small_blocks": "deep"}], ids=["v1", "b2-deep-block", "b4-deep"])
+                                    {"kernel": "b4", "small_blocks": "deep"}, {"kernel": "tile"}],
+                         ids=["v1", "b2-deep-block", "b4-deep", "tile"])
 @pytest.mark.parametrize("gran", ["page_head", "token_head"])
 def test_many_pages_one_call(tuning, gran, stream):
     params = {"granularity": gran, **tuning}
@@ -284,3 +290,67 @@ def test_many_pages_one_call(tuning, gran, stream):
     stream.synchronize()
     assert np.array_equal(cold.cpu().numpy(), want)
     codec.close()
+
+# The tile variant's hard cases: page_head at 64 tokens (two tiles per buffer, a token row's codes
+# split between them), 7 heads (tiles of 4 and 3 heads), page granularity at 64 tokens (one
+# 128 KiB block: too large for a tile, so warp units) and at 16 tokens (one tile), fp16 and fp32
+# tiles, lossless buffers between tiled ones, a buffer off the vector path (odd head dim), and
+# NaN/Inf/largest values in the data (kv_like special=True).
+TILE_SPEC = [
+    [(0, Role.KEY, DType.BFLOAT16, (64, 8, 128)), (0, Role.OTHER, DType.UINT8, 4096 + 3),
+     (0, Role.VALUE, DType.BFLOAT16, (64, 7, 128)), (1, Role.KEY, DType.FLOAT16, (16, 8, 128))],
+    [(1, Role.VALUE, DType.FLOAT32, (16, 4, 64)), (2, Role.KEY, DType.BFLOAT16, (9, 3, 24)),
+     (2, Role.VALUE, DType.BFLOAT16, (16, 8, 128)), (3, Role.OTHER, DType.INT32, (8, 2, 4))],
+]
+TILE_TUNINGS = [TILE, TILE_DEEP_BLOCK]
+TILE_TUNING_IDS = ["tile", "tile-deep-block"]
+
+
+@pytest.mark.parametrize("tuning", TILE_TUNINGS, ids=TILE_TUNING_IDS)
+@pytest.mark.parametrize("params", ALL_PARAMS, ids=IDS)
+@pytest.mark.parametrize("cold_kind", ["pinned", "device"])
+def test_tile_hard_cases_write_the_cpu_blobs_and_decode_identically(tuning, params, cold_kind, stream):
+    from kvcodec_fp8.plan import blob_plan
+
+    rng = np.random.default_rng(17)
+    host = build_layout(rng, TILE_SPEC, num_slots=4, special=True)
+    # The layout does take both paths (the plan is the codec's own).
+    plan = blob_plan(host.groups, {**params, **tuning})[0]
+    tiled = [b["tile_blocks"] > 0 for b in plan["buffers"] if b["quantized"]]
+    assert any(tiled) and not all(tiled), tiled
+    check_against_cpu({**params, **tuning}, TILE_SPEC, cold_kind, stream)
+
+
+@pytest.mark.parametrize("tuning", TILE_TUNINGS, ids=TILE_TUNING_IDS)
+def test_tile_hard_cases_with_an_unaligned_cold_base(tuning, stream):
+    # A cold base off 16-byte alignment: the tiles' blocks go to the warps on the element path.
+    rng = np.random.default_rng(18)
+    for gran in ("page_head", "token_head", "page"):
+        params = {"format": "e4m3", "granularity": gran, **tuning}
+        host = build_layout(rng, TILE_SPEC, num_slots=3, special=True)
+        mirror = Mirror(host)
+        src, dst = [2, 0, 1], [1, 2, 0]
+        want = cpu_blobs(host, params, src, 3, dst)
+        codec = gpu_codec(mirror, params)
+        size = codec.cold_page_bytes(0)
+        backing = torch.zeros(3 * size + 16, dtype=torch.uint8, device="cuda")
+        base = backing.data_ptr() + 5
+        codec.encode(0, base, dev_pairs(dst, src), stream=stream)
+        stream.synchronize()
+        got = backing[5:5 + 3 * size].cpu().numpy().reshape(3, size)
+        assert np.array_equal(got, want), f"{params}: GPU blobs differ from CPU blobs on the element path"
+        # Decode into zeroed pools on both sides: identical hot bytes.
+        for d in mirror.dev:
+            d.zero_()
+        torch.cuda.synchronize()
+        codec.decode(0, base, dev_pairs(src, dst), stream=stream)
+        stream.synchronize()
+        for p in host.pools:
+            p[:] = 0
+        cpu = kv.create_codec("fp8", params, device="cpu")
+        cpu.configure(host.groups)
+        cpu.decode(0, want, pairs(src, dst))
+        cpu.close()
+        for p, (d, h) in enumerate(zip(mirror.dev, host.pools)):
+            assert np.array_equal(d.cpu().numpy(), h), f"{params}: pool {p}: GPU decode differs from CPU decode"
+        codec.close()

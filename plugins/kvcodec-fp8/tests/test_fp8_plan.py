@@ -32,8 +32,12 @@ PARAMS = [
     {"granularity": "page"},
     {"kernel": "b2", "small_blocks": "deep"},
     {"kernel": "b4", "small_blocks": "deep", "finite_check": "block", "granularity": "token_head"},
+    {"kernel": "tile"},
+    {"kernel": "tile", "small_blocks": "deep", "granularity": "token_head"},
+    {"kernel": "tile", "granularity": "page"},
 ]
-PARAM_IDS = ["default", "token_head", "page", "b2-deep", "b4-deep-token_head"]
+PARAM_IDS = ["default", "token_head", "page", "b2-deep", "b4-deep-token_head", "tile", "tile-deep-token_head",
+             "tile-page"]
 
 # Pool base of the harness: a device/host allocation (at least 256-byte aligned) plus the guard
 # bytes in front of the pool. The shifted bases model pools carved out of a larger allocation.
@@ -129,9 +133,9 @@ def check_plan(groups, params):
                                    "16-byte alignment")
             codes = b["data_offset"] + offsets.reshape(-1)
             assert np.all(codes % 16 == 0), f"{w}: a 16-code store is not 16-byte aligned in the blob"
-            # Work units cover every block (rounds of 32 / group_lanes blocks per unit).
+            # Warp units cover every block (rounds of 32 / group_lanes blocks per unit).
             per_unit = 32 // b["group_lanes"] * b["rounds"]
-            assert b["units"] * per_unit >= b["num_blocks"], w
+            assert b["warp_units"] * per_unit >= b["num_blocks"], w
     return plans
 
 
@@ -204,8 +208,8 @@ def test_the_check_catches_a_flag_that_promises_too_much(monkeypatch):
 
     real = plan_module._ext.plan_layout
 
-    def forced(groups, params_json):
-        out = real(groups, params_json)
+    def forced(groups, params_json, tile_budget):
+        out = real(groups, params_json, tile_budget)
         for p in out.values():
             for b in p["buffers"]:
                 if b["quantized"]:
@@ -227,3 +231,194 @@ def test_layout_coverage_includes_every_path():
                 seen.add("lossless" if not b["quantized"] else
                          "vector" if b["vector"] else "element" if b["hot_aligned"] else "bytes")
     assert seen == {"lossless", "vector", "element", "bytes"}
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The tile variant's plan (kernel="tile"): which buffers are tiled, how their blocks are split
+# into tiles, the work units and the shared memory of the launches, recomputed from the rules
+# (docs/fp8.md, Performance) and checked against the kernel's address arithmetic.
+# ---------------------------------------------------------------------------------------------
+
+from kvcodec_fp8.plan import (DEFAULT_TILE_BUDGET, MAX_TILE_BUDGET, TILE_META_BYTES,  # noqa: E402
+                              WARPS_PER_CTA, tile_budget)
+
+KIB = 1024
+TILE_PARAMS = [{"kernel": "tile", "granularity": g, **extra}
+               for g in ("page_head", "token_head", "page")
+               for extra in ({}, {"small_blocks": "deep", "finite_check": "block"})]
+TILE_IDS = [f"{p['granularity']}{'-deep' if 'small_blocks' in p else ''}" for p in TILE_PARAMS]
+BUDGETS = [DEFAULT_TILE_BUDGET, 49 * KIB, 4 * KIB, 0]
+
+
+def model_budget(per_sm, optin, reserved):
+    half = max(per_sm // 2 - reserved, 0)
+    return min(half, MAX_TILE_BUDGET, optin) // KIB * KIB
+
+
+@pytest.mark.parametrize("limits", [(228 * KIB, 227 * KIB, KIB), (164 * KIB, 163 * KIB, KIB), (100 * KIB, 99 * KIB, KIB),
+                                    (64 * KIB, 48 * KIB, 0), (1000, 1000, 0), (0, 0, 0), (228 * KIB, 40 * KIB, KIB)],
+                         ids=["sm90", "sm80", "sm86", "small", "tiny", "none", "low-optin"])
+def test_tile_budget_lets_two_thread_blocks_share_an_sm(limits):
+    per_sm, optin, reserved = limits
+    budget = tile_budget(*limits)
+    assert budget == model_budget(*limits)
+    assert budget % KIB == 0 and budget <= optin and budget <= MAX_TILE_BUDGET
+    assert 2 * (budget + reserved) <= per_sm
+
+
+def test_default_tile_budget_is_the_h200s():
+    # The CPU-side plan defaults to the device the benchmark runs on (sm_90: 228 KiB per SM).
+    assert DEFAULT_TILE_BUDGET == tile_budget(228 * KIB, 227 * KIB, KIB) == 96 * KIB
+
+
+def model_tile_blocks(b, budget):
+    if not b["quantized"] or not b["vector"]:
+        return 0
+    fit = budget // (b["block_elems"] * ELEM_BYTES[b["dtype"]] + TILE_META_BYTES)
+    if fit == 0:
+        return 0
+    tiles = -(-b["num_blocks"] // fit)
+    return -(-b["num_blocks"] // tiles)
+
+
+def tile_elements(b, first, nb):
+    """Element offsets (inside the buffer) of a tile as the tile kernel walks it: rows of
+    nb * row_elems contiguous elements, and the block of each element."""
+    rows = b["block_elems"] // b["row_elems"]
+    seg = nb * b["row_elems"]
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    col = np.arange(seg, dtype=np.int64)[None, :]
+    return r * b["row_stride"] + first * b["block_stride"] + col, np.broadcast_to(first + col // b["row_elems"], (rows, seg))
+
+
+def check_tile_plan(groups, params, budget):
+    plans = blob_plan(groups, params, tile_budget=budget)
+    # The same layout without tiles: the b4 split the non-tiled buffers keep, and the blob.
+    base = blob_plan(groups, {**params, "kernel": "b4"}, tile_budget=budget)
+    tiled = 0
+    for lc_id, plan in plans.items():
+        where = f"lifecycle {lc_id}, budget {budget}"
+        assert plan["cold_page_bytes"] == base[lc_id]["cold_page_bytes"], where
+        unit, enc_smem, dec_smem = 0, 0, 0
+        for i, (b, ref) in enumerate(zip(plan["buffers"], base[lc_id]["buffers"])):
+            w = f"{where}, buffer {i}"
+            for key in ("data_offset", "data_end", "scale_offset", "scale_end", "region_end", "vector",
+                        "hot_aligned", "num_blocks", "group_lanes"):
+                assert b[key] == ref[key], f"{w}: {key} is {b[key]} with tiles, {ref[key]} without"
+            assert b["warp_units"] == ref["units"], w
+            want = model_tile_blocks(b, budget)
+            assert b["tile_blocks"] == want, f"{w}: tile_blocks is {b['tile_blocks']}, the rule gives {want}"
+            assert b["first_unit"] == unit, w
+            if b["tile_blocks"]:
+                tiled += 1
+                nt, tb = b["units"], b["tile_blocks"]
+                block_bytes = b["block_elems"] * ELEM_BYTES[b["dtype"]]
+                assert tb * (block_bytes + TILE_META_BYTES) <= budget, w
+                # As few tiles as the budget allows, none empty.
+                assert nt == -(-b["num_blocks"] // (budget // (block_bytes + TILE_META_BYTES))), w
+                assert (nt - 1) * tb < b["num_blocks"] <= nt * tb, w
+                enc_smem = max(enc_smem, tb * (block_bytes + TILE_META_BYTES))
+                dec_smem = max(dec_smem, 4 * tb)
+                check_tile_accesses(b, plan["num_slots"], w)
+            else:
+                assert b["units"] == -(-b["warp_units"] // WARPS_PER_CTA), w
+            unit += b["units"]
+        assert plan["units_per_page"] == unit, where
+        assert (plan["tile_encode_smem"], plan["tile_decode_smem"]) == (enc_smem, dec_smem), where
+        assert enc_smem <= budget, where
+    return plans, tiled
+
+
+def check_tile_accesses(b, num_slots, w):
+    """Every tile of the buffer: its elements partition the buffer, each element's block is the
+    block whose scale it takes in the CPU reference, and every 16-byte hot copy and 16-code store
+    is aligned in every slot and in the blob."""
+    e = ELEM_BYTES[b["dtype"]]
+    seen = np.zeros(b["elems"], np.int64)
+    owner = np.full(b["elems"], -1, np.int64)
+    ref_offsets, _ = access_offsets(b, 1)  # [block][element]: the reference's blocks
+    for j in range(b["num_blocks"]):
+        owner[ref_offsets[j]] = j
+    starts = hot_slot_starts(b, num_slots)
+    for t in range(b["units"]):
+        first = t * b["tile_blocks"]
+        nb = min(b["tile_blocks"], b["num_blocks"] - first)
+        offs, blocks = tile_elements(b, first, nb)
+        np.add.at(seen, offs.reshape(-1), 1)
+        assert np.array_equal(owner[offs.reshape(-1)], blocks.reshape(-1)), f"{w}: tile {t} maps an element to a wrong block"
+        row_starts = offs[:, 0]
+        # Rows move as 16-byte pieces: a row's hot bytes and codes start aligned and are whole pieces.
+        assert (offs.shape[1] * e) % 16 == 0 and offs.shape[1] % 16 == 0, w
+        assert np.all((starts[:, None] + row_starts[None, :] * e) % 16 == 0), f"{w}: tile {t}: a hot row is not 16-byte aligned"
+        assert np.all((b["data_offset"] + row_starts) % 16 == 0), f"{w}: tile {t}: a code row is not 16-byte aligned"
+        assert (b["scale_offset"] + 4 * first) % 4 == 0, w
+    assert np.all(seen == 1), f"{w}: the tiles cover elements {np.flatnonzero(seen != 1)[:4].tolist()} not exactly once"
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=[f"{b // KIB}k" for b in BUDGETS])
+@pytest.mark.parametrize("params", TILE_PARAMS, ids=TILE_IDS)
+@pytest.mark.parametrize("shift", [0, 2])
+@pytest.mark.parametrize("name,layout", layouts(), ids=[n for n, _ in layouts()])
+def test_tile_plan_follows_the_rules_and_keeps_the_blob(name, layout, shift, params, budget):
+    check_tile_plan(pool_groups(layout, shift), params, budget)
+
+
+def test_tile_layout_coverage_includes_tiled_and_warp_unit_buffers():
+    # The layouts above give the tile rules both outcomes for quantized buffers.
+    kinds = set()
+    for (name, layout), params in itertools.product(layouts(), TILE_PARAMS):
+        for p in blob_plan(pool_groups(layout, 0), params).values():
+            for b in p["buffers"]:
+                if b["quantized"]:
+                    kinds.add("tiled" if b["tile_blocks"] else "warp units")
+    assert kinds == {"tiled", "warp units"}
+
+
+def kv_groups(tokens, heads=8, dim=128, dtype=DType.BFLOAT16, slots=4, base=1 << 20, slot_pad=0):
+    """The benchmark's layout: one pool, K and V of one layer per slot."""
+    from kvcodec_sdk import BufferDesc, LifeCycleDesc, Role
+
+    nbytes = tokens * heads * dim * ELEM_BYTES[int(dtype)]
+    bufs = (BufferDesc(0, Role.KEY, 0, 0, nbytes, dtype, tokens, heads, dim),
+            BufferDesc(0, Role.VALUE, 0, nbytes, nbytes, dtype, tokens, heads, dim))
+    return [PoolGroupDesc([PoolDesc(base, 2 * nbytes + slot_pad, slots)], [LifeCycleDesc(0, bufs)])]
+
+
+@pytest.mark.parametrize("tokens", [16, 64])
+@pytest.mark.parametrize("granularity", ["page_head", "token_head", "page"])
+def test_benchmark_layouts_take_the_tile_path_as_documented(tokens, granularity):
+    # bf16, 8 heads x 128 dims: a buffer is 32 KiB (16 tokens) or 128 KiB (64 tokens) per page.
+    plans, _ = check_tile_plan(kv_groups(tokens), {"kernel": "tile", "granularity": granularity}, DEFAULT_TILE_BUDGET)
+    for b in plans[0]["buffers"]:
+        if tokens == 16:
+            # The whole buffer is one tile: page_head writes all heads of a token row together.
+            assert (b["units"], b["tile_blocks"]) == (1, b["num_blocks"]), b
+        elif granularity == "page":
+            assert b["tile_blocks"] == 0, "one 128 KiB scale block does not fit the budget: warp units"
+        else:
+            assert (b["units"], b["tile_blocks"]) == (2, b["num_blocks"] // 2), b  # two 64 KiB tiles
+    assert plans[0]["tile_encode_smem"] <= DEFAULT_TILE_BUDGET
+
+
+def test_odd_slots_unaligned_bases_and_other_kernels_leave_the_tile_path():
+    # A slot size that is not a multiple of 16 or a pool base off 16-byte alignment: no vector
+    # path, so no tile; the other kernels never tile.
+    for groups in (kv_groups(16, slot_pad=2), kv_groups(16, base=(1 << 20) + 8)):
+        plan = blob_plan(groups, {"kernel": "tile"})[0]
+        assert all(b["tile_blocks"] == 0 and b["vector"] == 0 for b in plan["buffers"])
+        assert plan["tile_encode_smem"] == 0
+    for kernel in ("v1", "b2", "b4"):
+        plan = blob_plan(kv_groups(16), {"kernel": kernel})[0]
+        assert plan["tile_encode_smem"] == plan["tile_decode_smem"] == 0
+        for b in plan["buffers"]:
+            assert b["tile_blocks"] == 0 and b["units"] == b["warp_units"], (kernel, b)
+
+
+def test_tile_kernel_is_a_valid_tuning_with_every_knob():
+    import kvcodec_sdk as kv
+
+    for extra in ({}, {"small_blocks": "deep"}, {"finite_check": "block"}):
+        codec = kv.create_codec("fp8", {"kernel": "tile", **extra}, device="cpu")
+        assert codec.params["kernel"] == "tile"
+        codec.close()
