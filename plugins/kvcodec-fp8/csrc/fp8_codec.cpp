@@ -394,13 +394,19 @@ public:
     ~Fp8CodecCuda() override
     {
         DeviceScope scope(device_);
-        for (auto& [id, table] : tables_)
+        for (BufferPlan* table : owned_)
         {
             cudaFree(table);
         }
     }
 
 private:
+    struct TileLaunch
+    {
+        uint32_t smem[2] = {0, 0};     ///< [decode, encode]
+        uint32_t resident[2] = {1, 1};
+    };
+
     bool configureBackend() override
     {
         DeviceScope scope(device_);
@@ -414,38 +420,97 @@ private:
         }
         for (auto const& [id, plan] : plans_)
         {
-            BufferPlan* table = nullptr;
-            size_t const bytes = plan.buffers.size() * sizeof(BufferPlan);
-            cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&table), bytes);
-            if (st == cudaSuccess)
+            std::string err = upload(id, plan, tables_[id]);
+            if (err.empty() && kKernelVariants[params_.kernel].tiled)
             {
-                tables_[id] = table;
-                st = cudaMemcpy(table, plan.buffers.data(), bytes, cudaMemcpyHostToDevice);
+                err = prepareTiles(id, plan, tileLaunch_[id]);
             }
-            if (st != cudaSuccess)
+            if (err.empty() && params_.autoKernel)
             {
-                return fail("allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st));
-            }
-            if (kKernelVariants[params_.kernel].tiled)
-            {
-                // Dynamic shared memory and resident thread blocks of this lifecycle's launches.
-                TileLaunch& launch = tileLaunch_[id];
-                launch.smem[0] = uint32_t(plan.tileDecodeSmem);
-                launch.smem[1] = uint32_t(plan.tileEncodeSmem);
-                for (int enc = 0; enc < 2; ++enc)
+                // kernel=auto: the tile variant's plan next to b4's, used per call when it tiles
+                // every quantized buffer (an untiled one would run warp code one CTA at a time).
+                Fp8Params tileParams = params_;
+                tileParams.kernel = kAutoTileVariant;
+                AutoTile& t = autoTile_[id];
+                err = planLifeCycle(layout_, layoutLifeCycle(id), tileParams, t.plan, tileBudget_);
+                t.usable = err.empty() && std::all_of(t.plan.buffers.begin(), t.plan.buffers.end(),
+                    [](BufferPlan const& b) { return !b.quantized || b.tileBlocks > 0; });
+                if (err.empty() && t.plan.coldPageBytes != plan.coldPageBytes)
                 {
-                    int resident = 0;
-                    st = prepareTileKernel(enc == 1, tileBudget_, launch.smem[enc], &resident);
-                    if (st != cudaSuccess)
-                    {
-                        return fail("preparing the tile kernel for lifecycle " + std::to_string(id) + " ("
-                            + std::to_string(launch.smem[enc]) + " bytes of shared memory) failed: " + cudaText(st));
-                    }
-                    launch.resident[enc] = uint32_t(std::max(resident, 1));
+                    err = "the tile plan's cold page size differs from the base plan's";
                 }
+                if (err.empty() && t.usable)
+                {
+                    err = upload(id, t.plan, t.table);
+                    if (err.empty()) err = prepareTiles(id, t.plan, t.launch);
+                }
+            }
+            if (!err.empty())
+            {
+                return fail(err);
             }
         }
         return true;
+    }
+
+    HotLayout::LifeCycle const& layoutLifeCycle(LifeCycleId id) const
+    {
+        for (auto const& lc : layout_.lifeCycles())
+        {
+            if (lc.id == id) return lc;
+        }
+        throw std::logic_error("lifecycle " + std::to_string(id) + " is not in the layout");
+    }
+
+    // Copies a plan's buffer table to the device.
+    std::string upload(LifeCycleId id, LifeCyclePlan const& plan, BufferPlan*& table)
+    {
+        size_t const bytes = plan.buffers.size() * sizeof(BufferPlan);
+        cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&table), bytes);
+        if (st == cudaSuccess)
+        {
+            owned_.push_back(table);
+            st = cudaMemcpy(table, plan.buffers.data(), bytes, cudaMemcpyHostToDevice);
+        }
+        else
+        {
+            table = nullptr;
+        }
+        return st == cudaSuccess
+            ? std::string()
+            : "allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st);
+    }
+
+    // Dynamic shared memory and resident thread blocks of a tile plan's launches.
+    std::string prepareTiles(LifeCycleId id, LifeCyclePlan const& plan, TileLaunch& launch)
+    {
+        launch.smem[0] = uint32_t(plan.tileDecodeSmem);
+        launch.smem[1] = uint32_t(plan.tileEncodeSmem);
+        for (int enc = 0; enc < 2; ++enc)
+        {
+            int resident = 0;
+            cudaError_t const st = prepareTileKernel(enc == 1, tileBudget_, launch.smem[enc], &resident);
+            if (st != cudaSuccess)
+            {
+                return "preparing the tile kernel for lifecycle " + std::to_string(id) + " ("
+                    + std::to_string(launch.smem[enc]) + " bytes of shared memory) failed: " + cudaText(st);
+            }
+            launch.resident[enc] = uint32_t(std::max(resident, 1));
+        }
+        return {};
+    }
+
+    // Whether blobs at `blob` are device memory (a host query, no synchronization); unknown
+    // memory counts as host memory.
+    static bool deviceResident(uintptr_t blob) noexcept
+    {
+        cudaPointerAttributes attributes{};
+        if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void const*>(blob)) != cudaSuccess)
+        {
+            cudaGetLastError();
+            return false;
+        }
+        return attributes.type == cudaMemoryTypeDevice;
     }
 
     uint64_t tileBudgetBytes() const noexcept override
@@ -475,21 +540,37 @@ private:
         {
             return fail("cannot make CUDA device " + std::to_string(device_) + " current");
         }
+        // kernel=auto: tile for decodes and for encodes into host memory, b4 otherwise.
+        AutoTile const* tile = nullptr;
+        if (params_.autoKernel)
+        {
+            auto it = autoTile_.find(lc.id);
+            if (it != autoTile_.end() && it->second.usable && (!encode || !deviceResident(blob)))
+            {
+                tile = &it->second;
+            }
+        }
+        LifeCyclePlan const& used = tile ? tile->plan : plan;
         KernelArgs args{};
-        args.buffers = tables_.at(lc.id);
-        args.numBuffers = uint32_t(plan.buffers.size());
+        args.buffers = tile ? tile->table : tables_.at(lc.id);
+        args.numBuffers = uint32_t(used.buffers.size());
         args.encode = encode ? 1 : 0;
         args.format = uint32_t(params_.format);
         args.scalarOnly = (blob % kRegionAlign) != 0 ? 1 : 0;
-        args.variant = params_.kernel;
+        args.variant = tile ? kAutoTileVariant : params_.kernel;
         args.blockFinite = params_.blockFinite ? 1 : 0;
-        args.unitsPerPage = plan.unitsPerPage;
+        args.unitsPerPage = used.unitsPerPage;
         args.coldPageBytes = plan.coldPageBytes;
         args.numHotSlots = layout_.groups()[lc.group].numSlots;
         args.pairs = pairs;
         args.numPairs = n;
         args.blob = blob;
-        if (auto it = tileLaunch_.find(lc.id); it != tileLaunch_.end())
+        if (tile)
+        {
+            args.tileSmem = tile->launch.smem[encode ? 1 : 0];
+            args.tileResident = tile->launch.resident[encode ? 1 : 0];
+        }
+        else if (auto it = tileLaunch_.find(lc.id); it != tileLaunch_.end())
         {
             args.tileSmem = it->second.smem[encode ? 1 : 0];
             args.tileResident = it->second.resident[encode ? 1 : 0];
@@ -498,17 +579,22 @@ private:
         return st == cudaSuccess ? true : fail("fp8 kernel launch failed: " + cudaText(st));
     }
 
-    struct TileLaunch
+    // kernel=auto: the tile variant's plan of one lifecycle.
+    struct AutoTile
     {
-        uint32_t smem[2] = {0, 0};     ///< [decode, encode]
-        uint32_t resident[2] = {1, 1};
+        LifeCyclePlan plan;
+        bool usable = false; ///< Every quantized buffer is tiled.
+        BufferPlan* table = nullptr;
+        TileLaunch launch;
     };
 
     int device_;
     int numSms_;
     uint64_t tileBudget_;
+    std::vector<BufferPlan*> owned_;
     std::unordered_map<LifeCycleId, BufferPlan*> tables_;
     std::unordered_map<LifeCycleId, TileLaunch> tileLaunch_;
+    std::unordered_map<LifeCycleId, AutoTile> autoTile_;
 };
 
 IKvCacheColdPageCodec* createFp8(char const* paramsJson, int32_t device, char* errorMessage, size_t errorCapacity)

@@ -38,6 +38,14 @@ inline constexpr KernelVariant kKernelVariants[] = {
 };
 inline constexpr int kNumKernelVariants = int(sizeof(kKernelVariants) / sizeof(kKernelVariants[0]));
 
+/// kernel=auto (the default) runs b4 for encodes into device memory, where it is fastest, and
+/// the tile variant for decodes and for encodes into host memory, where tile's long contiguous
+/// runs win, whenever the tile variant tiles every quantized buffer (docs/fp8.md, Performance).
+inline constexpr uint32_t kAutoBaseVariant = 2;
+inline constexpr uint32_t kAutoTileVariant = 3;
+static_assert(!kKernelVariants[kAutoBaseVariant].tiled && kKernelVariants[kAutoBaseVariant].tunable, "auto's base is b4");
+static_assert(kKernelVariants[kAutoTileVariant].tiled, "auto's tile variant");
+
 /// Threads of one thread block (all variants).
 inline constexpr uint32_t kBlockThreads = 256;
 

@@ -25,9 +25,10 @@ struct Fp8Params
     bool losslessValue = false;
     std::set<int64_t> losslessLayers;
     // Tuning knobs of the CUDA kernel: they never change a blob byte.
-    uint32_t kernel = 0;        ///< Index into kKernelVariants.
-    bool deepSmallBlocks = false; ///< small_blocks=deep: several rounds of small blocks per warp unit.
-    bool blockFinite = false;   ///< finite_check=block.
+    bool autoKernel = true;     ///< kernel=auto: per call, `kernel` or the tile variant (docs/fp8.md).
+    uint32_t kernel = kAutoBaseVariant; ///< Index into kKernelVariants (auto: its non-tile kernel).
+    bool deepSmallBlocks = true; ///< small_blocks=deep: several rounds of small blocks per warp unit.
+    bool blockFinite = true;    ///< finite_check=block.
 };
 
 namespace detail {
@@ -133,11 +134,13 @@ inline bool parseFp8Params(char const* json, Fp8Params& out, std::string& error)
         }
         else if (key == "kernel")
         {
-            bool found = false;
-            std::string valid;
+            bool found = str && *str == "auto";
+            out.autoKernel = found;
+            if (found) out.kernel = kAutoBaseVariant;
+            std::string valid = "'auto'";
             for (int v = 0; v < kNumKernelVariants; ++v)
             {
-                valid += std::string(v ? ", '" : "'") + kKernelVariants[v].name + "'";
+                valid += std::string(", '") + kKernelVariants[v].name + "'";
                 if (str && *str == kKernelVariants[v].name)
                 {
                     out.kernel = uint32_t(v);
@@ -180,9 +183,10 @@ inline bool parseFp8Params(char const* json, Fp8Params& out, std::string& error)
     }
     if (!kKernelVariants[out.kernel].tunable && (out.deepSmallBlocks || out.blockFinite))
     {
-        error = std::string("fp8 parameters 'small_blocks' = 'deep' and 'finite_check' = 'block' need a tunable kernel; "
-                            "'kernel' is '")
-            + kKernelVariants[out.kernel].name + "' (use 'b2', 'b4' or 'tile')";
+        error = std::string("fp8 parameters small_blocks='") + (out.deepSmallBlocks ? "deep" : "wide")
+            + "' and finite_check='" + (out.blockFinite ? "block" : "element") + "' need a tunable kernel; 'kernel' is '"
+            + kKernelVariants[out.kernel].name
+            + "' (use 'auto', 'b2', 'b4' or 'tile', or small_blocks='wide' and finite_check='element')";
         return false;
     }
     return true;

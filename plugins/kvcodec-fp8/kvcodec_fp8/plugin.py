@@ -55,8 +55,8 @@ class Fp8CodecSpec(kv.CodecSpec):
         if out["kernel"] == "v1" and (out["small_blocks"] != "wide" or out["finite_check"] != "element"):
             raise CodecParamError(
                 f"codec 'fp8' parameters small_blocks={out['small_blocks']!r} and finite_check={out['finite_check']!r} "
-                "need a tunable kernel; 'kernel' is 'v1' (use 'b2', 'b4' or 'tile', or small_blocks='wide' and "
-                "finite_check='element')"
+                "need a tunable kernel; 'kernel' is 'v1' (use 'auto', 'b2', 'b4' or 'tile', or small_blocks='wide' "
+                "and finite_check='element')"
             )
         return out
 
@@ -73,16 +73,19 @@ _PARAMS = (
                  "'0,31'."),
     # Tuning knobs of the CUDA kernel (docs/fp8.md, Performance): they never change a blob byte
     # and the CPU reference ignores them.
-    kv.ParamSpec("kernel", str, "v1", "Tuning knob, blobs unchanged: CUDA kernel variant. 'v1' (2 blocks/SM, 128 B "
-                 "per lane cached), 'b2' (2 blocks/SM, 128 B per lane, large blocks streamed in batches), 'b4' (4 "
-                 "blocks/SM, 64 B per lane, batched), 'tile' (one thread block per tile of whole scale blocks staged "
-                 "in shared memory; its other buffers run b4's warp code).", choices=("v1", "b2", "b4", "tile"), affects_blob=False),
-    kv.ParamSpec("small_blocks", str, "wide", "Tuning knob, blobs unchanged: 'wide' (a warp unit is one round of "
+    kv.ParamSpec("kernel", str, "auto", "Tuning knob, blobs unchanged: CUDA kernel variant. 'auto' (b4 for encodes "
+                 "into device memory, tile for decodes and for encodes into host memory, when tile takes every "
+                 "quantized buffer), 'v1' (2 blocks/SM, 128 B per lane cached; takes small_blocks='wide' and "
+                 "finite_check='element'), 'b2' (2 blocks/SM, 128 B per lane, large blocks streamed in batches), 'b4' "
+                 "(4 blocks/SM, 64 B per lane, batched), 'tile' (one thread block per tile of whole scale blocks staged "
+                 "in shared memory; its other buffers run b4's warp code).", choices=("auto", "v1", "b2", "b4", "tile"),
+                 affects_blob=False),
+    kv.ParamSpec("small_blocks", str, "deep", "Tuning knob, blobs unchanged: 'wide' (a warp unit is one round of "
                  "blocks) or 'deep' (blocks of at most one access per lane are packed several rounds per warp "
-                 "unit); 'deep' needs kernel 'b2', 'b4' or 'tile'.", choices=("wide", "deep"), affects_blob=False),
-    kv.ParamSpec("finite_check", str, "element", "Tuning knob, blobs unchanged: look for NaN/Inf per 'element' or "
-                 "once per 'block' (exact per-element handling only where one is found); 'block' needs kernel "
-                 "'b2', 'b4' or 'tile'.", choices=("element", "block"), affects_blob=False),
+                 "unit); 'deep' needs a kernel other than 'v1'.", choices=("wide", "deep"), affects_blob=False),
+    kv.ParamSpec("finite_check", str, "block", "Tuning knob, blobs unchanged: look for NaN/Inf per 'element' or "
+                 "once per 'block' (exact per-element handling only where one is found); 'block' needs a kernel "
+                 "other than 'v1'.", choices=("element", "block"), affects_blob=False),
 )
 
 _extra: dict[str, Any] = {"check_error": check_error}

@@ -317,8 +317,8 @@ def test_spec_is_registered_with_its_bound():
     assert spec.plugin == "fp8" and not spec.lossless and "2^-(m+1)" in spec.error_bound
     assert spec.format_version == _ext.FORMAT_VERSION == 1
     assert spec.defaults() == {"format": "e4m3", "granularity": "page_head", "lossless_roles": "",
-                               "lossless_layers": "", "kernel": "v1", "small_blocks": "wide",
-                               "finite_check": "element"}
+                               "lossless_layers": "", "kernel": "auto", "small_blocks": "deep",
+                               "finite_check": "block"}
 
 
 @pytest.mark.parametrize(
@@ -330,12 +330,12 @@ def test_spec_is_registered_with_its_bound():
         ({"lossless_layers": "1,x"}, r"'lossless_layers' has the item 'x'"),
         ({"lossless_layers": 3}, r"'lossless_layers' is 3 \(int\); it must be a string"),
         ({"scale": "per_head"}, r"has no parameter 'scale'; valid parameters: 'format'"),
-        ({"kernel": "v2"}, r"'kernel' is 'v2'; valid values are 'v1', 'b2', 'b4', 'tile'"),
+        ({"kernel": "v2"}, r"'kernel' is 'v2'; valid values are 'auto', 'v1', 'b2', 'b4', 'tile'"),
         ({"small_blocks": "narrow"}, r"'small_blocks' is 'narrow'; valid values"),
         ({"finite_check": "none"}, r"'finite_check' is 'none'; valid values"),
-        ({"small_blocks": "deep"}, r"small_blocks='deep' and finite_check='element' need a tunable kernel; "
-                                   r"'kernel' is 'v1'"),
-        ({"finite_check": "block"}, r"finite_check='block' need a tunable kernel"),
+        ({"kernel": "v1", "finite_check": "element"},
+         r"small_blocks='deep' and finite_check='element' need a tunable kernel; 'kernel' is 'v1'"),
+        ({"kernel": "v1"}, r"finite_check='block' need a tunable kernel"),
     ],
 )
 def test_bad_parameters_are_refused_in_python(params, message):
@@ -351,10 +351,12 @@ def test_bad_parameters_are_refused_in_python(params, message):
         ('{"lossless_layers": "-1"}', "'lossless_layers' has the item '-1'"),
         ('{"lossless_roles": "keys"}', "'lossless_roles' names 'keys'"),
         ('{"bogus": 1}', "unknown fp8 parameter 'bogus'"),
-        ('{"kernel": "b3"}', "'kernel' is b3; valid values are 'v1', 'b2', 'b4', 'tile'"),
+        ('{"kernel": "b3"}', "'kernel' is b3; valid values are 'auto', 'v1', 'b2', 'b4', 'tile'"),
         ('{"small_blocks": "x"}', "'small_blocks' is x; valid values are 'wide', 'deep'"),
         ('{"finite_check": 0}', "'finite_check' is 0; valid values are 'element', 'block'"),
-        ('{"kernel": "v1", "small_blocks": "deep"}', "need a tunable kernel; 'kernel' is 'v1'"),
+        ('{"kernel": "v1", "small_blocks": "deep", "finite_check": "element"}',
+         "small_blocks='deep' and finite_check='element' need a tunable kernel; 'kernel' is 'v1'"),
+        ('{"kernel": "v1"}', "small_blocks='deep' and finite_check='block' need a tunable kernel"),
         ('{"format": }', "malformed codec parameters"),
     ],
 )
@@ -366,7 +368,8 @@ def test_bad_parameters_are_refused_natively(json, message):
 
 
 TUNINGS = [{"kernel": k, "small_blocks": s, "finite_check": f}
-           for k, s, f in itertools.product(("b2", "b4", "tile"), ("wide", "deep"), ("element", "block"))]
+           for k, s, f in itertools.product(("auto", "b2", "b4", "tile"), ("wide", "deep"), ("element", "block"))] + [
+    {"kernel": "v1", "small_blocks": "wide", "finite_check": "element"}]
 
 
 @pytest.mark.parametrize("tuning", TUNINGS, ids=["-".join(t.values()) for t in TUNINGS])
@@ -378,7 +381,7 @@ def test_tuning_knobs_are_accepted_and_leave_the_blob_unchanged(tuning):
     blobs = []
     for params in ({"granularity": "token_head"}, {"granularity": "token_head", **tuning}):
         codec = kv.create_codec("fp8", params, device="cpu")
-        assert codec.params["kernel"] == params.get("kernel", "v1")
+        assert codec.params["kernel"] == params.get("kernel", "auto")
         codec.configure(host.groups)
         cold = np.zeros((4, codec.cold_page_bytes(0)), np.uint8)
         codec.encode(0, cold, pairs([0, 1, 2, 3], [3, 2, 1, 0]))

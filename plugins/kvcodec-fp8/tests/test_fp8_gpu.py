@@ -80,8 +80,10 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kin
     check_against_cpu(params, spec, cold_kind, stream)
 
 
-# Every kernel variant and tuning knob (docs/fp8.md, Performance) must write the v1 blob bytes.
-TUNINGS = [{"kernel": "v1"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
+# Every kernel variant and tuning knob (docs/fp8.md, Performance) must write the v1 blob bytes;
+# "auto" (the default) runs b4 or tile per call, by direction and blob location.
+V1 = {"kernel": "v1", "small_blocks": "wide", "finite_check": "element"}
+TUNINGS = [V1, {"kernel": "auto"}] + [{"kernel": k, "small_blocks": s, "finite_check": f}
                                 for k, s, f in itertools.product(("b2", "b4", "tile"), ("wide", "deep"),
                                                                  ("element", "block"))]
 TUNING_IDS = ["-".join(t.values()) for t in TUNINGS]
@@ -169,10 +171,12 @@ def scalar_path(params, stream):
 B4_DEEP_BLOCK = {"kernel": "b4", "small_blocks": "deep", "finite_check": "block"}
 TILE = {"kernel": "tile", "small_blocks": "wide", "finite_check": "element"}
 TILE_DEEP_BLOCK = {"kernel": "tile", "small_blocks": "deep", "finite_check": "block"}
-CONFORMANCE_PARAMS = [{"granularity": "page_head", **t} for t in (TUNINGS[0], TUNINGS[3], B4_DEEP_BLOCK)] + [
-    {"granularity": "token_head", "kernel": "v1"}, {"granularity": "page", "kernel": "v1"},
+B2_DEEP_ELEMENT = {"kernel": "b2", "small_blocks": "deep", "finite_check": "element"}
+AUTO = {"kernel": "auto"}
+CONFORMANCE_PARAMS = [{"granularity": "page_head", **t} for t in (V1, B2_DEEP_ELEMENT, B4_DEEP_BLOCK)] + [
+    {"granularity": "token_head", **V1}, {"granularity": "page", **V1},
     {"granularity": "page", **B4_DEEP_BLOCK}] + [
-    {"granularity": g, **t} for g in ("page_head", "token_head", "page") for t in (TILE, TILE_DEEP_BLOCK)]
+    {"granularity": g, **t} for g in ("page_head", "token_head", "page") for t in (TILE, TILE_DEEP_BLOCK, AUTO)]
 
 
 @pytest.mark.parametrize("params", CONFORMANCE_PARAMS, ids=["-".join(p.values()) for p in CONFORMANCE_PARAMS])
@@ -271,8 +275,8 @@ def test_encode_reads_data_written_just_before_on_the_stream(stream):
 
 
 @pytest.mark.parametrize("tuning", [{}, {"kernel": "b2", "small_blocks": "deep", "finite_check": "block"},
-                                    {"kernel": "b4", "small_blocks": "deep"}, {"kernel": "tile"}],
-                         ids=["v1", "b2-deep-block", "b4-deep", "tile"])
+                                    {"kernel": "b4", "small_blocks": "deep"}, {"kernel": "tile"}, V1],
+                         ids=["auto", "b2-deep-block", "b4-deep", "tile", "v1"])
 @pytest.mark.parametrize("gran", ["page_head", "token_head"])
 def test_many_pages_one_call(tuning, gran, stream):
     params = {"granularity": gran, **tuning}

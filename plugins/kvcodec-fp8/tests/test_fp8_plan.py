@@ -408,8 +408,10 @@ def test_odd_slots_unaligned_bases_and_other_kernels_leave_the_tile_path():
         plan = blob_plan(groups, {"kernel": "tile"})[0]
         assert all(b["tile_blocks"] == 0 and b["vector"] == 0 for b in plan["buffers"])
         assert plan["tile_encode_smem"] == 0
-    for kernel in ("v1", "b2", "b4"):
-        plan = blob_plan(kv_groups(16), {"kernel": kernel})[0]
+    for tuning in ({"kernel": "v1", "small_blocks": "wide", "finite_check": "element"}, {"kernel": "b2"},
+                   {"kernel": "b4"}, {}):
+        kernel = tuning.get("kernel", "auto (its b4 plan)")
+        plan = blob_plan(kv_groups(16), tuning)[0]
         assert plan["tile_encode_smem"] == plan["tile_decode_smem"] == 0
         for b in plan["buffers"]:
             assert b["tile_blocks"] == 0 and b["units"] == b["warp_units"], (kernel, b)
