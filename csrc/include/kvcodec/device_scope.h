@@ -2,7 +2,8 @@
 //
 // A scoped CUDA device switch for codecs and hosts: codec calls arrive on the caller's thread with
 // whatever device is current, so work for another device switches for the call and restores the
-// caller's device afterwards. Header-only, for use inside codecs (built-in or plugin).
+// caller's device afterwards; and where a buffer's memory lives. Header-only, for use inside
+// codecs (built-in or plugin).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,5 +45,19 @@ private:
     bool ok_ = true;
     bool restore_ = false;
 };
+
+/// Whether `p` is device memory (a host query, no synchronization): codecs pick their work split
+/// by where the blobs are, since blobs in host memory cross PCIe. Memory CUDA does not know, or a
+/// failed query, counts as host memory.
+inline bool isDeviceMemory(void const* p) noexcept
+{
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess)
+    {
+        cudaGetLastError();
+        return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice;
+}
 
 } // namespace kvcodec

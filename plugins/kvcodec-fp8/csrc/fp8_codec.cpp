@@ -500,19 +500,6 @@ private:
         return {};
     }
 
-    // Whether blobs at `blob` are device memory (a host query, no synchronization); unknown
-    // memory counts as host memory.
-    static bool deviceResident(uintptr_t blob) noexcept
-    {
-        cudaPointerAttributes attributes{};
-        if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void const*>(blob)) != cudaSuccess)
-        {
-            cudaGetLastError();
-            return false;
-        }
-        return attributes.type == cudaMemoryTypeDevice;
-    }
-
     uint64_t tileBudgetBytes() const noexcept override
     {
         return tileBudget_;
@@ -545,7 +532,7 @@ private:
         if (params_.autoKernel)
         {
             auto it = autoTile_.find(lc.id);
-            if (it != autoTile_.end() && it->second.usable && (!encode || !deviceResident(blob)))
+            if (it != autoTile_.end() && it->second.usable && (!encode || !isDeviceMemory(reinterpret_cast<void const*>(blob))))
             {
                 tile = &it->second;
             }

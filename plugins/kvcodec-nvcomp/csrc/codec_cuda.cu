@@ -1099,19 +1099,6 @@ private:
         return host[3];
     }
 
-    // Whether the blobs at `blob` are device memory (a host query, no synchronization); unknown
-    // memory counts as host memory.
-    static bool deviceResident(uintptr_t blob) noexcept
-    {
-        cudaPointerAttributes attributes{};
-        if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void const*>(blob)) != cudaSuccess)
-        {
-            cudaGetLastError();
-            return false;
-        }
-        return attributes.type == cudaMemoryTypeDevice;
-    }
-
     // The operator of a blob's codec header and chunk table, [32, headerBytes).
     uint32_t headerOp(uint32_t headerBytes) const noexcept
     {
@@ -1168,7 +1155,7 @@ private:
         // Blobs in device memory have no transfer to hide: the largest batches keep the most
         // chunks in flight.
         uint64_t batch = plan.maxPagesPerBatch;
-        bool const hostBlobs = !deviceResident(blob);
+        bool const hostBlobs = !isDeviceMemory(reinterpret_cast<void const*>(blob));
         if (hostBlobs)
         {
             uint64_t const minPages = std::max<uint64_t>(1, (8ull << 20) / group.pageBytes);
