@@ -431,15 +431,13 @@ private:
                 // every quantized buffer (an untiled one would run warp code one CTA at a time).
                 Fp8Params tileParams = params_;
                 tileParams.kernel = kAutoTileVariant;
+                // A lifecycle the tile plan cannot take simply keeps b4.
                 AutoTile& t = autoTile_[id];
-                err = planLifeCycle(layout_, layoutLifeCycle(id), tileParams, t.plan, tileBudget_);
-                t.usable = err.empty() && std::all_of(t.plan.buffers.begin(), t.plan.buffers.end(),
-                    [](BufferPlan const& b) { return !b.quantized || b.tileBlocks > 0; });
-                if (err.empty() && t.plan.coldPageBytes != plan.coldPageBytes)
-                {
-                    err = "the tile plan's cold page size differs from the base plan's";
-                }
-                if (err.empty() && t.usable)
+                t.usable = planLifeCycle(layout_, layoutLifeCycle(id), tileParams, t.plan, tileBudget_).empty()
+                    && t.plan.coldPageBytes == plan.coldPageBytes
+                    && std::all_of(t.plan.buffers.begin(), t.plan.buffers.end(),
+                        [](BufferPlan const& b) { return !b.quantized || b.tileBlocks > 0; });
+                if (t.usable)
                 {
                     err = upload(id, t.plan, t.table);
                     if (err.empty()) err = prepareTiles(id, t.plan, t.launch);
