@@ -172,22 +172,22 @@ __device__ void loadCrcTables(CrcTables& s)
 {
     for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
     {
-        uint32_t c = i;
-        for (int k = 0; k < 8; ++k)
-        {
-            c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
-        }
-        s.t[0][i] = c;
+        s.t[0][i] = crcByteTableEntry(i);
     }
     __syncthreads();
     for (int k = 1; k < 4; ++k)
     {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
         {
-            s.t[k][i] = (s.t[k - 1][i] >> 8) ^ s.t[0][s.t[k - 1][i] & 0xffu];
+            s.t[k][i] = crcAdvanceByte(s.t[k - 1][i], s.t[0]);
         }
         __syncthreads();
     }
+}
+
+__device__ uint32_t log2Pow2(uint64_t v)
+{
+    return uint32_t(__ffsll(static_cast<long long>(v)) - 1);
 }
 
 // Raw CRC of the block's pieces in thread order when every piece has 2^log2Bytes bytes
@@ -248,9 +248,23 @@ __device__ uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, uint64_t valid
     uint32_t c = crcUpdate(0, p + b0, end - b0, s.t);
     for (uint64_t b = end; b < b1; ++b)
     {
-        c = s.t[0][c & 0xffu] ^ (c >> 8);
+        c = crcAdvanceByte(c, s.t[0]);
     }
-    return blockCrcEqual(c, uint32_t(__ffsll(static_cast<long long>(seg)) - 1), xpow);
+    return blockCrcEqual(c, log2Pow2(seg), xpow);
+}
+
+// A chunk's piece of the checksum, `padded` bytes at `p` with those from `valid` on read as
+// zeros, stored into *out by thread 0.
+__device__ void blockChunkPiece(CrcPiece* out, uint8_t const* p, uint64_t padded, uint64_t valid, CrcTables const& s,
+    uint32_t const* xpow)
+{
+    // Thread 0's segment is the shortest (crcLeadingZeroSegment): it also computes the operator.
+    uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, xpow) : 0;
+    uint32_t const raw = blockCrcRaw(p, padded, valid, s, xpow);
+    if (threadIdx.x == 0)
+    {
+        *out = CrcPiece{raw, op};
+    }
 }
 
 // The contiguous run [first, last) of `n` items that thread threadIdx.x of the block takes.
@@ -259,6 +273,19 @@ __device__ void threadRun(uint32_t n, uint32_t& first, uint32_t& last)
     uint32_t const per = (n + blockDim.x - 1) / blockDim.x;
     first = min(n, threadIdx.x * per);
     last = min(n, first + per);
+}
+
+// The piece of `n` chunks in blob order from their pieces (runs per thread, then a block tree).
+__device__ CrcPiece blockChunksJoin(CrcPiece const* pieces, uint32_t n)
+{
+    uint32_t first = 0, last = 0;
+    threadRun(n, first, last);
+    CrcPiece run{0, kCrcOne};
+    for (uint32_t c = first; c < last; ++c)
+    {
+        run = crcJoin(run, pieces[c]);
+    }
+    return blockCrcJoin(run);
 }
 
 // Exclusive prefix sum of one value per thread over the block; *total gets the sum.
@@ -453,15 +480,9 @@ __global__ void encodeChunks(EncodeArgs a, uint64_t total)
         auto const* src = static_cast<uint8_t const*>((entry & kChunkCompressedBit) ? a.outPtrs[k] : a.inPtrs[k]);
         uint8_t* dst = coldSlot(a.coldBase, a.pairs[i].dst, a.coldBytes) + a.offsets[k];
         blockCopyPadded(dst, src, stored);
-        // Thread 0's piece is the shortest (crcLeadingZeroSegment): it also computes the operator.
-        uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
         // From the device-side source, not the cold slot (which may be host memory); the padding
         // counts as zeros.
-        uint32_t const raw = blockCrcRaw(src, padded, stored, tables, a.xpow);
-        if (threadIdx.x == 0)
-        {
-            a.chunkCrc[k] = CrcPiece{raw, op};
-        }
+        blockChunkPiece(a.chunkCrc + k, src, padded, stored, tables, a.xpow);
     }
 }
 
@@ -511,16 +532,8 @@ __global__ void encodeSeal(EncodeArgs a)
                 *reinterpret_cast<uint4*>(cold + kCodecHeaderOffset + 4 * j) = make_uint4(w[0], w[1], w[2], w[3]);
             }
         }
-        CrcPiece const header{blockCrcEqual(raw, uint32_t(__ffsll(static_cast<long long>(seg)) - 1), a.xpow), a.headerOp};
-        // The chunks' pieces, in blob order.
-        uint32_t first = 0, last = 0;
-        threadRun(a.numChunks, first, last);
-        CrcPiece run{0, kCrcOne};
-        for (uint32_t c = first; c < last; ++c)
-        {
-            run = crcJoin(run, a.chunkCrc[base + c]);
-        }
-        CrcPiece const all = crcJoin(header, blockCrcJoin(run));
+        CrcPiece const header{blockCrcEqual(raw, log2Pow2(seg), a.xpow), a.headerOp};
+        CrcPiece const all = crcJoin(header, blockChunksJoin(a.chunkCrc + base, a.numChunks));
         checksum = crcFinishOp(all.raw, all.op);
     }
     if (threadIdx.x == 0)
@@ -698,12 +711,7 @@ __global__ void decodeChunks(DecodeArgs a, uint64_t total)
         uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
         blockCopy(stage + offset, blob + offset, padded);
         __syncthreads();
-        uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, a.xpow) : 0;
-        uint32_t const raw = blockCrcRaw(stage + offset, padded, padded, tables, a.xpow);
-        if (threadIdx.x == 0)
-        {
-            a.chunkCrc[k] = CrcPiece{raw, op};
-        }
+        blockChunkPiece(a.chunkCrc + k, stage + offset, padded, padded, tables, a.xpow);
     }
 }
 
@@ -718,14 +726,7 @@ __global__ void decodeVerify(DecodeArgs a)
     bool ok = (page.flags & kPageOk) != 0;
     if (ok)
     {
-        uint32_t first = 0, last = 0;
-        threadRun(a.numChunks, first, last);
-        CrcPiece run{0, kCrcOne};
-        for (uint32_t c = first; c < last; ++c)
-        {
-            run = crcJoin(run, a.chunkCrc[base + c]);
-        }
-        CrcPiece const all = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockCrcJoin(run));
+        CrcPiece const all = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockChunksJoin(a.chunkCrc + base, a.numChunks));
         ok = crcFinishOp(all.raw, all.op) == page.checksum;
     }
     for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
@@ -1355,7 +1356,7 @@ struct HostCrc
             crcLeadingZeroSegment(bytes, seg, threads, th, b0, b1);
             uint64_t const end = std::min(b1, std::max(b0, valid));
             uint32_t c = crcUpdate(0, p + b0, end - b0, t);
-            for (uint64_t b = end; b < b1; ++b) c = t[0][c & 0xffu] ^ (c >> 8);
+            for (uint64_t b = end; b < b1; ++b) c = crcAdvanceByte(c, t[0]);
             part[th] = c;
         }
         return equal(part, log2(seg));

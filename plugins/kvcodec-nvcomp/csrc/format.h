@@ -224,23 +224,36 @@ KVNV_HD CrcPiece crcJoin(CrcPiece a, CrcPiece b)
     return CrcPiece{crcMulMod(b.op, a.raw) ^ b.raw, crcMulMod(a.op, b.op)};
 }
 
+/// Entry i of the byte table: the raw register after byte i from register 0.
+KVNV_HD uint32_t crcByteTableEntry(uint32_t i)
+{
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k)
+    {
+        c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
+    }
+    return c;
+}
+
+/// Raw register `c` advanced by one byte already XORed into its low byte (a zero byte: `c`
+/// itself), with the byte table t0.
+KVNV_HD uint32_t crcAdvanceByte(uint32_t c, uint32_t const* t0)
+{
+    return (c >> 8) ^ t0[c & 0xffu];
+}
+
 /// Slicing-by-4 tables: t[0] is the byte table; t[k][i] advances t[k-1][i] by one zero byte.
 inline void crcSliceTables(uint32_t (*t)[256])
 {
     for (uint32_t i = 0; i < 256; ++i)
     {
-        uint32_t c = i;
-        for (int k = 0; k < 8; ++k)
-        {
-            c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
-        }
-        t[0][i] = c;
+        t[0][i] = crcByteTableEntry(i);
     }
     for (int k = 1; k < 4; ++k)
     {
         for (uint32_t i = 0; i < 256; ++i)
         {
-            t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xffu];
+            t[k][i] = crcAdvanceByte(t[k - 1][i], t[0]);
         }
     }
 }
@@ -282,7 +295,7 @@ KVNV_HD uint32_t crcUpdate(uint32_t c, unsigned char const* p, uint64_t n, uint3
     }
     for (; b < n; ++b)
     {
-        c = t[0][(c ^ p[b]) & 0xffu] ^ (c >> 8);
+        c = crcAdvanceByte(c ^ p[b], t[0]);
     }
     return c;
 }
