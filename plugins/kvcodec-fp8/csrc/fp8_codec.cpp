@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 #include <stdexcept>
 #include <string>
@@ -401,10 +402,22 @@ public:
     }
 
 private:
-    struct TileLaunch
+    // One kernel variant's launch of a lifecycle: its plan's device buffer table and, for the
+    // tile variant, the dynamic shared memory and resident thread blocks per direction.
+    struct Launch
     {
+        uint32_t variant = 0;
+        BufferPlan* table = nullptr;
+        uint32_t numBuffers = 0;
+        uint64_t unitsPerPage = 0;
         uint32_t smem[2] = {0, 0};     ///< [decode, encode]
         uint32_t resident[2] = {1, 1};
+    };
+
+    struct LifeCycleLaunches
+    {
+        Launch base;               ///< params_.kernel (kernel=auto: b4)
+        std::optional<Launch> tile; ///< kernel=auto: tile, when it tiles every quantized buffer
     };
 
     bool configureBackend() override
@@ -418,29 +431,26 @@ private:
         {
             return fail(std::string("loading the fp8 kernel failed: ") + cudaGetErrorString(st));
         }
-        for (auto const& [id, plan] : plans_)
+        for (auto const& lc : layout_.lifeCycles())
         {
-            std::string err = upload(id, plan, tables_[id]);
-            if (err.empty() && kKernelVariants[params_.kernel].tiled)
-            {
-                err = prepareTiles(id, plan, tileLaunch_[id]);
-            }
+            LifeCyclePlan const& plan = plans_.at(lc.id);
+            LifeCycleLaunches& launches = launches_[lc.id];
+            std::string err = prepare(lc.id, plan, params_.kernel, launches.base);
             if (err.empty() && params_.autoKernel)
             {
                 // kernel=auto: the tile variant's plan next to b4's, used per call when it tiles
-                // every quantized buffer (an untiled one would run warp code one CTA at a time).
+                // every quantized buffer (an untiled one would run warp code one CTA at a time);
+                // a lifecycle the tile plan cannot take keeps b4.
                 Fp8Params tileParams = params_;
-                tileParams.kernel = kAutoTileVariant;
-                // A lifecycle the tile plan cannot take simply keeps b4.
-                AutoTile& t = autoTile_[id];
-                t.usable = planLifeCycle(layout_, layoutLifeCycle(id), tileParams, t.plan, tileBudget_).empty()
-                    && t.plan.coldPageBytes == plan.coldPageBytes
-                    && std::all_of(t.plan.buffers.begin(), t.plan.buffers.end(),
+                tileParams.kernel = kTileVariant;
+                LifeCyclePlan tilePlan;
+                bool const usable = planLifeCycle(layout_, lc, tileParams, tilePlan, tileBudget_).empty()
+                    && tilePlan.coldPageBytes == plan.coldPageBytes
+                    && std::all_of(tilePlan.buffers.begin(), tilePlan.buffers.end(),
                         [](BufferPlan const& b) { return !b.quantized || b.tileBlocks > 0; });
-                if (t.usable)
+                if (usable)
                 {
-                    err = upload(id, t.plan, t.table);
-                    if (err.empty()) err = prepareTiles(id, t.plan, t.launch);
+                    err = prepare(lc.id, tilePlan, kTileVariant, launches.tile.emplace());
                 }
             }
             if (!err.empty())
@@ -451,43 +461,36 @@ private:
         return true;
     }
 
-    HotLayout::LifeCycle const& layoutLifeCycle(LifeCycleId id) const
+    // Copies a plan's buffer table to the device and, for the tile variant, sets its kernels'
+    // shared memory.
+    std::string prepare(LifeCycleId id, LifeCyclePlan const& plan, uint32_t variant, Launch& launch)
     {
-        for (auto const& lc : layout_.lifeCycles())
-        {
-            if (lc.id == id) return lc;
-        }
-        throw std::logic_error("lifecycle " + std::to_string(id) + " is not in the layout");
-    }
-
-    // Copies a plan's buffer table to the device.
-    std::string upload(LifeCycleId id, LifeCyclePlan const& plan, BufferPlan*& table)
-    {
+        launch.variant = variant;
+        launch.numBuffers = uint32_t(plan.buffers.size());
+        launch.unitsPerPage = plan.unitsPerPage;
         size_t const bytes = plan.buffers.size() * sizeof(BufferPlan);
-        cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&table), bytes);
-        if (st == cudaSuccess)
+        cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&launch.table), bytes);
+        if (st != cudaSuccess)
         {
-            owned_.push_back(table);
-            st = cudaMemcpy(table, plan.buffers.data(), bytes, cudaMemcpyHostToDevice);
+            launch.table = nullptr;
+            return "allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st);
         }
-        else
+        owned_.push_back(launch.table);
+        st = cudaMemcpy(launch.table, plan.buffers.data(), bytes, cudaMemcpyHostToDevice);
+        if (st != cudaSuccess)
         {
-            table = nullptr;
+            return "copying the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st);
         }
-        return st == cudaSuccess
-            ? std::string()
-            : "allocating the buffer table of lifecycle " + std::to_string(id) + " failed: " + cudaText(st);
-    }
-
-    // Dynamic shared memory and resident thread blocks of a tile plan's launches.
-    std::string prepareTiles(LifeCycleId id, LifeCyclePlan const& plan, TileLaunch& launch)
-    {
+        if (!kKernelVariants[variant].tiled)
+        {
+            return {};
+        }
         launch.smem[0] = uint32_t(plan.tileDecodeSmem);
         launch.smem[1] = uint32_t(plan.tileEncodeSmem);
         for (int enc = 0; enc < 2; ++enc)
         {
             int resident = 0;
-            cudaError_t const st = prepareTileKernel(enc == 1, tileBudget_, launch.smem[enc], &resident);
+            st = prepareTileKernel(enc == 1, tileBudget_, launch.smem[enc], &resident);
             if (st != cudaSuccess)
             {
                 return "preparing the tile kernel for lifecycle " + std::to_string(id) + " ("
@@ -526,60 +529,34 @@ private:
             return fail("cannot make CUDA device " + std::to_string(device_) + " current");
         }
         // kernel=auto: tile for decodes and for encodes into host memory, b4 otherwise.
-        AutoTile const* tile = nullptr;
-        if (params_.autoKernel)
-        {
-            auto it = autoTile_.find(lc.id);
-            if (it != autoTile_.end() && it->second.usable && (!encode || !isDeviceMemory(reinterpret_cast<void const*>(blob))))
-            {
-                tile = &it->second;
-            }
-        }
-        LifeCyclePlan const& used = tile ? tile->plan : plan;
+        LifeCycleLaunches const& launches = launches_.at(lc.id);
+        bool const useTile = launches.tile && (!encode || !isDeviceMemory(reinterpret_cast<void const*>(blob)));
+        Launch const& l = useTile ? *launches.tile : launches.base;
         KernelArgs args{};
-        args.buffers = tile ? tile->table : tables_.at(lc.id);
-        args.numBuffers = uint32_t(used.buffers.size());
+        args.buffers = l.table;
+        args.numBuffers = l.numBuffers;
         args.encode = encode ? 1 : 0;
         args.format = uint32_t(params_.format);
         args.scalarOnly = (blob % kRegionAlign) != 0 ? 1 : 0;
-        args.variant = tile ? kAutoTileVariant : params_.kernel;
+        args.variant = l.variant;
         args.blockFinite = params_.blockFinite ? 1 : 0;
-        args.unitsPerPage = used.unitsPerPage;
+        args.unitsPerPage = l.unitsPerPage;
         args.coldPageBytes = plan.coldPageBytes;
         args.numHotSlots = layout_.groups()[lc.group].numSlots;
         args.pairs = pairs;
         args.numPairs = n;
         args.blob = blob;
-        if (tile)
-        {
-            args.tileSmem = tile->launch.smem[encode ? 1 : 0];
-            args.tileResident = tile->launch.resident[encode ? 1 : 0];
-        }
-        else if (auto it = tileLaunch_.find(lc.id); it != tileLaunch_.end())
-        {
-            args.tileSmem = it->second.smem[encode ? 1 : 0];
-            args.tileResident = it->second.resident[encode ? 1 : 0];
-        }
+        args.tileSmem = l.smem[encode ? 1 : 0];
+        args.tileResident = l.resident[encode ? 1 : 0];
         cudaError_t const st = launchFp8(args, numSms_, stream);
         return st == cudaSuccess ? true : fail("fp8 kernel launch failed: " + cudaText(st));
     }
-
-    // kernel=auto: the tile variant's plan of one lifecycle.
-    struct AutoTile
-    {
-        LifeCyclePlan plan;
-        bool usable = false; ///< Every quantized buffer is tiled.
-        BufferPlan* table = nullptr;
-        TileLaunch launch;
-    };
 
     int device_;
     int numSms_;
     uint64_t tileBudget_;
     std::vector<BufferPlan*> owned_;
-    std::unordered_map<LifeCycleId, BufferPlan*> tables_;
-    std::unordered_map<LifeCycleId, TileLaunch> tileLaunch_;
-    std::unordered_map<LifeCycleId, AutoTile> autoTile_;
+    std::unordered_map<LifeCycleId, LifeCycleLaunches> launches_;
 };
 
 IKvCacheColdPageCodec* createFp8(char const* paramsJson, int32_t device, char* errorMessage, size_t errorCapacity)

@@ -1049,9 +1049,6 @@ __global__ void __launch_bounds__(kThreads, kKernelVariants[V].blocksPerSm) fp8K
 // bytes, its codes and its scales are each a few long contiguous runs.
 // ---------------------------------------------------------------------------------------------
 
-constexpr int kTileVariant = 3;
-static_assert(kKernelVariants[kTileVariant].tiled, "kTileVariant names the tile variant");
-
 // Chunks of 16 code pieces a decoding thread loads before its first store.
 constexpr int kTileDecodeBatch = 4;
 
@@ -1463,7 +1460,7 @@ cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) n
     case 0: launchVariant<0>(args, total, numSms, stream); break;
     case 1: launchVariant<1>(args, total, numSms, stream); break;
     case 2: launchVariant<2>(args, total, numSms, stream); break;
-    case 3: launchTile(args, total, numSms, stream); break;
+    case kTileVariant: launchTile(args, total, numSms, stream); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();

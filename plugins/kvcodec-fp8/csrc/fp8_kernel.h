@@ -42,9 +42,10 @@ inline constexpr int kNumKernelVariants = int(sizeof(kKernelVariants) / sizeof(k
 /// the tile variant for decodes and for encodes into host memory, where tile's long contiguous
 /// runs win, whenever the tile variant tiles every quantized buffer (docs/fp8.md, Performance).
 inline constexpr uint32_t kAutoBaseVariant = 2;
-inline constexpr uint32_t kAutoTileVariant = 3;
+/// The tile variant (the tile kernel's launch bounds and auto's per-call choice).
+inline constexpr uint32_t kTileVariant = 3;
 static_assert(!kKernelVariants[kAutoBaseVariant].tiled && kKernelVariants[kAutoBaseVariant].tunable, "auto's base is b4");
-static_assert(kKernelVariants[kAutoTileVariant].tiled, "auto's tile variant");
+static_assert(kKernelVariants[kTileVariant].tiled, "kTileVariant names the tile variant");
 
 /// Threads of one thread block (all variants).
 inline constexpr uint32_t kBlockThreads = 256;
