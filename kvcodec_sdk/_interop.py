@@ -56,9 +56,9 @@ def stream_handle(stream: Any) -> int:
     )
 
 
-def keep_for_stream(objects: Any, stream: Any) -> None:
-    """Keeps torch CUDA tensors handed to a call queued on ``stream`` allocated until the stream
-    has run that far.
+def keep_for_stream(objects: Any, stream: Any, handle: int) -> None:
+    """Keeps torch CUDA tensors handed to a call queued on ``stream`` (whose
+    :func:`stream_handle` is ``handle``) allocated until the stream has run that far.
 
     torch's caching allocator hands a freed block to the next allocation on the tensor's own
     stream at once; a codec call queued on another stream may not have read it yet (a temporary
@@ -73,7 +73,6 @@ def keep_for_stream(objects: Any, stream: Any) -> None:
     if not tensors:
         return
     if not isinstance(stream, torch.cuda.Stream):
-        handle = stream_handle(stream)
         if handle in (0, _LEGACY_STREAM, _PER_THREAD_STREAM):
             return  # the null stream, or a stream the codec refuses
         stream = torch.cuda.ExternalStream(handle, device=tensors[0].device)

@@ -148,10 +148,11 @@ class Codec:
                 )
         if count and idx_on_device is False:
             self._check_cold_extent(native, op, what, lifecycle, base, owner, count)
-        ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, _interop.stream_handle(stream))
+        handle = _interop.stream_handle(stream)
+        ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, handle)
         if ok and count:
             # Queued work reads the indices and the cold buffer after this returns.
-            _interop.keep_for_stream((owner, base), stream)
+            _interop.keep_for_stream((owner, base), stream, handle)
         del owner  # the index memory had to outlive the native call
         if not ok:
             raise CodecCallError(f"{self.spec.name}: {op}() failed: {native.last_error()}")
