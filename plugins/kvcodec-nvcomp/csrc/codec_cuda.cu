@@ -66,10 +66,19 @@ __device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
     if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0)
     {
         // Four independent 16-byte loads per thread in flight: reads from pinned host memory
-        // cross PCIe, and one outstanding load per thread would leave the link idle.
-        auto* d = reinterpret_cast<uint4*>(dst);
-        auto const* s = reinterpret_cast<uint4 const*>(src);
-        uint64_t const vecs = bytes / 16;
+        // cross PCIe, and one outstanding load per thread would leave the link idle. The first
+        // few vectors bring dst to a 128-byte boundary, so each warp's stores cover whole lines
+        // (whole PCIe writes when dst is host memory).
+        uint64_t const all = bytes / 16;
+        uint64_t const toLine = ((128 - (reinterpret_cast<uintptr_t>(dst) & 127)) & 127) / 16;
+        uint64_t const lead = toLine < all ? toLine : all;
+        if (threadIdx.x < lead)
+        {
+            reinterpret_cast<uint4*>(dst)[threadIdx.x] = reinterpret_cast<uint4 const*>(src)[threadIdx.x];
+        }
+        auto* d = reinterpret_cast<uint4*>(dst) + lead;
+        auto const* s = reinterpret_cast<uint4 const*>(src) + lead;
+        uint64_t const vecs = all - lead;
         uint64_t const step = blockDim.x;
         uint64_t v = threadIdx.x;
         for (; v + 3 * step < vecs; v += 4 * step)
@@ -87,7 +96,7 @@ __device__ void blockCopy(uint8_t* dst, uint8_t const* src, uint64_t bytes)
         {
             d[v] = s[v];
         }
-        for (uint64_t b = vecs * 16 + threadIdx.x; b < bytes; b += blockDim.x)
+        for (uint64_t b = all * 16 + threadIdx.x; b < bytes; b += blockDim.x)
         {
             dst[b] = src[b];
         }
