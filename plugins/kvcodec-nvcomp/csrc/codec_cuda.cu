@@ -1125,8 +1125,9 @@ private:
     // compress kernel read 16-byte words it had not written) while LZ4 blobs did not. nvCOMP
     // does not promise to write every byte of a compressed chunk up to its reported size
     // (gdeflate ends its 32 interleaved bit streams in partial words that the decoder ignores),
-    // so stale bytes of another chunk in the same staging slot can reach the blob. Clearing the
-    // slot first makes the blob depend on its page alone; test_nvcomp_gpu.py's stale-memory test
+    // so stale bytes of another chunk in the same staging slot can reach the blob; ANS also
+    // writes bytes past the size it reports, so the whole slot is cleared. Clearing the slot
+    // first makes the blob depend on its page alone; test_nvcomp_gpu.py's stale-memory test
     // checks which buffer matters.
     bool zeroCompressed() const noexcept
     {
