@@ -589,6 +589,8 @@ enum : uint8_t
     kChunkRaw = 0,
     kChunkCompressed = 1,
     kChunkSkip = 2, // the page is not decoded
+    kChunkKind = 3, // the bits above
+    kChunkInPlace = 4, // flag: the payload is read from the blob itself, not from its staged copy
 };
 
 struct DecodeArgs
@@ -625,6 +627,7 @@ struct DecodeArgs
     uint64_t pageBytes;
     uintptr_t coldBase;
     uint32_t const* xpow;
+    uint32_t blobOnDevice; // the cold blobs are in device memory: payloads need no staging
 };
 
 // Per page: checks the envelope, stages the codec header and chunk table, checks them and lays
@@ -700,8 +703,12 @@ __global__ void decodeHeader(DecodeArgs a)
     }
 }
 
-// Per chunk of a page whose header is valid: stages its payload and its piece of the checksum.
-// Blocks take chunks as in encodeChunks.
+// Per chunk of a page whose header is valid: its piece of the checksum, from a staged copy of
+// its payload when the blob is in host memory (read once over PCIe), else from the blob itself,
+// which nvCOMP and decodeScatter then read in place. A chunk whose payload ends within
+// kStagingAlign bytes of the cold slot's end is staged all the same: decoders read whole words
+// past a chunk's last byte, and the slot may end the caller's allocation. Blocks take chunks as
+// in encodeChunks.
 __global__ void decodeChunks(DecodeArgs a, uint64_t total)
 {
     __shared__ CrcTables tables;
@@ -718,9 +725,17 @@ __global__ void decodeChunks(DecodeArgs a, uint64_t total)
         uint32_t const c = uint32_t(k % a.numChunks);
         uint64_t const offset = a.offsets[k];
         uint64_t const padded = roundUp(load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask, kPayloadAlign);
-        blockCopy(stage + offset, blob + offset, padded);
-        __syncthreads();
-        blockChunkPiece(a.chunkCrc + k, stage + offset, padded, padded, tables, a.xpow);
+        bool const inPlace = a.blobOnDevice && offset + padded + kStagingAlign <= a.coldBytes;
+        if (inPlace)
+        {
+            if (threadIdx.x == 0) a.kinds[k] |= kChunkInPlace;
+        }
+        else
+        {
+            blockCopy(stage + offset, blob + offset, padded);
+            __syncthreads();
+        }
+        blockChunkPiece(a.chunkCrc + k, (inPlace ? blob : stage) + offset, padded, padded, tables, a.xpow);
     }
 }
 
@@ -744,9 +759,12 @@ __global__ void decodeVerify(DecodeArgs a)
         DevChunk const ch = a.chunks[c];
         uint8_t const kind = ok ? a.kinds[k] : kChunkSkip;
         a.kinds[k] = kind;
-        if (kind == kChunkCompressed)
+        if ((kind & kChunkKind) == kChunkCompressed)
         {
-            a.inPtrs[k] = stage + a.offsets[k];
+            uint8_t const* payload = (kind & kChunkInPlace)
+                ? reinterpret_cast<uint8_t const*>(a.coldBase + uint64_t(pair.src) * a.coldBytes)
+                : stage;
+            a.inPtrs[k] = payload + a.offsets[k];
             a.inBytes[k] = load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask;
             a.outPtrs[k] = a.direct ? reinterpret_cast<void*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset)
                                     : a.outStaging + k * a.chunkStride;
@@ -769,7 +787,8 @@ __global__ void decodeScatter(DecodeArgs a)
     uint64_t const i = k / a.numChunks;
     uint32_t const c = uint32_t(k % a.numChunks);
     uint64_t const base = i * a.numChunks;
-    uint8_t const kind = a.kinds[k];
+    uint8_t const flags = a.kinds[k];
+    uint8_t const kind = flags & kChunkKind;
     if (kind == kChunkSkip || (kind == kChunkCompressed && a.direct))
     {
         return; // Not decoded, or nvCOMP wrote it in place.
@@ -777,7 +796,7 @@ __global__ void decodeScatter(DecodeArgs a)
     int bad = 0;
     for (uint32_t j = threadIdx.x; j < a.numChunks; j += blockDim.x)
     {
-        if (a.kinds[base + j] == kChunkCompressed
+        if ((a.kinds[base + j] & kChunkKind) == kChunkCompressed
             && (a.statuses[base + j] != nvcompSuccess || a.actual[base + j] != a.chunks[j].bytes))
         {
             bad = 1;
@@ -789,8 +808,17 @@ __global__ void decodeScatter(DecodeArgs a)
     }
     PageIndexPair const pair = a.pairs[i];
     DevChunk const ch = a.chunks[c];
-    uint8_t const* src = kind == kChunkCompressed ? a.outStaging + k * a.chunkStride
-                                                  : a.blobStaging + i * a.blobStride + a.offsets[k];
+    uint8_t const* src = nullptr;
+    if (kind == kChunkCompressed)
+    {
+        src = a.outStaging + k * a.chunkStride;
+    }
+    else
+    {
+        src = ((flags & kChunkInPlace) ? reinterpret_cast<uint8_t const*>(a.coldBase + uint64_t(pair.src) * a.coldBytes)
+                                       : a.blobStaging + i * a.blobStride)
+            + a.offsets[k];
+    }
     auto* dst = reinterpret_cast<uint8_t*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset);
     if (a.bitshuffle)
     {
@@ -1242,7 +1270,7 @@ private:
             options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
             dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, headerOp(plan.headerBytes), dummyIn_, dummyInBytes_, dec_.dummyOut,
             dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
-            blob, xpow_};
+            blob, xpow_, hostBlobs ? 0u : 1u};
         // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
         decodeHeader<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         decodeChunks<<<chunkGrid(total, hostBlobs), kThreads, 0, stream>>>(a, total);
