@@ -137,27 +137,19 @@ namespace kvcodec::nvcomp_plugin {
 // polynomial. Polynomials are reflected: bit 31 holds x^0.
 inline constexpr uint32_t kCrc32cPoly = 0x82F63B78u;
 
-/// a * b modulo the CRC-32C polynomial.
+/// a * b modulo the CRC-32C polynomial. Branch-free with a fixed trip count, so the compiler
+/// unrolls it: the only serial chain is b's 32 steps of one multiplication by x, which keeps
+/// the kernels that join pieces (a chain of these per tree level) short.
 KVNV_HD uint32_t crcMulMod(uint32_t a, uint32_t b)
 {
-    if (a == 0)
-    {
-        return 0;
-    }
-    uint32_t m = 1u << 31;
     uint32_t p = 0;
-    while (true)
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 31; i >= 0; --i)
     {
-        if (a & m)
-        {
-            p ^= b;
-            if ((a & (m - 1)) == 0)
-            {
-                break;
-            }
-        }
-        m >>= 1;
-        b = (b & 1) ? (b >> 1) ^ kCrc32cPoly : b >> 1;
+        p ^= b & (0u - ((a >> i) & 1u)); // a's bit i is x^(31 - i)
+        b = (b >> 1) ^ (kCrc32cPoly & (0u - (b & 1u)));
     }
     return p;
 }
