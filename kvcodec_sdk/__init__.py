@@ -21,7 +21,7 @@ from .errors import (
     UnknownCodecError,
 )
 from .hookspecs import hookimpl, hookspec
-from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PoolDesc, PoolGroupDesc, Role
+from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PageStatus, PoolDesc, PoolGroupDesc, Role
 from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
 from .spec import CodecSpec, ParamSpec
 from .version import __version__
@@ -48,6 +48,7 @@ __all__ = [
     "LifeCycleDesc",
     "PageHandle",
     "PageIndexLocation",
+    "PageStatus",
     "PageList",
     "ParamSpec",
     "PluginAbiError",

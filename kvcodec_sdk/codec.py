@@ -110,6 +110,28 @@ class Codec:
         src cold slot)."""
         self._transform("decode", lifecycle, src_base, page_indices, stream, num_pages)
 
+    @property
+    def has_checked_decode(self) -> bool:
+        """True when the codec reports a status per page (:meth:`decode_checked`, plugin ABI 2)."""
+        return bool(self._live().has_checked_decode)
+
+    def decode_checked(self, lifecycle: int, src_base: Any, page_indices: Any, page_status: Any, *,
+                       stream: Any = None, num_pages: int | None = None) -> None:
+        """:meth:`decode` that writes one :class:`~kvcodec_sdk.layout.PageStatus` byte per page
+        into ``page_status`` (a uint8 buffer of at least as many bytes as pages; device or
+        mapped pinned memory for a CUDA codec, valid once the stream reaches the call; host
+        memory for a CPU codec, valid on return). A bad blob is a status, not an error; pages
+        with a non-OK status are not decoded (their hot slots' contents are unspecified).
+        Raises ``ValueError`` when the codec has no checked decode (:attr:`has_checked_decode`).
+        """
+        native = self._live()
+        if not native.has_checked_decode:
+            raise ValueError(f"codec {self.spec.name!r} has no checked decode (plugin ABI {native.abi_version}); "
+                             f"use decode()")
+        status_ptr, _ = _interop.data_pointer(page_status, "page_status")
+        self._transform("decode_checked", lifecycle, src_base, page_indices, stream, num_pages,
+                        status=(status_ptr, page_status))
+
     def last_error(self) -> str:
         """The codec's reason for its last failed call."""
         return str(self._live().last_error())
@@ -133,7 +155,8 @@ class Codec:
                 f"{nbytes // page_bytes} cold pages of {page_bytes} bytes"
             )
 
-    def _transform(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any, num_pages: int | None) -> None:
+    def _transform(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any, num_pages: int | None,
+                   status: tuple | None = None) -> None:
         native = self._live()
         what = "dst_base" if op == "encode" else "src_base"
         base_ptr, _ = _interop.data_pointer(base, what)
@@ -149,10 +172,24 @@ class Codec:
         if count and idx_on_device is False:
             self._check_cold_extent(native, op, what, lifecycle, base, owner, count)
         handle = _interop.stream_handle(stream)
-        ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, handle)
+        if status is None:
+            ok = getattr(native, op)(int(lifecycle), base_ptr, idx_ptr, count, handle)
+            keep = (owner, base)
+        else:
+            status_ptr, status_obj = status
+            nbytes = getattr(status_obj, "nbytes", None)
+            if nbytes is None and hasattr(status_obj, "element_size"):
+                nbytes = status_obj.numel() * status_obj.element_size()
+            if nbytes is not None and nbytes < count:
+                raise ValueError(f"page_status holds {nbytes} bytes; it needs one per page ({count})")
+            if getattr(status_obj, "flags", None) is not None and not status_obj.flags.writeable:
+                raise ValueError("page_status is read-only; the codec writes one status byte per page into it")
+            ok = native.decode_checked(int(lifecycle), base_ptr, idx_ptr, count, status_ptr, handle)
+            keep = (owner, base, status_obj)
         if ok and count:
             # Queued work reads the indices and the cold buffer after this returns.
-            _interop.keep_for_stream((owner, base), stream, handle)
+            _interop.keep_for_stream(keep, stream, handle)
         del owner  # the index memory had to outlive the native call
         if not ok:
-            raise CodecCallError(f"{self.spec.name}: {op}() failed: {native.last_error()}")
+            name = "decodeChecked" if op == "decode_checked" else op
+            raise CodecCallError(f"{self.spec.name}: {name}() failed: {native.last_error()}")

@@ -56,6 +56,22 @@ class PageIndexLocation(enum.IntEnum):
     DEVICE = 1
 
 
+class PageStatus(enum.IntEnum):
+    """One page's outcome of a checked decode (``kvcodec::PageStatus``, one byte per page).
+
+    Values 1-5 equal the envelope check's ``EnvelopeStatus``.
+    """
+
+    OK = 0
+    BAD_MAGIC = 1  #: the blob does not start with an envelope
+    BAD_FORMAT_VERSION = 2  #: the envelope names another format version
+    BAD_HEADER = 3  #: header CRC mismatch, sizes outside the blob, or a bad codec header
+    DID_NOT_FIT = 4  #: the page did not fit its slot; the blob holds no page
+    BAD_CHECKSUM = 5  #: the payload fails its checksum
+    DECODE_FAILED = 6  #: the payload passed its checksum but did not decode
+    BAD_INDEX = 7  #: the page's index pair is out of range
+
+
 @dataclass(frozen=True)
 class PoolDesc:
     """One hot pool: ``num_slots`` slots of ``slot_bytes`` bytes at address ``base``."""

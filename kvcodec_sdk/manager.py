@@ -25,7 +25,7 @@ Everything per page happens in C++: a :class:`PageList` is a numpy array of page
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -131,6 +131,10 @@ class PoolGroupStats:
     evictions: int = 0  # pages the eviction controller moved out of this group
     drops: int = 0  # pages the eviction controller dropped here (last level only)
     hits: int = 0  # touch() calls on pages in this group
+    #: ``pages_dropped`` per reason: the codec's page statuses (``bad_magic``,
+    #: ``bad_format_version``, ``bad_header``, ``did_not_fit``, ``bad_checksum``,
+    #: ``decode_failed``, ``bad_index``) and the disk tier's (``missing``, ``disk_checksum``).
+    dropped_by_reason: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

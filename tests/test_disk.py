@@ -42,6 +42,19 @@ def test_fast_crc32c_matches_bitwise_reference(data, seed):
         assert _native.disk.crc32c_hardware(data, seed) == ref
 
 
+@pytest.mark.parametrize("size", [12287, 12288, 12289, 3 * 4096 * 5 + 77, 1 << 20])
+def test_fast_crc32c_three_stream_blocks_match_the_reference(size):
+    """Buffers of three 4 KiB blocks and more take the hardware path's three interleaved chains,
+    joined by a carry-less shift: they must give the bitwise reference's value, chained too."""
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    ref = _native.crc32c(data, 0x1234)
+    assert crc32c(data, 0x1234) == ref and _native.disk.crc32c_slicing8(data, 0x1234) == ref
+    if _native.disk.crc32c_hardware_available():
+        assert _native.disk.crc32c_hardware(data, 0x1234) == ref
+    half = size // 3
+    assert crc32c(data[half:], crc32c(data[:half])) == _native.crc32c(data)
+
+
 def test_crc32c_known_value_and_chaining():
     assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
     data = page(1, 100003)

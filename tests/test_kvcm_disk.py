@@ -187,6 +187,7 @@ def test_checksum_mismatch_drops_the_page(tmp_path, rng):
     with pytest.raises(StalePageError):
         bad.level
     assert m2.stats(CacheLevel.DISK)[0].pages_dropped == 1
+    assert m2.stats(CacheLevel.DISK)[0].dropped_by_reason["disk_checksum"] == 1
     assert m2.disk_stats(0)["checksum_failures"] == 1
     assert any(np.array_equal(hot_bytes(m2, good), model[p.id]) for p in pages)
 
@@ -225,3 +226,23 @@ def test_disk_config_and_key_errors_name_the_field(tmp_path, rng):
     m.free(pages)
     assert all(free == total for total, free in m.slot_counts(CacheLevel.DISK))
     assert m.find_on_disk([b"k"]) == [None]
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-decode", "host-check"])
+def test_disk_to_hot_drops_blobs_the_codec_refuses(tmp_path, rng, checked):
+    """Disk -> hot with an enveloped codec: a blob that holds no page (did not fit) is dropped
+    and counted, by the codec's page status or by the host envelope check."""
+    codec = make_test_codec(envelope=True, did_not_fit_marker=0xEE, checked_decode=checked)
+    m = KVCacheManager(disk_config(tmp_path, groups=[group([0], [64])]), cold_page_codec=codec)
+    pages = m.allocate(0, 4)
+    model = write_random(m, pages, rng)
+    m.page_view(pages[2], framework="numpy")[0][0] = 0xEE
+    assert m.evict(pages, level=CacheLevel.DISK).moved == 4
+    scribble(m)
+    r = m.onboard(pages, source=CacheLevel.DISK)
+    assert r.moved == 3 and r.dropped.ids.tolist() == [pages[2].id]
+    st = m.stats(CacheLevel.DISK)[0]
+    assert st.pages_dropped == 1 and st.dropped_by_reason["did_not_fit"] == 1 and st.pages_onboarded == 3
+    check_hot(m, [pages[i] for i in (0, 1, 3)], model)
+    assert all(free == total for total, free in m.slot_counts(CacheLevel.DISK))
+    assert m.page_ring()["live_leases"] == 0

@@ -347,3 +347,56 @@ def test_random_migration_sequences_match_the_model(codec, ops, seed):
     m = KVCacheManager(config(GROUPS, gpu_quota=64 * 40 * 2, host_quota=64 * 50, index_ring_bytes=64, auto_evict=False),
                        cold_page_codec=CODECS[codec]())
     run_sequence(m, ops, "concat" if codec == "concat" else "test", np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("checked,abi", [(True, None), (True, 1), (False, None)],
+                         ids=["checked-decode", "abi1-host-check", "host-check"])
+def test_bad_blobs_are_dropped_and_counted_by_reason(rng, checked, abi):
+    """Damaged host blobs (header, payload, did-not-fit) are dropped and counted per reason,
+    whether the codec reports page statuses (checked decode, no host pass) or the manager
+    checks the envelope on the host (codecs without it, and plugins built for ABI 1)."""
+    codec = make_test_codec(abi_version=abi, envelope=True, did_not_fit_marker=0xEE, checked_decode=checked)
+    m = KVCacheManager(config([group([0], [64])]), cold_page_codec=codec)
+    pages = m.allocate(0, 8)
+    model = write_random(m, pages, rng)
+    m.page_view(pages[1], framework="numpy")[0][0] = 0xEE  # this page "does not fit"
+    model[pages[1].id] = hot_bytes(m, pages[1])
+    m.evict(pages)
+    m.synchronize()
+    m.page_view(pages[3])[0][40] ^= 0x04  # payload bit flip
+    m.page_view(pages[5])[0][12] ^= 0x80  # header bit flip (payloadBytes): the header CRC fails
+    m.page_view(pages[6])[0][0] ^= 0x01  # magic
+    free_hot = m.slot_counts(CacheLevel.HOT)[0][1]
+    T.clear_codec_calls()
+    r = m.onboard(pages)
+    decodes = [c for c in T.codec_calls() if c[0] == "decode"]
+    # The checked decode gets every page (and decodes the good ones one by one); the host check
+    # hands only the 4 good pages to one plain decode call.
+    assert [c[2] for c in decodes] == ([1, 1, 1, 1] if checked and abi is None else [4])
+    bad = [pages[i] for i in (1, 3, 5, 6)]
+    assert sorted(r.dropped.ids.tolist()) == sorted(p.id for p in bad) and r.moved == 4
+    for p in bad:
+        assert not p.is_live
+    st = m.stats(CacheLevel.HOST)[0]
+    assert st.pages_dropped == 4 and st.pages_onboarded == 4
+    assert st.dropped_by_reason["did_not_fit"] == 1 and st.dropped_by_reason["bad_checksum"] == 1
+    assert st.dropped_by_reason["bad_header"] == 1 and st.dropped_by_reason["bad_magic"] == 1
+    assert sum(st.dropped_by_reason.values()) == 4
+    assert m.stats(CacheLevel.HOT)[0].pages_onboarded == 4
+    assert m.slot_counts(CacheLevel.HOT)[0][1] == free_hot - 4  # the dropped pages' hot slots went back
+    assert m.slot_counts(CacheLevel.HOST)[0][1] == m.slot_counts(CacheLevel.HOST)[0][0]
+    for i in (0, 2, 4, 7):
+        assert np.array_equal(hot_bytes(m, pages[i]), model[pages[i].id])
+    # The pages that came back can go round again; the dropped ones are gone for good.
+    good = [pages[i] for i in (0, 2, 4, 7)]
+    assert m.evict(good).moved == 4 and m.onboard(good).moved == 4
+
+
+def test_checked_decode_is_used_only_for_abi2_codecs():
+    """A codec whose factory declares ABI 1 never gets decodeChecked() calls (its vtable would
+    not have them); one built for ABI 2 with hasCheckedDecode() does."""
+    new = make_test_codec(envelope=True, checked_decode=True)
+    old = make_test_codec(abi_version=1, envelope=True, checked_decode=True)
+    assert new.has_checked_decode and not old.has_checked_decode
+    with pytest.raises(ValueError, match="no checked decode"):
+        old.decode_checked(0, 0, np.zeros((0, 2), np.int32), np.zeros(1, np.uint8))

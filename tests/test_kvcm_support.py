@@ -22,13 +22,15 @@ class EnvelopeSpec(CodecSpec):
     envelope: bool = False
 
 
-def make_test_codec(**params) -> Codec:
-    """The knob-driven CPU test codec (see csrc/src/kvcm/testing/test_codec.h)."""
+def make_test_codec(abi_version: int | None = None, **params) -> Codec:
+    """The knob-driven CPU test codec (see csrc/src/kvcm/testing/test_codec.h); ``abi_version=1``
+    creates it through a factory that declares plugin ABI 1."""
+    abi = _native.ABI_VERSION if abi_version is None else abi_version
     spec = EnvelopeSpec(
         name="kvcm-test", description="manager test codec", version="0", format_version=1, lossless=True,
-        factory=T.test_codec_factory, devices=("cpu",), envelope=bool(params.get("envelope", False)),
+        factory=lambda: T.test_codec_factory(abi), devices=("cpu",), envelope=bool(params.get("envelope", False)),
     )
-    native = _native.NativeCodec(T.test_codec_factory(), json.dumps(params), -1)
+    native = _native.NativeCodec(T.test_codec_factory(abi), json.dumps(params), -1)
     return Codec(native, spec, params, "cpu")
 
 

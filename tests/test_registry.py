@@ -508,11 +508,24 @@ def test_abi_version_mismatch_names_both_versions(entry):
     assert "ABI version 999" in message and f"ABI version {kvcodec_sdk.ABI_VERSION}" in message
 
 
+def test_plugins_built_for_an_older_supported_abi_still_load():
+    """ABI 2 appended decodeChecked() to the codec interface; plugins built for ABI 1 keep loading
+    and working (the SDK never calls the methods their vtables lack); ABI 0 is refused."""
+    real = abi.factory_of(_native.concat_factory())
+    old = abi.make_capsule(b"old", abi=1, create=real.create, destroy=real.destroy)
+    assert _native.factory_info(old)["abi_version"] == 1
+    codec = _native.NativeCodec(old, "{}", -1)
+    assert codec.abi_version == 1 and not codec.has_checked_decode
+    codec.release()
+    with pytest.raises(ValueError, match=r"ABI version 0, .* loads versions 1\.\."):
+        _native.factory_info(abi.make_capsule(b"older", abi=0, create=real.create, destroy=real.destroy))
+
+
 @pytest.mark.parametrize("entry", [e[1] for e in _both_entry_points()], ids=[e[0] for e in _both_entry_points()])
 def test_struct_size_mismatch_names_both_sizes(entry):
     capsule = abi.make_capsule(b"fake", struct_bytes=48)
     with pytest.raises(ValueError, match=r"KvcodecCodecFactory is 48 bytes in the plugin but 40 bytes in this "
-                                         r"kvcodec_sdk \(both claim ABI version 1\)"):
+                                         rf"kvcodec_sdk \(ABI version {kvcodec_sdk.ABI_VERSION} has one size\)"):
         entry(capsule)
 
 

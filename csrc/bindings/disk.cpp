@@ -11,11 +11,15 @@
 #include <tuple>
 #include <vector>
 
-#include "tiers/disk/crc32c_fast.h"
+#include "kvcodec/crc32c.h"
 #include "tiers/disk/disk_region.h"
 
 namespace py = pybind11;
 using namespace kvcodec::disk;
+using kvcodec::crc32cFast;
+using kvcodec::crc32cHardware;
+using kvcodec::crc32cHardwareAvailable;
+using kvcodec::crc32cSlicing8;
 
 namespace {
 

@@ -98,6 +98,14 @@ py::dict statsDict(kvcm::PoolGroupStats const& s)
     d["bytes_onboarded"] = s.bytesOnboarded;
     d["pages_copied"] = s.pagesCopied;
     d["pages_dropped"] = s.pagesDropped;
+    static char const* const kReasons[kvcm::kNumDropReasons] = {nullptr, "bad_magic", "bad_format_version",
+        "bad_header", "did_not_fit", "bad_checksum", "decode_failed", "bad_index", "missing", "disk_checksum"};
+    py::dict reasons;
+    for (int r = 1; r < kvcm::kNumDropReasons; ++r)
+    {
+        reasons[kReasons[r]] = s.droppedBy[size_t(r)];
+    }
+    d["dropped_by_reason"] = reasons;
     d["codec_calls"] = s.codecCalls;
     d["codec_seconds"] = s.codecSeconds;
     d["evictions"] = s.evictions;
@@ -177,9 +185,9 @@ public:
 void bindTesting(py::module_& t)
 {
     t.doc() = "Test support of the KV-cache manager: a knob-driven CPU codec and a staging harness.";
-    t.def("test_codec_factory", [] {
-        return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory()), KVCODEC_FACTORY_CAPSULE_NAME);
-    });
+    t.def("test_codec_factory", [](uint32_t abiVersion) {
+        return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory(abiVersion)), KVCODEC_FACTORY_CAPSULE_NAME);
+    }, py::arg("abi_version") = KVCODEC_PLUGIN_ABI_VERSION);
     t.def("fail_codec_calls_after", &kvcm::testing::failCodecCallsAfter, py::arg("after"));
     t.def("codec_calls", [] {
         py::list out;

@@ -208,6 +208,28 @@ PYBIND11_MODULE(_native, m)
             },
             py::arg("layer_group_id"), py::arg("src_base"), py::arg("page_indices"), py::arg("num_pages"),
             py::arg("stream"))
+        .def_property_readonly("abi_version", &runtime::OwnedCodec::abiVersion)
+        .def_property_readonly("has_checked_decode", [](runtime::OwnedCodec& c) {
+            (void)live(c);
+            return c.hasCheckedDecode();
+        })
+        .def(
+            "decode_checked",
+            [](runtime::OwnedCodec& c, int32_t id, uintptr_t src, uintptr_t indices, size_t n, uintptr_t status,
+                uintptr_t stream) {
+                IKvCacheColdPageCodec* codec = live(c);
+                if (!c.hasCheckedDecode())
+                {
+                    throw std::invalid_argument(std::string("codec '") + c.name() + "' has no decodeChecked() (plugin ABI "
+                        + std::to_string(c.abiVersion()) + ", hasCheckedDecode() false)");
+                }
+                py::gil_scoped_release release;
+                return codec->decodeChecked(id, reinterpret_cast<void const*>(src),
+                    reinterpret_cast<PageIndexPair const*>(indices), n, reinterpret_cast<uint8_t*>(status),
+                    reinterpret_cast<cudaStream_t>(stream));
+            },
+            py::arg("layer_group_id"), py::arg("src_base"), py::arg("page_indices"), py::arg("num_pages"),
+            py::arg("page_status"), py::arg("stream"))
         .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
         .def("release", &runtime::OwnedCodec::release);
 

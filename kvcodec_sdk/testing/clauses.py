@@ -34,6 +34,8 @@ CLAUSES: dict[str, str] = {
     "source-unmodified": "encode does not modify the hot source; decode does not modify the cold source",
     "host-indices-after-return": "host page-index arrays are not read after the call returns",
     "bad-arguments": "invalid arguments return false without crashing or writing",
+    "checked-decode": "a codec with decodeChecked() (plugin ABI 2) writes one status per page: 0 for every good "
+    "blob, which decodes as decode() does; non-zero for a damaged enveloped blob, whose neighbours still decode",
     "golden-vectors": "stored golden vectors of the codec's format version decode to the stored pages",
     "stream-no-wait": "a CUDA call returns without waiting for earlier work on its stream",
     "stream-ordered": "a CUDA call writes nothing before earlier work on its stream completes, and only on "

@@ -291,6 +291,20 @@ class Harness:
             raise violated(clause, f"{op}(lifecycle {lifecycle}, {len(indices)} pages) returned false on valid "
                                    f"arguments: {self.native.last_error() or 'no reason given'}")
 
+    def status_buffer(self, n: int) -> _Region:
+        """A page-status buffer for decodeChecked(): host memory on the CPU, pinned (mapped) host
+        memory on CUDA; pre-filled with 0xFF so an entry the codec never writes shows."""
+        region = _Region(n, self.device, pinned=True)
+        region.write(np.full(n, 0xFF, np.uint8))
+        self._alive.append(region)
+        return region
+
+    def must_decode_checked(self, lifecycle: int, base: int, indices: Any, status: _Region, *, clause: str) -> None:
+        stream = 0 if self.stream is None else int(self.stream.cuda_stream)
+        if not self.native.decode_checked(lifecycle, base, self._address(indices), len(indices), status.address, stream):
+            raise violated(clause, f"decodeChecked(lifecycle {lifecycle}, {len(indices)} pages) returned false on "
+                                   f"valid arguments: {self.native.last_error() or 'no reason given'}")
+
     def sync(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()

@@ -36,6 +36,7 @@ __all__ = [
     "BaseConfigureTests",
     "BaseQueryTests",
     "BaseRoundTripTests",
+    "BaseCheckedDecodeTests",
     "BaseBatchingTests",
     "BaseMemorySafetyTests",
     "BaseGoldenTests",
@@ -278,6 +279,71 @@ class BaseRoundTripTests(BaseFixtures):
 def _diff(a: np.ndarray, b: np.ndarray) -> str:
     d = np.flatnonzero(a != b)
     return f"{d.size} bytes differ, first at byte {int(d[0])}"
+
+
+def _flip_bit(cold, blob: int, offset: int, bit: int) -> None:
+    """Flips one bit of one blob of a cold buffer (host copy, written back)."""
+    raw = cold.read_all()
+    blobs = cold.blobs(raw)
+    blobs[blob, offset] ^= np.uint8(1 << bit)
+    cold.region.write(raw)
+
+
+class BaseCheckedDecodeTests(BaseFixtures):
+    @clause("checked-decode")
+    def test_checked_decode(self, make_harness, kvcodec_spec):
+        h = make_harness()
+        if not h.codec.has_checked_decode:
+            pytest.skip(f"codec {kvcodec_spec.name!r} has no checked decode (optional, plugin ABI 2)")
+        for rep in _classes(h):
+            src, back = h.pages(rep, PAGES)
+            n = len(src)
+            cold = h.cold_buffer(rep, 2 * n + 1, clause="checked-decode")
+            dst = h.spread_blobs(n)
+            h.must("encode", rep, cold.base, h.index_array(rep, dst, src), clause="checked-decode")
+            h.sync()
+            status = h.status_buffer(n)
+            h.must_decode_checked(rep, cold.base, h.index_array(rep, back, dst), status, clause="checked-decode")
+            h.sync()
+            got = status.read()[:n]
+            if np.any(got != 0):
+                raise violated("checked-decode", f"lifecycle {rep}: decodeChecked() reported statuses "
+                                                 f"{got.tolist()} for {n} good blobs; every entry must be 0 (kPageOk)")
+            h.check_decoded(rep, src, back, clause="checked-decode", context="decodeChecked(encode(x))")
+            h.restore_hot()
+            if not kvcodec_spec.envelope:
+                continue
+            # Damage: the magic, the envelope header (its CRC covers it) and the last payload byte
+            # the envelope covers, one page each; the other pages must decode as before.
+            raw = cold.read_all()
+            blobs = cold.blobs(raw)
+            damaged = {0: (0, 0), 1: (12, 3)}
+            for k in range(2, n):
+                payload = int(blobs[dst[k]][12:16].view("<u4")[0])
+                header = int(blobs[dst[k]][8:12].view("<u4")[0])
+                flags = int(blobs[dst[k]][6:8].view("<u2")[0])
+                if flags & 4 == 0 and payload > 0:
+                    damaged[k] = (header + payload - 1, 5)
+                    break
+            for k, (offset, bit) in damaged.items():
+                _flip_bit(cold, int(dst[k]), offset, bit)
+            h.fill_hot_slots(h.plan.group_of(rep), back)
+            status = h.status_buffer(n)
+            h.must_decode_checked(rep, cold.base, h.index_array(rep, back, dst), status, clause="checked-decode")
+            h.sync()
+            got = status.read()[:n]
+            for k in range(n):
+                if k in damaged and got[k] == 0:
+                    raise violated("checked-decode", f"lifecycle {rep}: blob {int(dst[k])} has bit {damaged[k][1]} of "
+                                                     f"byte {damaged[k][0]} flipped but decodeChecked() reported "
+                                                     "status 0 (kPageOk) for it")
+                if k not in damaged and got[k] != 0:
+                    raise violated("checked-decode", f"lifecycle {rep}: blob {int(dst[k])} is intact but "
+                                                     f"decodeChecked() reported status {int(got[k])} for it")
+            good = np.array([k for k in range(n) if k not in damaged], dtype=np.int64)
+            h.check_decoded(rep, src[good], back[good], clause="checked-decode",
+                            context="the intact neighbours of damaged blobs")
+            h.restore_hot()
 
 
 class BaseBatchingTests(BaseFixtures):
@@ -674,6 +740,6 @@ class BaseStreamTests(BaseFixtures):
                 dec.restore_hot()
 
 
-class CodecConformanceTests(BaseConfigureTests, BaseQueryTests, BaseRoundTripTests, BaseBatchingTests,
-                            BaseMemorySafetyTests, BaseGoldenTests, BaseStreamTests):
+class CodecConformanceTests(BaseConfigureTests, BaseQueryTests, BaseRoundTripTests, BaseCheckedDecodeTests,
+                            BaseBatchingTests, BaseMemorySafetyTests, BaseGoldenTests, BaseStreamTests):
     """Every conformance test. Subclass it with ``codec_name = "NAME"`` (see the module docstring)."""

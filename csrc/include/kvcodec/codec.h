@@ -17,6 +17,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kvcodec/crc32c.h"
+
 namespace kvcodec {
 
 /// Stable semantic key of a page's layer group. Non-negative for real lifecycles.
@@ -216,7 +218,58 @@ public:
     {
         return "";
     }
+
+    // -----------------------------------------------------------------------------------------
+    // Plugin ABI 2: decode with a per-page status. The SDK calls the two methods below only on
+    // codecs whose factory declares abiVersion >= 2 (a plugin built against ABI 1 has no such
+    // vtable entries); everything above is unchanged from ABI 1.
+    // -----------------------------------------------------------------------------------------
+
+    /// True when decodeChecked() is implemented. Then the KV-cache manager verifies nothing on
+    /// the host before decoding: it learns each page's outcome from the status the codec writes
+    /// where it reads the blob anyway. The default (false) keeps the manager's host-side
+    /// envelope check for codecs that declare the envelope.
+    [[nodiscard]] virtual bool hasCheckedDecode() const noexcept
+    {
+        return false;
+    }
+
+    /// decode() that also reports every page's outcome: for each i in [0, numBasePages), writes
+    /// one PageStatus byte to pageStatus[i] (kPageOk, or why the page was not decoded). Same
+    /// index, stream and batching rules as decode().
+    ///
+    ///  - `pageStatus` is memory the codec's work can write: device or mapped pinned host memory
+    ///    for a CUDA codec (written by work enqueued on `stream`, valid once it completes), host
+    ///    memory for a CPU codec (valid when the call returns). Every entry is written, kPageOk
+    ///    included; the pointer is not retained beyond the submitted work.
+    ///  - A page with a non-OK status must not receive another page's bytes or a partly checked
+    ///    page; the contents of its hot slot are unspecified (the manager frees that slot and
+    ///    reports the page dropped, never onboarded).
+    ///  - Returns false only for what decode() would refuse as a whole (bad arguments, a
+    ///    submission failure); a bad blob is a status, not a failed call.
+    virtual bool decodeChecked(LayerGroupId layerGroupId, void const* srcBasePtr, PageIndexPair const* pageIndices,
+        size_t numBasePages, uint8_t* pageStatus, cudaStream_t stream) noexcept
+    {
+        (void)layerGroupId, (void)srcBasePtr, (void)pageIndices, (void)numBasePages, (void)pageStatus, (void)stream;
+        return false;
+    }
 };
+
+/// One page's outcome of decodeChecked() (one byte per page). Values 1-5 equal EnvelopeStatus.
+enum PageStatus : uint8_t
+{
+    kPageOk = 0,
+    kPageBadMagic = 1,         ///< The blob does not start with an envelope.
+    kPageBadFormatVersion = 2, ///< The envelope names another format version.
+    kPageBadHeader = 3,        ///< Header CRC mismatch, sizes outside the blob or a bad codec header.
+    kPageDidNotFit = 4,        ///< The page did not fit its slot: the blob holds no page.
+    kPageBadChecksum = 5,      ///< The payload fails its checksum.
+    kPageDecodeFailed = 6,     ///< The payload passed its checksum but did not decode.
+    kPageBadIndex = 7,         ///< The page's index pair is out of range.
+};
+
+/// Number of PageStatus values (drop-reason counters are indexed by status).
+inline constexpr int kNumPageStatuses = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Cold-page envelope
@@ -282,7 +335,8 @@ enum class EnvelopeStatus : int32_t
     kBadChecksum = 5,
 };
 
-/// Checks a blob of `blobBytes` bytes in host memory. Only kOk may be decoded.
+/// Checks a blob of `blobBytes` bytes in host memory (the checksum with crc32cFast). Only kOk
+/// may be decoded.
 inline EnvelopeStatus checkColdPageEnvelope(
     void const* blob, size_t blobBytes, uint16_t expectedFormatVersion) noexcept
 {
@@ -318,7 +372,7 @@ inline EnvelopeStatus checkColdPageEnvelope(
     {
         return EnvelopeStatus::kBadHeader;
     }
-    if (crc32c(src + sizeof(ColdPageEnvelope), h.headerBytes - sizeof(ColdPageEnvelope) + h.payloadBytes)
+    if (crc32cFast(src + sizeof(ColdPageEnvelope), h.headerBytes - sizeof(ColdPageEnvelope) + h.payloadBytes)
         != h.checksum)
     {
         return EnvelopeStatus::kBadChecksum;

@@ -13,8 +13,13 @@
 
 #include "kvcodec/codec.h"
 
-/// Bumped whenever KvcodecCodecFactory or the codec interface changes incompatibly.
-#define KVCODEC_PLUGIN_ABI_VERSION 1u
+/// Bumped whenever KvcodecCodecFactory or the codec interface changes. Version 2 appended
+/// hasCheckedDecode() and decodeChecked() to the codec interface; the SDK still loads plugins
+/// built for version 1 (KVCODEC_PLUGIN_ABI_MIN_VERSION) and never calls those methods on them.
+#define KVCODEC_PLUGIN_ABI_VERSION 2u
+
+/// The oldest plugin ABI the SDK still loads.
+#define KVCODEC_PLUGIN_ABI_MIN_VERSION 1u
 
 /// The name of every PyCapsule that carries a `KvcodecCodecFactory const*`.
 #define KVCODEC_FACTORY_CAPSULE_NAME "kvcodec.codec_factory"

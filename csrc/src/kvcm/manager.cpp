@@ -376,6 +376,19 @@ MigrationResult KvCacheManager::migrate(
         return keys_[src][d][b - base[src]];
     };
 
+    // Checked decodes (cold -> hot with a codec that reports page statuses) write one status
+    // byte per page into mapped host memory; the buffer is free here: every migration waits for
+    // its checks before returning.
+    checkRanges_.clear();
+    checkPages_.clear();
+    statusUsed_ = 0;
+    if (dst == CacheLevel::kHot && storage_->checkedDecode() && count > statusCapacity_)
+    {
+        size_t const capacity = std::max(count, 2 * statusCapacity_);
+        statusBuf_ = runtime::Allocation(*runtime_, runtime::MemoryKind::kMappedHost, capacity);
+        statusCapacity_ = capacity;
+    }
+
     // Step 1: every destination slot is allocated before any work is submitted.
     s.needs.assign(storage_->numPoolGroups(dst), 0);
     for (size_t b = 0; b < numBuckets; ++b)
@@ -465,12 +478,24 @@ MigrationResult KvCacheManager::migrate(
                     pool.give(s.dstSlots[i], pool.ready(s.dstSlots[i]));
                 }
             }
+            // Committed checked decodes are settled first: a page whose blob was bad is dropped,
+            // never reported committed.
+            std::string checkError;
+            try
+            {
+                finishChecks(stream, result);
+            }
+            catch (std::exception const& e)
+            {
+                checkError = std::string(" (waiting for the committed pages' decode statuses failed too: ") + e.what() + ")";
+            }
             throw MigrationFailure("migration to the " + std::string(levelName(dst)) + " level failed after "
-                    + std::to_string(result.moved) + " of " + std::to_string(count)
+                    + std::to_string(result.moved) + " of " + std::to_string(count) + checkError
                     + " pages were committed; the other pages stay where they were and can be retried: " + error,
                 result.moved);
         }
     }
+    finishChecks(stream, result);
     if (observerError_)
     {
         std::exception_ptr e = observerError_;
@@ -478,6 +503,59 @@ MigrationResult KvCacheManager::migrate(
         std::rethrow_exception(e);
     }
     return result;
+}
+
+void KvCacheManager::finishChecks(Stream stream, MigrationResult& result)
+{
+    if (checkRanges_.empty())
+    {
+        return;
+    }
+    // One wait per migration (never per page), sleeping rather than spinning; then only the
+    // status bytes are read on the host, never the blobs.
+    runtime_->waitBlocking(stream);
+    auto const* status = reinterpret_cast<uint8_t const*>(statusBuf_.data());
+    for (CheckRange const& range : checkRanges_)
+    {
+        for (size_t i = range.first; i < range.first + range.count; ++i)
+        {
+            uint8_t const st = status[i];
+            if (st != kPageOk)
+            {
+                int const reason = st < kNumDropReasons ? int(st) : int(kPageDecodeFailed);
+                dropPage(checkPages_[i], range.key.src, range.key.srcGroup, reason, result);
+                // The page was counted onboarded when its decode was submitted.
+                uint64_t const coldBytes = storage_->pageBytes(range.key.src, range.key.srcGroup);
+                for (auto* st2 : {&stats_[size_t(range.key.src)][size_t(range.key.srcGroup)],
+                         &stats_[size_t(CacheLevel::kHot)][size_t(range.key.dstGroup)]})
+                {
+                    --st2->pagesOnboarded;
+                    st2->bytesOnboarded -= coldBytes;
+                }
+                --result.moved;
+            }
+        }
+    }
+    checkRanges_.clear();
+    checkPages_.clear();
+    statusUsed_ = 0;
+}
+
+void KvCacheManager::dropPage(
+    uint32_t index, CacheLevel srcLevel, PoolGroupIndex srcGroup, int reason, MigrationResult& result)
+{
+    Page const& p = pages_[index];
+    if (p.level >= 0)
+    {
+        PoolGroupIndex const g = storage_->poolGroup(CacheLevel(p.level), p.lifeCycle);
+        SlotPool& pool = storage_->slots(CacheLevel(p.level), g);
+        pool.give(p.slot, pool.ready(p.slot));
+    }
+    auto& st = stats_[size_t(srcLevel)][size_t(srcGroup)];
+    ++st.pagesDropped;
+    ++st.droppedBy[size_t(reason)];
+    result.dropped.push_back(makeId(index, p.generation));
+    releasePage(index);
 }
 
 // Defined before its callers and inline, so the migration loop inlines it.
@@ -527,6 +605,11 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     bool const fromHot = key.src == CacheLevel::kHot;
     bool const toHot = key.dst == CacheLevel::kHot;
     int32_t const envelope = storage_->config().envelopeFormatVersion;
+    // A codec with a checked decode verifies each blob where it reads it and reports a status
+    // per page (read once per migration in finishChecks); otherwise a declared envelope is
+    // checked on the host before decoding.
+    bool const checked = !fromHot && toHot && storage_->checkedDecode();
+    bool const hostCheck = !fromHot && toHot && envelope >= 0 && !checked;
     auto* mutablePages = const_cast<uint32_t*>(pages);
     DiskColdLevel* disk = storage_->diskLevel();
     bool const srcDisk = key.src == CacheLevel::kDisk;
@@ -605,9 +688,11 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
             uint32_t const index = pages[i];
             Page const& p = pages_[index];
             bool good = s.status[i] == disk::StatusCode::kOk;
-            if (good && toHot && envelope >= 0)
+            int reason = s.status[i] == disk::StatusCode::kNotFound ? kDropDiskMissing : kDropDiskChecksum;
+            if (good && hostCheck)
             {
-                good = checkColdPageEnvelope(s.blobs[i], pageBytes, uint16_t(envelope)) == EnvelopeStatus::kOk;
+                reason = int(checkColdPageEnvelope(s.blobs[i], pageBytes, uint16_t(envelope)));
+                good = reason == int(EnvelopeStatus::kOk);
             }
             if (good)
             {
@@ -618,11 +703,8 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
                 continue;
             }
             disk->release(key.srcGroup, p.slot);
-            srcPool.give(p.slot, srcPool.ready(p.slot));
             dstPool.give(dstSlots[i], dstPool.ready(dstSlots[i]));
-            ++stats_[size_t(key.src)][size_t(key.srcGroup)].pagesDropped;
-            result.dropped.push_back(makeId(index, p.generation));
-            releasePage(index);
+            dropPage(index, key.src, key.srcGroup, reason, result);
         }
         count = kept;
         if (count == 0)
@@ -631,36 +713,38 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         }
     }
 
-    // A declared envelope is checked before decoding: a blob that did not fit or fails its
-    // checksum is dropped (the page becomes a miss), never decoded.
-    if (!fromHot && toHot && envelope >= 0)
+    // Without a checked decode, a declared envelope is checked on the host before decoding: a
+    // blob that did not fit or fails its checksum is dropped (the page becomes a miss), never
+    // decoded. The host reads the blobs, so the transfers that wrote them must have finished:
+    // one wait per distinct event, then the fast CRC over each blob.
+    if (hostCheck && !srcDisk)
     {
         ColdLevel* cold = storage_->coldLevel(key.src);
         uint64_t const blobBytes = cold->pageBytes(key.srcGroup);
+        s.events.clear();
+        runtime::Event* last = nullptr;
+        for (size_t i = 0; i < count; ++i)
+        {
+            collect(s.events, srcPool.ready(pages_[pages[i]].slot), last);
+        }
+        waitAll(s.events, std::nullopt);
         size_t kept = 0;
         for (size_t i = 0; i < count; ++i)
         {
             uint32_t const index = pages[i];
             Page const& p = pages_[index];
-            EventPtr const ready = srcPool.ready(p.slot);
-            if (ready)
-            {
-                ready->synchronize(); // The blob is read on the host.
-            }
             std::byte const* blob = cold->hostBlob(key.srcGroup, p.slot);
-            if (blob == nullptr
-                || checkColdPageEnvelope(blob, blobBytes, uint16_t(envelope)) == EnvelopeStatus::kOk)
+            EnvelopeStatus const st
+                = blob == nullptr ? EnvelopeStatus::kOk : checkColdPageEnvelope(blob, blobBytes, uint16_t(envelope));
+            if (st == EnvelopeStatus::kOk)
             {
                 mutablePages[kept] = index;
                 dstSlots[kept] = dstSlots[i];
                 ++kept;
                 continue;
             }
-            srcPool.give(p.slot, ready);
             dstPool.give(dstSlots[i], dstPool.ready(dstSlots[i]));
-            ++stats_[size_t(key.src)][size_t(key.srcGroup)].pagesDropped;
-            result.dropped.push_back(makeId(index, p.generation));
-            releasePage(index);
+            dropPage(index, key.src, key.srcGroup, int(st), result);
         }
         count = kept;
         if (count == 0)
@@ -693,6 +777,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
     waitAll(s.events, stream);
 
     // Step 3: submit, then record the one finish event.
+    uint8_t* status = checked ? reinterpret_cast<uint8_t*>(statusBuf_.data()) + statusUsed_ : nullptr;
     bool ok;
     double seconds = 0;
     uint64_t const callsBefore = storage_->codecCalls();
@@ -738,7 +823,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         }
         lease->setStream(stream);
         auto const t0 = std::chrono::steady_clock::now();
-        ok = storage_->transcode(false, key.rep, lease->data(), s.codecPairs.data(), count, stream, error);
+        ok = storage_->transcode(false, key.rep, lease->data(), s.codecPairs.data(), count, stream, error, status);
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     else if (srcDisk)
@@ -766,7 +851,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
             return false;
         }
         auto const t0 = std::chrono::steady_clock::now();
-        ok = storage_->transcode(fromHot, key.rep, coldBase, s.pairs.data(), count, stream, error);
+        ok = storage_->transcode(fromHot, key.rep, coldBase, s.pairs.data(), count, stream, error, status);
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     else if (fromHot)
@@ -854,6 +939,12 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t const* pages, int
         }
     }
     result.moved += count;
+    if (checked)
+    {
+        checkRanges_.push_back({key, statusUsed_, count});
+        checkPages_.insert(checkPages_.end(), pages, pages + count);
+        statusUsed_ += count;
+    }
     return true;
 }
 

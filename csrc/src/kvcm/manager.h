@@ -67,6 +67,15 @@ struct MigrationRecord
     uint64_t bytes; ///< Bytes written at the destination.
 };
 
+/// Why a cold page was dropped instead of onboarded: 1-7 are the codec's PageStatus values
+/// (or the host envelope check's EnvelopeStatus, the same numbers), then the disk tier's own.
+enum DropReason : int
+{
+    kDropDiskMissing = 8,  ///< The disk tier holds no blob for the page any more.
+    kDropDiskChecksum = 9, ///< The disk tier's slot checksum failed on read.
+};
+inline constexpr int kNumDropReasons = 10; ///< Index 0 (kPageOk) is never counted.
+
 /// Counters of one pool group of one level.
 struct PoolGroupStats
 {
@@ -75,7 +84,8 @@ struct PoolGroupStats
     uint64_t pagesOnboarded = 0; ///< Pages decoded cold -> hot through this group.
     uint64_t bytesOnboarded = 0;
     uint64_t pagesCopied = 0;    ///< Same-level relocations (hot -> hot, cold -> cold) into this group.
-    uint64_t pagesDropped = 0;   ///< Cold pages dropped by the envelope check (cold groups).
+    uint64_t pagesDropped = 0;   ///< Cold pages dropped instead of onboarded (cold groups).
+    std::array<uint64_t, kNumDropReasons> droppedBy{}; ///< pagesDropped per DropReason / PageStatus.
     uint64_t evictions = 0;      ///< Pages the eviction controller moved out of this group.
     uint64_t drops = 0;          ///< Pages the eviction controller dropped here (last level only).
     uint64_t hits = 0;           ///< touch() calls on pages in this group.
@@ -86,7 +96,7 @@ struct PoolGroupStats
 struct MigrationResult
 {
     uint64_t moved = 0;
-    std::vector<PageId> dropped; ///< Pages the envelope check dropped (now stale).
+    std::vector<PageId> dropped; ///< Pages dropped instead of onboarded (now stale), see DropReason.
 };
 
 struct PageInfo
@@ -255,6 +265,10 @@ private:
     bool transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count, Stream stream,
         MigrationResult& result, std::string& error);
     void noteEvent(Stream stream, EventPtr const& event);
+    // Waits once for the checked decodes this migration submitted, then drops every page whose
+    // status is not kPageOk (see transfer()).
+    void finishChecks(Stream stream, MigrationResult& result);
+    void dropPage(uint32_t index, CacheLevel srcLevel, PoolGroupIndex srcGroup, int reason, MigrationResult& result);
     void releasePage(uint32_t index) noexcept;
     void lruInsert(uint32_t index);
     void lruErase(uint32_t index) noexcept;
@@ -296,6 +310,19 @@ private:
     uint64_t clock_ = 0;
     uint64_t lruSerial_ = 0; ///< Last stamp given to a queue entry.
     std::vector<std::pair<int64_t, Observer>> observers_;
+    // Page statuses of checked decodes (mapped host memory the codec's work writes), one byte
+    // per page of one migration; read after its one wait at the end of the migration.
+    runtime::Allocation statusBuf_;
+    size_t statusCapacity_ = 0;
+    struct CheckRange
+    {
+        TransferKey key;
+        size_t first; ///< Offset into the status buffer and checkPages_.
+        size_t count;
+    };
+    std::vector<CheckRange> checkRanges_;
+    std::vector<uint32_t> checkPages_;
+    size_t statusUsed_ = 0;
     int64_t nextObserver_ = 1;
     std::exception_ptr observerError_;
 };

@@ -241,6 +241,8 @@ void StorageManager::configureCodec()
 
 void StorageManager::queryCodec()
 {
+    // Methods of plugin ABI 2 exist only in the vtables of codecs built for it.
+    checkedDecode_ = codec_.get_deleter().abiVersion >= 2 && codec_->hasCheckedDecode();
     for (size_t l = 0; l < lifeCycles_.size(); ++l)
     {
         LifeCycleInfo& info = lifeCycles_[l];
@@ -455,15 +457,18 @@ StagingManager& StorageManager::ensureIndexRing()
 }
 
 bool StorageManager::transcode(bool encode, LifeCycleId rep, std::byte* coldBase, PageIndexPair const* pairs,
-    size_t count, Stream stream, std::string& error)
+    size_t count, Stream stream, std::string& error, uint8_t* pageStatus)
 {
+    size_t done = 0;
     auto call = [&](PageIndexPair const* p, size_t k) {
         ++codecCalls_;
-        bool const ok = encode ? codec_->encode(rep, coldBase, p, k, stream) : codec_->decode(rep, coldBase, p, k, stream);
+        bool const ok = encode  ? codec_->encode(rep, coldBase, p, k, stream)
+            : pageStatus        ? codec_->decodeChecked(rep, coldBase, p, k, pageStatus + done, stream)
+                                : codec_->decode(rep, coldBase, p, k, stream);
         if (!ok)
         {
-            error = std::string(encode ? "encode" : "decode") + "(layer group " + std::to_string(rep) + ", "
-                + std::to_string(k) + " pages) failed: " + codec_->lastError();
+            error = std::string(encode ? "encode" : pageStatus ? "decodeChecked" : "decode") + "(layer group "
+                + std::to_string(rep) + ", " + std::to_string(k) + " pages) failed: " + codec_->lastError();
         }
         return ok;
     };
@@ -475,7 +480,6 @@ bool StorageManager::transcode(bool encode, LifeCycleId rep, std::byte* coldBase
     // during the call), and hand the lease to the codec. The lease records its event when it is
     // released, after the upload and all codec work enqueued so far.
     StagingManager& ring = ensureIndexRing();
-    size_t done = 0;
     while (done < count)
     {
         size_t const want = (count - done) * sizeof(PageIndexPair);

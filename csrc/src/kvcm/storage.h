@@ -129,9 +129,17 @@ public:
 
     /// Encodes (hot -> cold) or decodes (cold -> hot) `count` pairs with the batching
     /// representative `rep`, staging the indices where the codec takes them. `count` is at most
-    /// kMaxPairsPerCall; the ring may split it into several codec calls.
+    /// kMaxPairsPerCall; the ring may split it into several codec calls. A decode with
+    /// `pageStatus` calls decodeChecked() (only when checkedDecode()), one status byte per pair.
     bool transcode(bool encode, LifeCycleId rep, std::byte* coldBase, PageIndexPair const* pairs, size_t count,
-        Stream stream, std::string& error);
+        Stream stream, std::string& error, uint8_t* pageStatus = nullptr);
+
+    /// True when the codec reports a status per decoded page (plugin ABI >= 2 and
+    /// hasCheckedDecode()): blobs are then verified where the codec reads them, not on the host.
+    [[nodiscard]] bool checkedDecode() const noexcept
+    {
+        return checkedDecode_;
+    }
 
     /// Codec encode()/decode() calls made so far.
     [[nodiscard]] uint64_t codecCalls() const noexcept
@@ -174,6 +182,7 @@ private:
     std::unique_ptr<StagingManager> pageRing_;
     std::unique_ptr<DiskColdLevel> disk_;
     uint64_t codecCalls_ = 0;
+    bool checkedDecode_ = false;
 };
 
 } // namespace kvcodec::kvcm

@@ -202,6 +202,21 @@ void CudaRuntime::synchronize(Stream stream)
     DeviceGuard::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
+void CudaRuntime::waitBlocking(Stream stream)
+{
+    DeviceGuard guard(ordinal_);
+    cudaEvent_t event = nullptr;
+    DeviceGuard::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
+        "cudaEventCreateWithFlags");
+    cudaError_t st = cudaEventRecord(event, stream);
+    if (st == cudaSuccess)
+    {
+        st = cudaEventSynchronize(event);
+    }
+    cudaEventDestroy(event);
+    DeviceGuard::check(st, "waiting for a stream (cudaEventRecord/cudaEventSynchronize)");
+}
+
 bool CudaRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count,
     Stream stream, std::string& error) noexcept
 {

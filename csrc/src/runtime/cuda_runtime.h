@@ -22,6 +22,7 @@ public:
     void destroyStream(Stream stream) noexcept override;
     EventPtr record(Stream stream) override;
     void synchronize(Stream stream) override;
+    void waitBlocking(Stream stream) override;
     bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream stream,
         std::string& error) noexcept override;
     bool uploadFromPageable(

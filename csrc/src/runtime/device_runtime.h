@@ -73,6 +73,13 @@ public:
     /// Blocks until everything enqueued on `stream` completed.
     virtual void synchronize(Stream stream) = 0;
 
+    /// Blocks until the work enqueued on `stream` so far completed, sleeping instead of
+    /// spinning (the wait costs no CPU time). Defaults to synchronize().
+    virtual void waitBlocking(Stream stream)
+    {
+        synchronize(stream);
+    }
+
     /// Enqueues `count` copies on `stream` (stream-ordered source access). Returns false with a
     /// reason on a synchronous submission failure.
     virtual bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count,

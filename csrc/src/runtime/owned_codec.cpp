@@ -12,17 +12,19 @@ void checkFactoryAbi(KvcodecCodecFactory const* factory)
         throw std::invalid_argument("codec factory pointer is null");
     }
     // abiVersion is the first field in every ABI version, so it is safe to read before anything else.
-    if (factory->abiVersion != KVCODEC_PLUGIN_ABI_VERSION)
+    if (factory->abiVersion < KVCODEC_PLUGIN_ABI_MIN_VERSION || factory->abiVersion > KVCODEC_PLUGIN_ABI_VERSION)
     {
         throw std::invalid_argument("codec plugin ABI mismatch: the plugin was built for kvcodec ABI version "
             + std::to_string(factory->abiVersion) + ", this kvcodec_sdk speaks ABI version "
-            + std::to_string(KVCODEC_PLUGIN_ABI_VERSION) + "; rebuild the plugin against this SDK");
+            + std::to_string(KVCODEC_PLUGIN_ABI_VERSION) + " (and loads versions "
+            + std::to_string(KVCODEC_PLUGIN_ABI_MIN_VERSION) + ".." + std::to_string(KVCODEC_PLUGIN_ABI_VERSION)
+            + "); rebuild the plugin against this SDK");
     }
     if (factory->structBytes != sizeof(KvcodecCodecFactory))
     {
         throw std::invalid_argument("codec plugin ABI mismatch: KvcodecCodecFactory is "
             + std::to_string(factory->structBytes) + " bytes in the plugin but " + std::to_string(sizeof(KvcodecCodecFactory))
-            + " bytes in this kvcodec_sdk (both claim ABI version " + std::to_string(KVCODEC_PLUGIN_ABI_VERSION) + ")");
+            + " bytes in this kvcodec_sdk (ABI version " + std::to_string(factory->abiVersion) + " has one size)");
     }
     if (factory->name == nullptr || factory->create == nullptr || factory->destroy == nullptr)
     {
@@ -79,7 +81,7 @@ void OwnedCodec::release() noexcept
 
 CodecPtr OwnedCodec::take() noexcept
 {
-    CodecPtr out(codec_, CodecDeleter{factory_->destroy});
+    CodecPtr out(codec_, CodecDeleter{factory_->destroy, factory_->abiVersion});
     codec_ = nullptr;
     return out;
 }

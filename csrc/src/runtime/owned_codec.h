@@ -48,6 +48,8 @@ private:
 struct CodecDeleter
 {
     void (*destroy)(IKvCacheColdPageCodec*) = nullptr;
+    /// The plugin ABI the codec was built for: methods added after it are never called.
+    uint32_t abiVersion = KVCODEC_PLUGIN_ABI_VERSION;
 
     void operator()(IKvCacheColdPageCodec* codec) const noexcept
     {
@@ -95,6 +97,18 @@ public:
     [[nodiscard]] uint32_t formatVersion() const noexcept
     {
         return factory_->formatVersion;
+    }
+
+    /// The plugin ABI version the codec's factory was built for.
+    [[nodiscard]] uint32_t abiVersion() const noexcept
+    {
+        return factory_->abiVersion;
+    }
+
+    /// True when the codec implements decodeChecked() (plugin ABI >= 2 and hasCheckedDecode()).
+    [[nodiscard]] bool hasCheckedDecode() const noexcept
+    {
+        return codec_ != nullptr && factory_->abiVersion >= 2 && codec_->hasCheckedDecode();
     }
 
     /// Destroys the codec now (idempotent).

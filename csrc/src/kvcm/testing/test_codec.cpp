@@ -48,6 +48,7 @@ class TestCodec final : public IKvCacheColdPageCodec
 public:
     std::map<int32_t, std::string> pad, batching, location, zeroSize;
     bool envelope = false;
+    bool checkedDecode = false;
     bool rejectConfigure = false;
     int64_t marker = -1;
 
@@ -117,6 +118,47 @@ public:
     char const* lastError() const noexcept override
     {
         return error_.c_str();
+    }
+
+    bool hasCheckedDecode() const noexcept override
+    {
+        return checkedDecode;
+    }
+
+    // Checks each blob's envelope (when declared) and decodes the good pages only.
+    bool decodeChecked(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, uint8_t* status,
+        cudaStream_t) noexcept override
+    {
+        if (!checkedDecode)
+        {
+            return fail("kvcm-test: decodeChecked() called although hasCheckedDecode() is false");
+        }
+        auto const* lc = configured_ ? layout_.find(id) : nullptr;
+        if (lc == nullptr)
+        {
+            return fail("unknown lifecycle " + std::to_string(id));
+        }
+        size_t const blobBytes = queryColdPageBytes(id);
+        uint64_t const numSlots = layout_.groups()[lc->group].numSlots;
+        auto const* cold = static_cast<unsigned char const*>(src);
+        for (size_t i = 0; i < n; ++i)
+        {
+            uint8_t st = kPageOk;
+            if (pairs[i].src < 0 || pairs[i].dst < 0 || uint64_t(pairs[i].dst) >= numSlots)
+            {
+                st = kPageBadIndex;
+            }
+            else if (envelope)
+            {
+                st = uint8_t(checkColdPageEnvelope(cold + uint64_t(pairs[i].src) * blobBytes, blobBytes, kFormat));
+            }
+            status[i] = st;
+            if (st == kPageOk && !decode(id, src, pairs + i, 1, nullptr))
+            {
+                return false;
+            }
+        }
+        return true;
     }
 
 private:
@@ -255,6 +297,10 @@ IKvCacheColdPageCodec* create(char const* json, int32_t device, char* errorMessa
             {
                 codec->envelope = value.boolean;
             }
+            else if (key == "checked_decode")
+            {
+                codec->checkedDecode = value.boolean;
+            }
             else if (key == "reject_configure")
             {
                 codec->rejectConfigure = value.boolean;
@@ -285,12 +331,14 @@ void destroy(IKvCacheColdPageCodec* codec)
 
 KvcodecCodecFactory const kFactory{
     KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, &create, &destroy};
+// The same codec declared as built for plugin ABI 1: the SDK must never call its ABI-2 methods.
+KvcodecCodecFactory const kFactoryAbi1{1, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, &create, &destroy};
 
 } // namespace
 
-KvcodecCodecFactory const* testCodecFactory() noexcept
+KvcodecCodecFactory const* testCodecFactory(uint32_t abiVersion) noexcept
 {
-    return &kFactory;
+    return abiVersion == 1 ? &kFactoryAbi1 : &kFactory;
 }
 
 void failCodecCallsAfter(int64_t after) noexcept

@@ -23,7 +23,9 @@ namespace kvcodec::kvcm::testing {
 ///   envelope     bool             blobs start with the cold-page envelope
 ///   did_not_fit_marker  int       pages whose first byte equals it encode as did-not-fit (-1: off)
 ///   reject_configure    bool
-KvcodecCodecFactory const* testCodecFactory() noexcept;
+///   checked_decode      bool      implements decodeChecked() (envelope and index checks per page)
+/// `abiVersion` 1 gives the same codec under a factory that declares plugin ABI 1.
+KvcodecCodecFactory const* testCodecFactory(uint32_t abiVersion = KVCODEC_PLUGIN_ABI_VERSION) noexcept;
 
 /// The next `after` encode/decode calls (of any test codec) succeed, the following one fails;
 /// -1 disables injection.

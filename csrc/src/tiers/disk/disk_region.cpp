@@ -15,7 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "tiers/disk/crc32c_fast.h"
+#include "kvcodec/crc32c.h"
 
 namespace kvcodec::disk {
 namespace {

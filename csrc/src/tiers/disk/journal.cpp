@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "tiers/disk/crc32c_fast.h"
+#include "kvcodec/crc32c.h"
 
 namespace kvcodec::disk {
 namespace {
