@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import _interop
@@ -30,6 +31,9 @@ class Codec:
     def __init__(self, native: NativeCodec, spec: CodecSpec, params: Mapping[str, Any], device: str):
         self._native: NativeCodec | None = native
         self._consumed_by: str | None = None
+        # One call at a time: codecs keep per-call workspaces, and close() must not destroy a
+        # codec another thread is calling (native calls release the GIL).
+        self._lock = threading.RLock()
         self.spec = spec
         self.params = dict(params)
         self.device = device
@@ -51,15 +55,17 @@ class Codec:
 
     def _consume(self, by: str = "consumed by a KVCacheManager") -> NativeCodec:
         """Hands the native codec over and invalidates this wrapper (the manager's entry point)."""
-        native = self._live()
-        self._native = None
-        self._consumed_by = by
-        return native
+        with self._lock:
+            native = self._live()
+            self._native = None
+            self._consumed_by = by
+            return native
 
     def close(self) -> None:
-        """Destroys the native codec now. Idempotent."""
-        if self._native is not None:
-            self._consume("closed").release()
+        """Destroys the native codec now (after any call in flight on another thread). Idempotent."""
+        with self._lock:
+            if self._native is not None:
+                self._consume("closed").release()
 
     def __enter__(self) -> Codec:
         return self
@@ -75,6 +81,10 @@ class Codec:
 
     def configure(self, groups: Sequence[PoolGroupDesc]) -> None:
         """Supplies every hot pool group (index = position). Called exactly once."""
+        with self._lock:
+            self._configure(groups)
+
+    def _configure(self, groups: Sequence[PoolGroupDesc]) -> None:
         native = self._live()
         if not native.configure(to_native(groups)):
             raise CodecCallError(f"{self.spec.name}: configure() rejected the layout: {native.last_error()}")
@@ -157,6 +167,11 @@ class Codec:
 
     def _transform(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any, num_pages: int | None,
                    status: tuple | None = None) -> None:
+        with self._lock:
+            self._transform_locked(op, lifecycle, base, indices, stream, num_pages, status)
+
+    def _transform_locked(self, op: str, lifecycle: int, base: Any, indices: Any, stream: Any,
+                          num_pages: int | None, status: tuple | None) -> None:
         native = self._live()
         what = "dst_base" if op == "encode" else "src_base"
         base_ptr, _ = _interop.data_pointer(base, what)

@@ -89,6 +89,27 @@ std::pair<kvcm::PageId const*, size_t> pageIds(py::array_t<uint64_t, py::array::
     return {ids.data(), size_t(ids.size())};
 }
 
+// Enters a manager's mutex for one Python call: at once when it is free (or already held by
+// this thread), else with the GIL released while waiting, so that the holder (a migration whose
+// observer needs the GIL) can finish.
+class PyGuard
+{
+public:
+    PyGuard(kvcm::KvCacheManager const& m, char const* what)
+    {
+        guard_.emplace(m, what, std::try_to_lock);
+        if (!guard_->entered())
+        {
+            guard_.reset();
+            py::gil_scoped_release release;
+            guard_.emplace(m, what);
+        }
+    }
+
+private:
+    std::optional<kvcm::KvCacheManager::CallGuard> guard_;
+};
+
 py::dict statsDict(kvcm::PoolGroupStats const& s)
 {
     py::dict d;
@@ -302,6 +323,7 @@ void bindKvcm(py::module_& m)
         .def(
             "allocate",
             [](kvcm::KvCacheManager& m, int32_t lc, size_t n, std::optional<uintptr_t> stream) {
+                PyGuard guard(m, "allocate");
                 py::array_t<uint64_t> out(static_cast<py::ssize_t>(n));
                 std::optional<runtime::Stream> s;
                 if (stream)
@@ -314,6 +336,7 @@ void bindKvcm(py::module_& m)
             py::arg("lifecycle"), py::arg("count"), py::arg("stream").none(true))
         .def("free",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
+                PyGuard guard(m, "free");
                 auto [p, n] = pageIds(ids);
                 m.free(p, n);
             })
@@ -321,6 +344,7 @@ void bindKvcm(py::module_& m)
             "migrate",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
                 int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
+                PyGuard guard(m, "migrate");
                 auto [p, n] = pageIds(ids);
                 std::optional<CacheLevel> required;
                 if (requiredSource)
@@ -339,16 +363,21 @@ void bindKvcm(py::module_& m)
             py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none())
         .def("info",
             [](kvcm::KvCacheManager& m, uint64_t id) {
+                PyGuard guard(m, "info");
                 auto i = m.info(id);
                 return py::make_tuple(i.lifeCycle, int(i.level), i.slot, i.poolGroup);
             })
-        .def("is_live", &kvcm::KvCacheManager::isLive)
+        .def("is_live", [](kvcm::KvCacheManager& m, uint64_t id) {
+                PyGuard guard(m, "is_live");
+                return m.isLive(id);
+            })
         .def("num_lifecycles", [](kvcm::KvCacheManager& m) { return m.storage().numLifeCycles(); })
         .def("has_level", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().hasLevel(CacheLevel(l)); })
         .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(CacheLevel(l)); })
         .def("num_pool_groups", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(CacheLevel(l)); })
         .def("slots",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                PyGuard guard(m, "slots");
                 auto& pool = const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g);
                 return py::make_tuple(pool.numSlots(), pool.freeSlots());
             })
@@ -356,6 +385,7 @@ void bindKvcm(py::module_& m)
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.storage().pageBytes(CacheLevel(l), g); })
         .def("lifecycle_info",
             [](kvcm::KvCacheManager& m, int32_t lc) {
+               
                 if (lc < 0 || size_t(lc) >= m.storage().numLifeCycles())
                 {
                     throw std::invalid_argument("lifecycle is " + std::to_string(lc) + "; configured layer groups are 0.."
@@ -372,6 +402,7 @@ void bindKvcm(py::module_& m)
             })
         .def("hot_pools",
             [](kvcm::KvCacheManager& m, int32_t g) {
+                PyGuard guard(m, "hot_pools");
                 auto const& group = m.storage().hotGroups().at(size_t(g));
                 py::list out;
                 for (size_t p = 0; p < group.pools.size(); ++p)
@@ -384,6 +415,7 @@ void bindKvcm(py::module_& m)
             })
         .def("cold_pool",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                PyGuard guard(m, "cold_pool");
                 kvcm::ColdLevel* cold = m.storage().coldLevel(CacheLevel(l));
                 if (cold == nullptr || g < 0 || size_t(g) >= cold->numPoolGroups())
                 {
@@ -394,6 +426,7 @@ void bindKvcm(py::module_& m)
             })
         .def("stats",
             [](kvcm::KvCacheManager& m, int32_t l) {
+                PyGuard guard(m, "stats");
                 py::list out;
                 for (auto const& s : m.stats(CacheLevel(l)))
                 {
@@ -403,31 +436,42 @@ void bindKvcm(py::module_& m)
             })
         .def("touch",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
+                PyGuard guard(m, "touch");
                 auto [p, n] = pageIds(ids);
                 m.touch(p, n);
             })
         .def("pin",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
                 bool pinned) {
+                PyGuard guard(m, "pin");
                 auto [p, n] = pageIds(ids);
                 m.pin(p, n, pinned);
             })
         .def("set_priority",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
                 int32_t priority) {
+                PyGuard guard(m, "set_priority");
                 auto [p, n] = pageIds(ids);
                 m.setPriority(p, n, priority);
             })
-        .def("pins", &kvcm::KvCacheManager::pins)
+        .def("pins", [](kvcm::KvCacheManager& m, uint64_t id) {
+                PyGuard guard(m, "pins");
+                return m.pins(id);
+            })
         .def("peak",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                PyGuard guard(m, "peak");
                 static_cast<void>(m.evictable(CacheLevel(l), g)); // Checks the level and the group.
                 return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g).peakUsedSlots();
             })
-        .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.evictable(CacheLevel(l), g); })
+        .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                PyGuard guard(m, "evictable");
+                return m.evictable(CacheLevel(l), g);
+            })
         .def(
             "make_room",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g, uint64_t slots, std::optional<uintptr_t> stream) {
+                PyGuard guard(m, "make_room");
                 std::optional<runtime::Stream> s;
                 if (stream)
                 {
@@ -439,6 +483,7 @@ void bindKvcm(py::module_& m)
         .def(
             "resize",
             [](kvcm::KvCacheManager& m, int32_t l, uint64_t quota, std::optional<uintptr_t> stream) {
+                PyGuard guard(m, "resize");
                 std::optional<runtime::Stream> s;
                 if (stream)
                 {
@@ -457,6 +502,7 @@ void bindKvcm(py::module_& m)
         .def(
             "defragment",
             [](kvcm::KvCacheManager& m, int32_t l, std::optional<uintptr_t> stream) {
+                PyGuard guard(m, "defragment");
                 std::optional<runtime::Stream> s;
                 if (stream)
                 {
@@ -472,17 +518,25 @@ void bindKvcm(py::module_& m)
                 }
             },
             py::arg("level"), py::arg("stream").none(true))
-        .def("hot_capacity_slots", &kvcm::KvCacheManager::hotCapacitySlots)
+        .def("hot_capacity_slots", [](kvcm::KvCacheManager& m, int32_t g) {
+                PyGuard guard(m, "hot_capacity_slots");
+                return m.hotCapacitySlots(g);
+            })
         .def("quota",
             [](kvcm::KvCacheManager& m, int32_t l) {
+                PyGuard guard(m, "quota");
                 auto const& c = m.storage().config();
                 kvcm::DiskColdLevel const* disk = m.storage().diskLevel();
                 return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : disk ? disk->quota() : c.disk.maxBytes;
             })
         .def("get_and_reset_iteration_peak_block_stats",
-            [](kvcm::KvCacheManager& m, int32_t l) { return m.getAndResetIterationPeakBlockStats(CacheLevel(l)); })
+            [](kvcm::KvCacheManager& m, int32_t l) {
+                PyGuard guard(m, "get_and_reset_iteration_peak_block_stats");
+                return m.getAndResetIterationPeakBlockStats(CacheLevel(l));
+            })
         .def("add_observer",
             [](kvcm::KvCacheManager& m, std::function<void(py::tuple)> fn) {
+                PyGuard guard(m, "add_observer");
                 return m.addObserver([fn](kvcm::MigrationRecord const& r) {
                     py::gil_scoped_acquire gil;
                     try
@@ -497,9 +551,13 @@ void bindKvcm(py::module_& m)
                     }
                 });
             })
-        .def("remove_observer", &kvcm::KvCacheManager::removeObserver)
+        .def("remove_observer", [](kvcm::KvCacheManager& m, int64_t id) {
+                PyGuard guard(m, "remove_observer");
+                return m.removeObserver(id);
+            })
         .def("index_ring",
             [](kvcm::KvCacheManager& m) -> py::object {
+                PyGuard guard(m, "index_ring");
                 auto const* ring = m.storage().indexRing();
                 if (ring == nullptr)
                 {
@@ -509,22 +567,34 @@ void bindKvcm(py::module_& m)
                     ring->liveLeases());
             })
         .def("synchronize", [](kvcm::KvCacheManager& m) {
+            PyGuard guard(m, "synchronize");
             py::gil_scoped_release release;
             m.synchronize();
         })
-        .def("set_key", [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) { m.setKey(id, std::string(key)); })
-        .def("key", [](kvcm::KvCacheManager& m, uint64_t id) { return py::bytes(m.key(id)); })
+        .def("set_key", [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) { PyGuard guard(m, "set_key"); m.setKey(id, std::string(key)); })
+        .def("key", [](kvcm::KvCacheManager& m, uint64_t id) {
+                PyGuard guard(m, "key");
+                return py::bytes(m.key(id));
+            })
         .def("find_on_disk",
             [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys) {
+                PyGuard guard(m, "find_on_disk");
                 std::vector<std::string> k(keys.begin(), keys.end());
                 py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
                 m.findOnDisk(k.data(), k.size(), out.mutable_data());
                 return out;
             })
-        .def("forget_unclaimed_on_disk", &kvcm::KvCacheManager::forgetUnclaimedOnDisk)
-        .def("unclaimed_on_disk", &kvcm::KvCacheManager::unclaimedOnDisk)
+        .def("forget_unclaimed_on_disk", [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "forget_unclaimed_on_disk");
+                return m.forgetUnclaimedOnDisk();
+            })
+        .def("unclaimed_on_disk", [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "unclaimed_on_disk");
+                return m.unclaimedOnDisk();
+            })
         .def("page_ring",
             [](kvcm::KvCacheManager& m) -> py::object {
+                PyGuard guard(m, "page_ring");
                 auto const* ring = m.storage().pageRing();
                 if (ring == nullptr)
                 {
@@ -534,6 +604,7 @@ void bindKvcm(py::module_& m)
             })
         .def("disk_region_stats",
             [](kvcm::KvCacheManager& m, int32_t g) {
+                PyGuard guard(m, "disk_region_stats");
                 auto const* disk = m.storage().diskLevel();
                 if (disk == nullptr || g < 0 || size_t(g) >= disk->numPoolGroups())
                 {
@@ -559,6 +630,7 @@ void bindKvcm(py::module_& m)
                 return d;
             })
         .def("close_disk", [](kvcm::KvCacheManager& m) {
+            PyGuard guard(m, "close_disk");
             py::gil_scoped_release release;
             m.closeDisk();
         });

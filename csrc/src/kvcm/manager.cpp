@@ -86,6 +86,65 @@ void collect(std::vector<runtime::Event*>& events, EventPtr const& e, runtime::E
 
 } // namespace
 
+KvCacheManager::CallGuard::CallGuard(KvCacheManager const& m, char const* what)
+    : m_(m)
+{
+    if (!enterNested(what))
+    {
+        m_.mutex_.lock();
+        m_.owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        entered_ = true;
+    }
+    if (m_.closed_)
+    {
+        // The destructor does not run for a constructor that throws: leave the mutex here.
+        if (!nested_)
+        {
+            m_.owner_.store(std::thread::id(), std::memory_order_relaxed);
+            m_.mutex_.unlock();
+        }
+        entered_ = false;
+        throw std::logic_error(std::string(what) + "(): the KV-cache manager is closed");
+    }
+}
+
+KvCacheManager::CallGuard::CallGuard(KvCacheManager const& m, char const* what, std::try_to_lock_t)
+    : m_(m)
+{
+    if (!enterNested(what) && m_.mutex_.try_lock())
+    {
+        m_.owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        entered_ = true;
+    }
+}
+
+bool KvCacheManager::CallGuard::enterNested(char const* what)
+{
+    if (m_.owner_.load(std::memory_order_relaxed) != std::this_thread::get_id())
+    {
+        return false;
+    }
+    if (m_.inObserver_)
+    {
+        throw std::logic_error(std::string(what) + "() was called from a migration observer of the same "
+            + "KV-cache manager while the migration holds it; observers must not call the manager (record "
+            + "what to do and do it after the migration returns)");
+    }
+    entered_ = true;
+    nested_ = true;
+    return true;
+}
+
+KvCacheManager::CallGuard::~CallGuard()
+{
+    if (entered_ && !nested_)
+    {
+        m_.owner_.store(std::thread::id(), std::memory_order_relaxed);
+        m_.mutex_.unlock();
+    }
+    entered_ = false;
+}
+
 KvCacheManager::KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime,
     runtime::CodecPtr codec, int32_t codecDevice)
     : runtime_(std::move(runtime))
@@ -104,7 +163,7 @@ KvCacheManager::~KvCacheManager()
 {
     try
     {
-        synchronize();
+        synchronizeAll(); // No call can be in flight: callers hold the manager while they use it.
     }
     catch (std::exception const& e)
     {
@@ -181,14 +240,16 @@ uint32_t KvCacheManager::resolve(PageId id, size_t position) const
     return index;
 }
 
-bool KvCacheManager::isLive(PageId id) const noexcept
+bool KvCacheManager::isLive(PageId id) const
 {
+    CallGuard guard(*this, "isLive");
     uint32_t const index = uint32_t(id & 0xffffffffu);
     return index < pages_.size() && pages_[index].generation == uint32_t(id >> 32) && pages_[index].level >= 0;
 }
 
 PageInfo KvCacheManager::info(PageId id) const
 {
+    CallGuard guard(*this, "info");
     Page const& p = pages_[resolve(id, 0)];
     auto const level = CacheLevel(p.level);
     return {p.lifeCycle, level, p.slot, storage_->poolGroup(level, p.lifeCycle)};
@@ -214,6 +275,7 @@ void KvCacheManager::releasePage(uint32_t index) noexcept
 
 void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream)
 {
+    CallGuard guard(*this, "allocate");
     if (lifeCycle < 0 || size_t(lifeCycle) >= storage_->numLifeCycles())
     {
         throw std::invalid_argument("lifecycle is " + std::to_string(lifeCycle) + "; configured layer groups are 0.."
@@ -266,6 +328,7 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
 
 void KvCacheManager::free(PageId const* ids, size_t count)
 {
+    CallGuard guard(*this, "free");
     if (++epoch_ == 0)
     {
         for (auto& p : pages_) p.mark = 0;
@@ -301,6 +364,7 @@ void KvCacheManager::free(PageId const* ids, size_t count)
 MigrationResult KvCacheManager::migrate(
     PageId const* ids, size_t count, CacheLevel dst, Stream stream, std::optional<CacheLevel> requiredSource)
 {
+    CallGuard guard(*this, "migrate");
     checkLevel(dst, "the destination level");
     if (stream == nullptr || stream == cudaStreamLegacy)
     {
@@ -973,6 +1037,7 @@ std::string const& KvCacheManager::contentKey(uint32_t index) const noexcept
 
 void KvCacheManager::setKey(PageId id, std::string const& key)
 {
+    CallGuard guard(*this, "setKey");
     uint32_t const index = resolve(id, 0);
     if (key.size() > 254)
     {
@@ -1007,11 +1072,13 @@ void KvCacheManager::setKey(PageId id, std::string const& key)
 
 std::string KvCacheManager::key(PageId id) const
 {
+    CallGuard guard(*this, "key");
     return contentKey(resolve(id, 0));
 }
 
 void KvCacheManager::findOnDisk(std::string const* keys, size_t count, PageId* out)
 {
+    CallGuard guard(*this, "findOnDisk");
     checkLevel(CacheLevel::kDisk, "findOnDisk's level");
     DiskColdLevel* disk = storage_->diskLevel();
     for (size_t i = 0; i < count; ++i)
@@ -1057,12 +1124,14 @@ void KvCacheManager::findOnDisk(std::string const* keys, size_t count, PageId* o
 
 size_t KvCacheManager::forgetUnclaimedOnDisk()
 {
+    CallGuard guard(*this, "forgetUnclaimedOnDisk");
     checkLevel(CacheLevel::kDisk, "forgetUnclaimedOnDisk's level");
     return storage_->diskLevel()->forgetUnclaimed();
 }
 
-size_t KvCacheManager::unclaimedOnDisk() const noexcept
+size_t KvCacheManager::unclaimedOnDisk() const
 {
+    CallGuard guard(*this, "unclaimedOnDisk");
     DiskColdLevel const* disk = storage_->diskLevel();
     return disk ? disk->numUnclaimed() : 0;
 }
@@ -1090,10 +1159,13 @@ void KvCacheManager::notify(MigrationRecord const& record)
     {
         try
         {
+            inObserver_ = true;
             observer(record);
+            inObserver_ = false;
         }
         catch (...)
         {
+            inObserver_ = false;
             if (!observerError_)
             {
                 observerError_ = std::current_exception();
@@ -1104,12 +1176,14 @@ void KvCacheManager::notify(MigrationRecord const& record)
 
 int64_t KvCacheManager::addObserver(Observer observer)
 {
+    CallGuard guard(*this, "addObserver");
     observers_.emplace_back(nextObserver_, std::move(observer));
     return nextObserver_++;
 }
 
 bool KvCacheManager::removeObserver(int64_t id)
 {
+    CallGuard guard(*this, "removeObserver");
     auto it = std::find_if(observers_.begin(), observers_.end(), [&](auto const& o) { return o.first == id; });
     if (it == observers_.end())
     {
@@ -1119,14 +1193,16 @@ bool KvCacheManager::removeObserver(int64_t id)
     return true;
 }
 
-std::vector<PoolGroupStats> const& KvCacheManager::stats(CacheLevel level) const
+std::vector<PoolGroupStats> KvCacheManager::stats(CacheLevel level) const
 {
+    CallGuard guard(*this, "stats");
     checkLevel(level, "level");
     return stats_[size_t(level)];
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> KvCacheManager::getAndResetIterationPeakBlockStats(CacheLevel level)
 {
+    CallGuard guard(*this, "getAndResetIterationPeakBlockStats");
     checkLevel(level, "level");
     std::vector<std::pair<uint64_t, uint64_t>> out;
     for (size_t g = 0; g < storage_->numPoolGroups(level); ++g)
@@ -1208,6 +1284,7 @@ std::optional<CacheLevel> KvCacheManager::colderLevel(CacheLevel level) const no
 
 void KvCacheManager::touch(PageId const* ids, size_t count)
 {
+    CallGuard guard(*this, "touch");
     for (size_t i = 0; i < count; ++i)
     {
         resolve(ids[i], i); // All checked before any changes.
@@ -1225,6 +1302,7 @@ void KvCacheManager::touch(PageId const* ids, size_t count)
 
 void KvCacheManager::pin(PageId const* ids, size_t count, bool pinned)
 {
+    CallGuard guard(*this, "pin");
     for (size_t i = 0; i < count; ++i)
     {
         uint32_t const index = resolve(ids[i], i);
@@ -1252,6 +1330,7 @@ void KvCacheManager::pin(PageId const* ids, size_t count, bool pinned)
 
 void KvCacheManager::setPriority(PageId const* ids, size_t count, int32_t priority)
 {
+    CallGuard guard(*this, "setPriority");
     for (size_t i = 0; i < count; ++i)
     {
         resolve(ids[i], i);
@@ -1267,11 +1346,13 @@ void KvCacheManager::setPriority(PageId const* ids, size_t count, int32_t priori
 
 uint32_t KvCacheManager::pins(PageId id) const
 {
+    CallGuard guard(*this, "pins");
     return pages_[resolve(id, 0)].pins;
 }
 
 size_t KvCacheManager::evictable(CacheLevel level, PoolGroupIndex group) const
 {
+    CallGuard guard(*this, "evictable");
     checkLevel(level, "level");
     if (group < 0 || size_t(group) >= lru_[size_t(level)].size())
     {
@@ -1283,6 +1364,7 @@ size_t KvCacheManager::evictable(CacheLevel level, PoolGroupIndex group) const
 
 void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream)
 {
+    CallGuard guard(*this, "makeRoom");
     size_t const candidates = evictable(level, group);
     SlotPool& pool = storage_->slots(level, group);
     if (pool.freeSlots() >= freeSlots)
@@ -1349,6 +1431,7 @@ void KvCacheManager::checkResizable(CacheLevel level, char const* what) const
 
 uint64_t KvCacheManager::hotCapacitySlots(PoolGroupIndex group) const
 {
+    CallGuard guard(*this, "hotCapacitySlots");
     auto const& groups = storage_->hotGroups();
     if (group < 0 || size_t(group) >= groups.size())
     {
@@ -1403,6 +1486,7 @@ uint64_t KvCacheManager::compact(CacheLevel level, std::vector<uint64_t> const& 
 
 void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional<Stream> stream)
 {
+    CallGuard guard(*this, "resize");
     checkResizable(level, "resize");
     if (quotaBytes == 0)
     {
@@ -1475,6 +1559,7 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
 
 uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stream)
 {
+    CallGuard guard(*this, "defragment");
     checkResizable(level, "defragment");
     if (level == CacheLevel::kDisk)
     {
@@ -1596,12 +1681,20 @@ uint64_t KvCacheManager::defragmentDisk()
 
 void KvCacheManager::closeDisk()
 {
-    synchronize();
+    CallGuard guard(*this, "closeDisk");
+    synchronizeAll();
     lru_[size_t(CacheLevel::kDisk)].clear();
     storage_->closeDisk();
+    closed_ = true; // Every later call (from any thread) is refused.
 }
 
 void KvCacheManager::synchronize()
+{
+    CallGuard guard(*this, "synchronize");
+    synchronizeAll();
+}
+
+void KvCacheManager::synchronizeAll()
 {
     for (auto& [s, e] : lastEvents_)
     {

@@ -2,14 +2,19 @@
 //
 // KvCacheManager: the C++ core of the KV-cache manager. Owns the device runtime, the
 // StorageManager (codec, levels, staging) and the page table; allocates, frees and migrates
-// pages. Public calls are not thread-safe: one caller at a time per manager.
+// pages. Public calls are safe from several threads: each holds the manager's mutex (one per
+// manager, as the seed prescribes) for its whole duration; a migration observer that calls back
+// into the same manager is refused with an error instead of deadlocking.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -110,6 +115,32 @@ struct PageInfo
 class KvCacheManager
 {
 public:
+    /// Holds the manager's mutex for one public call. Nested calls on the owning thread (a public
+    /// method calling another) pass through; a call from a migration observer, which runs while
+    /// a migration holds the mutex, throws std::logic_error; every call after closeDisk() throws.
+    class CallGuard
+    {
+    public:
+        /// Blocks until the mutex is free.
+        CallGuard(KvCacheManager const& m, char const* what);
+        /// Takes the mutex only when it is free now or already held by this thread; check
+        /// entered() (used by callers that must do something else before blocking).
+        CallGuard(KvCacheManager const& m, char const* what, std::try_to_lock_t);
+        ~CallGuard();
+        CallGuard(CallGuard const&) = delete;
+        CallGuard& operator=(CallGuard const&) = delete;
+        [[nodiscard]] bool entered() const noexcept
+        {
+            return entered_;
+        }
+
+    private:
+        bool enterNested(char const* what);
+        KvCacheManager const& m_;
+        bool entered_ = false;
+        bool nested_ = false;
+    };
+
     /// Takes the runtime and the codec (consumed: destroyed if construction throws; null
     /// selects the default concat codec). `codecDevice` is the device the codec was created for.
     KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime, runtime::CodecPtr codec,
@@ -153,7 +184,7 @@ public:
     void findOnDisk(std::string const* keys, size_t count, PageId* out);
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
     size_t forgetUnclaimedOnDisk();
-    [[nodiscard]] size_t unclaimedOnDisk() const noexcept;
+    [[nodiscard]] size_t unclaimedOnDisk() const;
 
     /// Marks pages as just used (recency), counting a hit at each page's level and pool group.
     void touch(PageId const* pages, size_t count);
@@ -191,10 +222,11 @@ public:
     [[nodiscard]] uint32_t pins(PageId page) const;
 
     [[nodiscard]] PageInfo info(PageId page) const;
-    [[nodiscard]] bool isLive(PageId page) const noexcept;
+    [[nodiscard]] bool isLive(PageId page) const;
 
-    /// Pool-group statistics of `level`, in that level's grouping order.
-    [[nodiscard]] std::vector<PoolGroupStats> const& stats(CacheLevel level) const;
+    /// Pool-group statistics of `level`, in that level's grouping order (a copy: other threads
+    /// may be migrating).
+    [[nodiscard]] std::vector<PoolGroupStats> stats(CacheLevel level) const;
     /// Per pool group of `level`: (used slots now, peak since the last call); restarts the peaks.
     std::vector<std::pair<uint64_t, uint64_t>> getAndResetIterationPeakBlockStats(CacheLevel level);
 
@@ -265,6 +297,7 @@ private:
     bool transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count, Stream stream,
         MigrationResult& result, std::string& error);
     void noteEvent(Stream stream, EventPtr const& event);
+    void synchronizeAll();
     // Waits once for the checked decodes this migration submitted, then drops every page whose
     // status is not kPageOk (see transfer()).
     void finishChecks(Stream stream, MigrationResult& result);
@@ -285,6 +318,13 @@ private:
     // Moves the pages in slots at or above limits[g] of every pool group of `level` into free
     // slots below it; returns the pages moved.
     uint64_t compact(CacheLevel level, std::vector<uint64_t> const& limits, Stream stream);
+
+    // One mutex per manager; owner_ names the thread holding it (nested calls pass), and
+    // inObserver_ marks the observer callbacks, which must not call back in.
+    mutable std::mutex mutex_;
+    mutable std::atomic<std::thread::id> owner_{};
+    bool inObserver_ = false;
+    bool closed_ = false;
 
     std::unique_ptr<runtime::DeviceRuntime> runtime_;
     std::unique_ptr<StorageManager> storage_;

@@ -1,0 +1,117 @@
+"""The KV-cache manager under several threads (CPU backend): every public call holds the
+manager's mutex, so concurrent allocate -> write -> evict -> onboard -> check -> free cycles never
+see another thread's bytes and the slot accounting stays consistent; observers that call back in
+are refused with a clear error; close() waits for in-flight calls and later calls are refused."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from kvcodec_sdk import CacheLevel, KVCacheManager
+
+from test_kvcm_support import config, group, hot_bytes, make_test_codec
+
+
+def _run_threads(target, n):
+    errors: list[BaseException] = []
+
+    def wrap(i):
+        try:
+            target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("codec", ["concat", "checked"])
+def test_threads_never_see_each_others_pages(codec):
+    """Four threads each cycle allocate -> write -> evict -> onboard -> check -> free. Before the
+    manager had a mutex this served other threads' bytes and ended with more free slots than
+    slots."""
+    c = make_test_codec(envelope=True, checked_decode=True) if codec == "checked" else None
+    m = KVCacheManager(config([group([0, 1], [256, 128])], gpu_quota=256 * 384, host_quota=256 * 512),
+                       cold_page_codec=c)
+    wrong = []
+
+    def work(t):
+        rng = np.random.default_rng(t)
+        for _ in range(150):
+            pages = m.allocate(0, int(rng.integers(1, 12)))
+            model = {}
+            for p in pages:
+                for v in m.page_view(p, framework="numpy"):
+                    v[:] = rng.integers(0, 256, v.shape, dtype=np.uint8)
+                model[p.id] = hot_bytes(m, p)
+            m.evict(pages)
+            r = m.onboard(pages)
+            assert r.moved == len(pages) and not r.dropped
+            for p in pages:
+                if not np.array_equal(hot_bytes(m, p), model[p.id]):
+                    wrong.append(p.id)
+            m.free(pages)
+
+    _run_threads(work, 4)
+    assert not wrong, f"{len(wrong)} pages came back with other bytes"
+    for level in (CacheLevel.HOT, CacheLevel.HOST):
+        for total, free in m.slot_counts(level):
+            assert free == total, (level, total, free)
+
+
+def test_observer_calling_back_into_the_manager_is_refused():
+    m = KVCacheManager(config([group([0], [64])]))
+    pages = m.allocate(0, 2)
+    calls = []
+
+    def observer(rec):
+        calls.append(rec)
+        m.free(pages)  # would corrupt the migration in flight
+
+    m.add_migration_observer(observer)
+    with pytest.raises(RuntimeError, match="observer .* must not call the manager|from a migration observer"):
+        m.evict(pages)
+    assert calls and all(p.level == CacheLevel.HOST for p in pages)  # the migration itself completed
+    total, free = m.slot_counts(CacheLevel.HOST)[0]
+    assert total - free == 2
+
+
+def test_close_waits_for_a_migration_in_flight_and_later_calls_are_refused(tmp_path):
+    from kvcodec_sdk import DiskTierConfig
+
+    cfg = config([group([0], [4096])], gpu_quota=4096 * 512, host_quota=4096 * 64,
+                 disk=DiskTierConfig(str(tmp_path), max_bytes=64 << 20, container_bytes=8 << 20, io_mode="buffered"))
+    m = KVCacheManager(cfg)
+    pages = m.allocate(0, 400)
+    core = m._live()  # a thread that took the core before close() (as a call in flight does)
+    moved_once = threading.Event()
+    outcome = {"rounds": 0}
+
+    def mover():
+        ids = np.asarray(pages.ids)
+        try:
+            while True:  # hot -> disk -> hot until the manager refuses
+                core.migrate(ids, int(CacheLevel.DISK), 0, None)
+                core.migrate(ids, int(CacheLevel.HOT), 0, None)
+                outcome["rounds"] += 1
+                moved_once.set()
+        except Exception as e:  # noqa: BLE001 - inspected below
+            outcome["error"] = e
+            moved_once.set()
+
+    t = threading.Thread(target=mover)
+    t.start()
+    moved_once.wait()
+    m.close()  # waits for the migration in flight, closes the disk regions
+    t.join()
+    assert outcome["rounds"] >= 1 and "closed" in str(outcome["error"]), outcome
+    with pytest.raises(Exception, match="closed"):
+        m.allocate(0, 1)
