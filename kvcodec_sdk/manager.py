@@ -719,8 +719,11 @@ class KVCacheManager:
         is ``"auto"`` or ``"torch"``), numpy arrays otherwise. Both speak DLPack. Slot ``s`` of
         every pool is the hot page in slot ``s``.
         """
-        group = self.lifecycle_to_pool_group(CacheLevel.HOT)[int(lifecycle)]
-        return self._pool_arrays(CacheLevel.HOT, group, self._framework(framework))
+        mapping = self.lifecycle_to_pool_group(CacheLevel.HOT)
+        lc = int(lifecycle)
+        if not 0 <= lc < len(mapping):
+            raise ValueError(f"lifecycle is {lifecycle}; configured layer groups are 0..{len(mapping) - 1}")
+        return self._pool_arrays(CacheLevel.HOT, mapping[lc], self._framework(framework))
 
     def host_pool_array(self, pool_group: int) -> np.ndarray:
         """The host tier's pool of a cold pool group as a ``(slots, page_bytes)`` uint8 numpy view

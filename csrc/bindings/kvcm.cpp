@@ -89,6 +89,35 @@ std::pair<kvcm::PageId const*, size_t> pageIds(py::array_t<uint64_t, py::array::
     return {ids.data(), size_t(ids.size())};
 }
 
+// A level argument from Python: 0..2, named in the error.
+CacheLevel levelArg(int32_t level, char const* field = "level")
+{
+    if (level < 0 || level >= kvcm::kNumLevels)
+    {
+        throw std::invalid_argument(std::string(field) + " is " + std::to_string(level)
+            + "; valid levels are 0 (hot), 1 (host) and 2 (disk)");
+    }
+    return CacheLevel(level);
+}
+
+// A pool group of a level from Python: an index into the level's grouping, named in the error.
+PoolGroupIndex groupArg(kvcm::KvCacheManager const& m, int32_t level, int32_t group)
+{
+    CacheLevel const l = levelArg(level);
+    size_t const n = m.storage().numPoolGroups(l);
+    if (n == 0)
+    {
+        throw std::invalid_argument(std::string("level is ") + std::to_string(level) + " (" + kvcm::levelName(l)
+            + "), which this manager does not have");
+    }
+    if (group < 0 || size_t(group) >= n)
+    {
+        throw std::invalid_argument("pool_group is " + std::to_string(group) + "; the " + kvcm::levelName(l)
+            + " level has pool groups 0.." + std::to_string(n - 1));
+    }
+    return group;
+}
+
 // Enters a manager's mutex for one Python call: at once when it is free (or already held by
 // this thread), else with the GIL released while waiting, so that the holder (a migration whose
 // observer needs the GIL) can finish.
@@ -373,19 +402,21 @@ void bindKvcm(py::module_& m)
             })
         .def("num_lifecycles", [](kvcm::KvCacheManager& m) { return m.storage().numLifeCycles(); })
         .def("has_level", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().hasLevel(CacheLevel(l)); })
-        .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(CacheLevel(l)); })
-        .def("num_pool_groups", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(CacheLevel(l)); })
+        .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(levelArg(l)); })
+        .def("num_pool_groups", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(levelArg(l)); })
         .def("slots",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "slots");
-                auto& pool = const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g);
+                auto& pool = const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), groupArg(m, l, g));
                 return py::make_tuple(pool.numSlots(), pool.freeSlots());
             })
         .def("page_bytes",
-            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) { return m.storage().pageBytes(CacheLevel(l), g); })
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+                PyGuard guard(m, "page_bytes");
+                return m.storage().pageBytes(CacheLevel(l), groupArg(m, l, g));
+            })
         .def("lifecycle_info",
             [](kvcm::KvCacheManager& m, int32_t lc) {
-               
                 if (lc < 0 || size_t(lc) >= m.storage().numLifeCycles())
                 {
                     throw std::invalid_argument("lifecycle is " + std::to_string(lc) + "; configured layer groups are 0.."
@@ -403,7 +434,7 @@ void bindKvcm(py::module_& m)
         .def("hot_pools",
             [](kvcm::KvCacheManager& m, int32_t g) {
                 PyGuard guard(m, "hot_pools");
-                auto const& group = m.storage().hotGroups().at(size_t(g));
+                auto const& group = m.storage().hotGroups()[size_t(groupArg(m, 0, g))];
                 py::list out;
                 for (size_t p = 0; p < group.pools.size(); ++p)
                 {
@@ -416,11 +447,12 @@ void bindKvcm(py::module_& m)
         .def("cold_pool",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "cold_pool");
-                kvcm::ColdLevel* cold = m.storage().coldLevel(CacheLevel(l));
-                if (cold == nullptr || g < 0 || size_t(g) >= cold->numPoolGroups())
+                if (levelArg(l) == CacheLevel::kHot)
                 {
-                    throw std::invalid_argument("no cold pool group " + std::to_string(g) + " at level " + std::to_string(l));
+                    throw std::invalid_argument("level is 0 (hot); cold pools are at levels 1 (host) and 2 (disk)");
                 }
+                groupArg(m, l, g);
+                kvcm::ColdLevel* cold = m.storage().coldLevel(CacheLevel(l));
                 return py::make_tuple(reinterpret_cast<uintptr_t>(cold->accessibleBase(g)), cold->pageBytes(g),
                     cold->slots(g).numSlots());
             })
@@ -428,7 +460,7 @@ void bindKvcm(py::module_& m)
             [](kvcm::KvCacheManager& m, int32_t l) {
                 PyGuard guard(m, "stats");
                 py::list out;
-                for (auto const& s : m.stats(CacheLevel(l)))
+                for (auto const& s : m.stats(levelArg(l)))
                 {
                     out.append(statsDict(s));
                 }
@@ -461,12 +493,11 @@ void bindKvcm(py::module_& m)
         .def("peak",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "peak");
-                static_cast<void>(m.evictable(CacheLevel(l), g)); // Checks the level and the group.
-                return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), g).peakUsedSlots();
+                return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), groupArg(m, l, g)).peakUsedSlots();
             })
         .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "evictable");
-                return m.evictable(CacheLevel(l), g);
+                return m.evictable(CacheLevel(l), groupArg(m, l, g));
             })
         .def(
             "make_room",
@@ -520,11 +551,12 @@ void bindKvcm(py::module_& m)
             py::arg("level"), py::arg("stream").none(true))
         .def("hot_capacity_slots", [](kvcm::KvCacheManager& m, int32_t g) {
                 PyGuard guard(m, "hot_capacity_slots");
-                return m.hotCapacitySlots(g);
+                return m.hotCapacitySlots(groupArg(m, 0, g));
             })
         .def("quota",
             [](kvcm::KvCacheManager& m, int32_t l) {
                 PyGuard guard(m, "quota");
+                levelArg(l);
                 auto const& c = m.storage().config();
                 kvcm::DiskColdLevel const* disk = m.storage().diskLevel();
                 return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : disk ? disk->quota() : c.disk.maxBytes;
@@ -532,7 +564,7 @@ void bindKvcm(py::module_& m)
         .def("get_and_reset_iteration_peak_block_stats",
             [](kvcm::KvCacheManager& m, int32_t l) {
                 PyGuard guard(m, "get_and_reset_iteration_peak_block_stats");
-                return m.getAndResetIterationPeakBlockStats(CacheLevel(l));
+                return m.getAndResetIterationPeakBlockStats(levelArg(l));
             })
         .def("add_observer",
             [](kvcm::KvCacheManager& m, std::function<void(py::tuple)> fn) {

@@ -1,7 +1,8 @@
-"""The KV-cache manager under several threads (CPU backend): every public call holds the
+"""The KV-cache manager at its boundary (CPU backend). Under several threads: every public call holds the
 manager's mutex, so concurrent allocate -> write -> evict -> onboard -> check -> free cycles never
 see another thread's bytes and the slot accounting stays consistent; observers that call back in
-are refused with a clear error; close() waits for in-flight calls and later calls are refused."""
+are refused with a clear error; close() waits for in-flight calls and later calls are refused.
+With bad arguments: every query bounds-checks its level, pool group and lifecycle."""
 
 from __future__ import annotations
 
@@ -115,3 +116,23 @@ def test_close_waits_for_a_migration_in_flight_and_later_calls_are_refused(tmp_p
     assert outcome["rounds"] >= 1 and "closed" in str(outcome["error"]), outcome
     with pytest.raises(Exception, match="closed"):
         m.allocate(0, 1)
+
+
+@pytest.mark.parametrize("call,args,message", [
+    ("page_bytes", (CacheLevel.DISK, 0), "which this manager does not have"),
+    ("page_bytes", (9, 9), "level is 9; valid levels"),
+    ("page_bytes", (0, 9), "pool_group is 9; the hot level has pool groups 0..0"),
+    ("lifecycle_to_pool_group", (9,), "level is 9; valid levels"),
+    ("hot_pool_tensors", (-1,), "lifecycle is -1; configured layer groups are 0..0"),
+    ("num_pool_groups", (-3,), "level is -3"),
+    ("stats", (7,), "level is 7"),
+    ("evictable", (1, 5), "pool_group is 5; the host level"),
+    ("host_pool_array", (4,), "pool_group is 4; the host level"),
+    ("slot_counts", (5,), "level is 5"),
+])
+def test_queries_bounds_check_every_argument(call, args, message):
+    """Out-of-range levels, pool groups and lifecycles raise an error naming the field and the
+    valid range (before: segfaults, garbage sizes, std::bad_alloc, or the last group)."""
+    m = KVCacheManager(config([group([0], [64])]))
+    with pytest.raises(ValueError, match=message):
+        getattr(m, call)(*args)
