@@ -10,8 +10,9 @@
 # an H200), then the benchmarks one at a time, so each has the GPU to itself. A subset runs its
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
-# Steps: pytest memcheck conformance bench-concat fp8 kvcm (= kvcm-memcheck + kvcm-bench) workload
-# disk template nvcomp (the build always runs).
+# Steps: pytest memcheck conformance bench-concat fp8 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
+# workload disk template nvcomp (the build always runs). kvcm-codecs runs every installed codec through
+# the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
 # requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
@@ -71,7 +72,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=bench-concat,kvcm-bench,workload,disk bash "$self" "$OUT_DIR" || status=1
+  KVCODEC_GPU_STEPS=bench-concat,kvcm-bench,kvcm-codecs,workload,disk bash "$self" "$OUT_DIR" || status=1
   KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
   KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
   step "done (status $status)"
@@ -155,6 +156,21 @@ for dev in cuda cpu; do
      --json bench-kvcm-overhead-$dev.json) > "$OUT_DIR/bench-kvcm-overhead-$dev.txt" 2>&1 || status=1
   cat "$OUT_DIR/bench-kvcm-overhead-$dev.txt"
 done
+fi
+
+if want kvcm || want kvcm-codecs; then
+step "kvcodec bench kvcm --codec all (every installed codec through the manager and bare, vs concat)"
+(cd "$OUT_DIR" && timeout 600 kvcodec bench kvcm --codec all --device cuda --json bench-kvcm-codecs.json) \
+  > "$OUT_DIR/bench-kvcm-codecs.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm-codecs.txt"
+step "kvcodec bench kvcm --codec nvcomp-ans --params '{\"data_type\":\"uint16\"}'"
+if (cd "$OUT_DIR" && kvcodec list --json 2> /dev/null) | python3 -c 'import json, sys; sys.exit("nvcomp-ans" not in [c["name"] for c in json.load(sys.stdin)["codecs"]])'; then
+  (cd "$OUT_DIR" && timeout 300 kvcodec bench kvcm --codec nvcomp-ans --params '{"data_type":"uint16"}' --device cuda \
+     --json bench-kvcm-ans-uint16.json) > "$OUT_DIR/bench-kvcm-ans-uint16.txt" 2>&1 || status=1
+  grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm-ans-uint16.txt"
+else
+  echo "skipped: the nvcomp-ans codec is not installed (plugins/kvcodec-nvcomp)"
+fi
 fi
 
 if want workload; then
