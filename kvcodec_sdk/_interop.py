@@ -83,6 +83,25 @@ def keep_for_stream(objects: Any, stream: Any, handle: int) -> None:
             pass  # memory not from the caching allocator (from_blob, DLPack import): nothing to keep
 
 
+def _check_writable_contiguous(obj: Any, what: str) -> None:
+    """A buffer a codec writes through must be writable and C-contiguous (else the codec, which
+    sees only its address, would write through a read-only or strided view)."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.writeable:
+            raise ValueError(f"{what} is a read-only array; the codec writes into it")
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"{what} is not C-contiguous (strides {obj.strides}); pass a contiguous array")
+    elif hasattr(obj, "is_contiguous") and hasattr(obj, "data_ptr"):  # torch.Tensor
+        if not obj.is_contiguous():
+            raise ValueError(f"{what} is not contiguous (strides {tuple(obj.stride())}); pass a contiguous tensor")
+
+
+def writable_pointer(obj: Any, what: str) -> tuple[int, bool | None]:
+    """:func:`data_pointer` of a buffer a codec writes: it must be writable and contiguous."""
+    _check_writable_contiguous(obj, what)
+    return data_pointer(obj, what)
+
+
 def data_pointer(obj: Any, what: str) -> tuple[int, bool | None]:
     """Address of a buffer and whether it is device memory (None when unknown).
 

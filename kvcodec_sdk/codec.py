@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
+
 from . import _interop
 from .errors import CodecCallError, CodecConsumedError
 from .layout import PageIndexLocation, PoolGroupDesc, to_native
@@ -138,7 +140,7 @@ class Codec:
         if not native.has_checked_decode:
             raise ValueError(f"codec {self.spec.name!r} has no checked decode (plugin ABI {native.abi_version}); "
                              f"use decode()")
-        status_ptr, _ = _interop.data_pointer(page_status, "page_status")
+        status_ptr, _ = _interop.writable_pointer(page_status, "page_status")
         self._transform("decode_checked", lifecycle, src_base, page_indices, stream, num_pages,
                         status=(status_ptr, page_status))
 
@@ -174,7 +176,12 @@ class Codec:
                           num_pages: int | None, status: tuple | None) -> None:
         native = self._live()
         what = "dst_base" if op == "encode" else "src_base"
-        base_ptr, _ = _interop.data_pointer(base, what)
+        if op == "encode":
+            base_ptr, _ = _interop.writable_pointer(base, what)  # the codec writes the blobs
+        else:
+            if isinstance(base, np.ndarray) and not base.flags.c_contiguous:
+                raise ValueError(f"{what} is not C-contiguous (strides {base.strides}); pass a contiguous array")
+            base_ptr, _ = _interop.data_pointer(base, what)
         idx_ptr, count, idx_on_device, owner = _interop.page_indices(indices, num_pages)
         location = PageIndexLocation(native.query_page_index_location(int(lifecycle)))
         if count and idx_on_device is not None and location != PageIndexLocation.BAD:

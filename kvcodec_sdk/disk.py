@@ -285,7 +285,12 @@ class DiskRegion:
         Errors raise :class:`DiskFullError`, :class:`DiskNoSpaceError` or :class:`DiskIoError`.
         On timeout raises TimeoutError (the ticket stays valid).
         """
-        raw = self._live().wait(ticket, -1.0 if timeout is None else float(timeout))
+        if timeout is not None:
+            timeout = float(timeout)
+            if timeout != timeout or timeout < 0:
+                raise ValueError(f"timeout is {timeout}; it must be None (wait for ever) or a number of seconds >= 0")
+        # An infinite timeout waits for ever, like None (the native wait takes -1 for that).
+        raw = self._live().wait(ticket, -1.0 if timeout is None or timeout == float("inf") else timeout)
         if raw[0] == "pending":
             raise TimeoutError(f"disk ticket {ticket} did not complete within {timeout} s")
         return self._finish(ticket, raw)

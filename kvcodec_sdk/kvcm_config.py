@@ -29,12 +29,19 @@ class KVCacheConfigError(KvcodecError, ValueError):
     """A KVCacheConfig field is invalid; the message names the field, its value and what is valid."""
 
 
-def _int(where: str, value: object, minimum: int) -> int:
+_U64_MAX = 2**64 - 1
+_I32_MAX = 2**31 - 1
+
+
+def _int(where: str, value: object, minimum: int, maximum: int = _U64_MAX) -> int:
+    """An integer field in [minimum, maximum] (the native field's range), or an error naming it."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise KVCacheConfigError(f"{where} is {value!r} ({type(value).__name__}); it must be an integer")
     if value < minimum:
         qualifier = "positive" if minimum == 1 else f">= {minimum}"
         raise KVCacheConfigError(f"{where} is {value}; it must be {qualifier}")
+    if value > maximum:
+        raise KVCacheConfigError(f"{where} is {value}; it must be at most {maximum}")
     return value
 
 
@@ -94,7 +101,7 @@ class DiskTierConfig:
             raise KVCacheConfigError(f"{where}.path is {self.path!r}; it must be a non-empty directory path")
         _int(f"{where}.max_bytes", self.max_bytes, 1)
         _int(f"{where}.container_bytes", self.container_bytes, 1)
-        _int(f"{where}.io_threads", self.io_threads, 1)
+        _int(f"{where}.io_threads", self.io_threads, 1, 4096)
         if self.io_mode not in _IO_MODES:
             raise KVCacheConfigError(f"{where}.io_mode is {self.io_mode!r}; valid: {', '.join(_IO_MODES)}")
 
@@ -149,7 +156,7 @@ class KVCacheConfig:
                 bw = f"{gw}.buffers[{b}]"
                 if not isinstance(buf, BufferConfig):
                     raise KVCacheConfigError(f"{bw} is a {type(buf).__name__}; it must be a BufferConfig")
-                _int(f"{bw}.layer", buf.layer, 0)
+                _int(f"{bw}.layer", buf.layer, 0, _I32_MAX)
                 _int(f"{bw}.bytes", buf.bytes, 1)
                 try:
                     Role(buf.role)
@@ -159,7 +166,7 @@ class KVCacheConfig:
                     dtype = DType(buf.dtype)
                 except ValueError:
                     raise KVCacheConfigError(f"{bw}.dtype is {buf.dtype!r}; valid dtypes are {[d.name for d in DType]}") from None
-                shape = [_int(f"{bw}.{n}", getattr(buf, n), 0) for n in ("tokens_per_page", "num_heads", "head_dim")]
+                shape = [_int(f"{bw}.{n}", getattr(buf, n), 0, _I32_MAX) for n in ("tokens_per_page", "num_heads", "head_dim")]
                 if any(shape) and not all(shape):
                     raise KVCacheConfigError(
                         f"{bw} sets tokens_per_page/num_heads/head_dim to {tuple(shape)}; set all three or none"
@@ -182,6 +189,11 @@ class KVCacheConfig:
         if self.index_ring_bytes % 8:
             raise KVCacheConfigError(f"{w}.index_ring_bytes is {self.index_ring_bytes}; it must be a multiple of 8")
         if self.pool_ratio is not None:
+            if isinstance(self.pool_ratio, (str, bytes)) or not hasattr(self.pool_ratio, "__len__"):
+                raise KVCacheConfigError(
+                    f"{w}.pool_ratio is {self.pool_ratio!r}; it must be a sequence of one positive weight per "
+                    f"layer group ({len(self.layer_groups)}), e.g. {[1.0] * len(self.layer_groups)}"
+                )
             if len(self.pool_ratio) != len(self.layer_groups):
                 raise KVCacheConfigError(
                     f"{w}.pool_ratio has {len(self.pool_ratio)} entries; it needs one per layer group ({len(self.layer_groups)})"
@@ -196,7 +208,7 @@ class KVCacheConfig:
                     f"({len(self.layer_groups)})"
                 )
             for i, n in enumerate(self.min_hot_slots):
-                _int(f"{w}.min_hot_slots[{i}]", n, 0)
+                _int(f"{w}.min_hot_slots[{i}]", n, 0, _I32_MAX)
         if not isinstance(self.auto_evict, bool):
             raise KVCacheConfigError(f"{w}.auto_evict is {self.auto_evict!r}; it must be True or False")
         if self.disk is not None:

@@ -372,3 +372,13 @@ def test_adjacent_slots_move_in_merged_ios(tmp_path, faulty):
     with region(tmp_path / "r") as r:  # the merged writes reached their slots and were journaled
         for i in range(n):
             assert r.get(f"k{i}") == page(i), f"page {i} after restart"
+
+
+def test_wait_with_an_infinite_timeout_waits_and_a_bad_one_is_refused(tmp_path):
+    """timeout=inf waits for ever like None (before: TimeoutError at once); NaN or a negative
+    timeout is an error naming the value."""
+    with region(tmp_path) as r:
+        assert r.wait(r.submit_write("a", page(1)), timeout=float("inf")).ok
+        for bad in (float("nan"), -1.0):
+            with pytest.raises(ValueError, match="timeout is"):
+                r.wait(r.submit_write("b", page(2)), timeout=bad)

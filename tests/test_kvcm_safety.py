@@ -136,3 +136,40 @@ def test_queries_bounds_check_every_argument(call, args, message):
     m = KVCacheManager(config([group([0], [64])]))
     with pytest.raises(ValueError, match=message):
         getattr(m, call)(*args)
+
+
+def test_codec_refuses_read_only_or_strided_cold_arrays():
+    """encode() writes through the cold array's address: a read-only or reversed-stride view
+    would be written through (before: silently)."""
+    from kvcodec_sdk import LifeCycleDesc, PoolDesc, PoolGroupDesc, create_codec
+
+    hot = np.arange(4 * 64, dtype=np.uint8)
+    with create_codec("concat", device="cpu") as codec:
+        codec.configure([PoolGroupDesc([PoolDesc(hot.ctypes.data, 64, 4)], [LifeCycleDesc(0)])])
+        pairs = np.array([[0, 1]], np.int32)
+        frozen = np.zeros(4 * 64, np.uint8)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            codec.encode(0, frozen, pairs)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            codec.encode(0, np.zeros(4 * 64, np.uint8)[::-1], pairs)
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            codec.decode(0, np.zeros(8 * 64, np.uint8)[::2], np.array([[1, 0]], np.int32))
+        cold = np.zeros(4 * 64, np.uint8)
+        codec.encode(0, cold, pairs)
+        assert np.array_equal(cold[:64], hot[64:128])
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("pool_ratio", 5, r"pool_ratio is 5; it must be a sequence"),
+    ("layer", 2**31, r"layer is 2147483648; it must be at most 2147483647"),
+    ("host_quota", 2**64, r"host_quota is 18446744073709551616; it must be at most"),
+])
+def test_config_values_outside_the_native_range_name_the_field(field, value, message):
+    from kvcodec_sdk import BufferConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig, Role
+
+    layer = value if field == "layer" else 0
+    kw = {"pool_ratio": value} if field == "pool_ratio" else {"host_quota": value} if field == "host_quota" else {}
+    with pytest.raises(KVCacheConfigError, match=message):
+        KVCacheConfig(layer_groups=[LayerGroupConfig([BufferConfig(layer, Role.KEY, 64)])], gpu_quota=1 << 16,
+                      device="cpu", **kw).validate()
