@@ -229,7 +229,7 @@ bool NvcompCodecBase::encode(LayerGroupId id, void* dstBasePtr, PageIndexPair co
         std::string error;
         auto const* lc = layout_.checkCall("encode", configured_, id, dstBasePtr, pageIndices, n, error);
         if (lc == nullptr) return error.empty() ? true : fail(error); // no pages: nothing to do
-        return submit(lc->group, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, n, stream, true);
+        return submit(lc->group, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, n, stream, true, nullptr);
     }
     catch (std::exception const& e)
     {
@@ -245,11 +245,31 @@ bool NvcompCodecBase::decode(LayerGroupId id, void const* srcBasePtr, PageIndexP
         std::string error;
         auto const* lc = layout_.checkCall("decode", configured_, id, srcBasePtr, pageIndices, n, error);
         if (lc == nullptr) return error.empty() ? true : fail(error); // no pages: nothing to do
-        return submit(lc->group, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, n, stream, false);
+        return submit(lc->group, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, n, stream, false, nullptr);
     }
     catch (std::exception const& e)
     {
         return fail(std::string("decode() failed: ") + e.what());
+    }
+}
+
+bool NvcompCodecBase::decodeChecked(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t n,
+    uint8_t* pageStatus, cudaStream_t stream) noexcept
+{
+    try
+    {
+        std::string error;
+        auto const* lc = layout_.checkCall("decodeChecked", configured_, id, srcBasePtr, pageIndices, n, error);
+        if (lc == nullptr) return error.empty() ? true : fail(error); // no pages: nothing to do
+        if (pageStatus == nullptr)
+        {
+            return fail("decodeChecked(): pageStatus is null with " + std::to_string(n) + " pages");
+        }
+        return submit(lc->group, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, n, stream, false, pageStatus);
+    }
+    catch (std::exception const& e)
+    {
+        return fail(std::string("decodeChecked() failed: ") + e.what());
     }
 }
 

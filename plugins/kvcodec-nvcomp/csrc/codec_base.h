@@ -74,6 +74,15 @@ public:
     bool decode(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
         cudaStream_t stream) noexcept override;
 
+    /// Both implementations check every blob where they read it and report each page's outcome.
+    bool hasCheckedDecode() const noexcept override
+    {
+        return true;
+    }
+
+    bool decodeChecked(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
+        uint8_t* pageStatus, cudaStream_t stream) noexcept override;
+
     char const* lastError() const noexcept override
     {
         return error_.c_str();
@@ -82,8 +91,10 @@ public:
 protected:
     virtual bool configureBackend() = 0;
     virtual PageIndexLocation location() const noexcept = 0;
+    /// Runs one non-empty call. `pageStatus` is null for encode and plain decode; for a checked
+    /// decode it receives one PageStatus per page (a bad blob is then a status, not a failure).
     virtual bool submit(PoolGroupIndex group, uintptr_t blob, PageIndexPair const* pairs, size_t n,
-        cudaStream_t stream, bool encode)
+        cudaStream_t stream, bool encode, uint8_t* pageStatus)
         = 0;
 
     bool fail(std::string message) const noexcept;

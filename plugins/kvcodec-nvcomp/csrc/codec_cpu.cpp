@@ -3,10 +3,20 @@
 // CPU reference of the nvCOMP codecs' blob format (format.h): host pointers, synchronous,
 // stream ignored. LZ4 chunks use the plugin's own block coder (lz4_block.h); gdeflate chunks use
 // nvCOMP's CPU library, whose batched gdeflate functions read and write the GPU chunk format.
+// Checksums use the SDK's host CRC-32C (kvcodec/crc32c.h: the CPU's CRC instruction where it has
+// one).
+//
+// A blob is checked in the order the CUDA kernels check it, so both report the same PageStatus
+// for it: envelope (magic, header CRC, format version, did not fit, sizes), codec header and
+// chunk table, checksum, decompression.
+#include <cstddef>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <vector>
+
+#include "kvcodec/crc32c.h"
 
 #include <nvcomp/native/gdeflate_cpu.h>
 
@@ -49,19 +59,30 @@ uint32_t get32(uint8_t const* p)
     return v;
 }
 
-char const* statusText(EnvelopeStatus s)
+// The envelope part of a refusal reason (plain decode() names it in its error).
+char const* envelopeText(uint8_t status)
 {
-    switch (s)
+    switch (status)
     {
-    case EnvelopeStatus::kOk: return "ok";
-    case EnvelopeStatus::kBadMagic: return "bad magic";
-    case EnvelopeStatus::kBadFormatVersion: return "wrong format version";
-    case EnvelopeStatus::kBadHeader: return "bad header (header CRC or sizes)";
-    case EnvelopeStatus::kDidNotFit: return "the page did not fit its cold slot when encoded (a miss)";
-    case EnvelopeStatus::kBadChecksum: return "checksum mismatch";
+    case kPageBadMagic: return "envelope check failed: bad magic";
+    case kPageBadFormatVersion: return "envelope check failed: wrong format version";
+    case kPageBadHeader: return "envelope check failed: bad header (header CRC or sizes)";
+    case kPageDidNotFit: return "envelope check failed: the page did not fit its cold slot when encoded (a miss)";
+    case kPageBadChecksum: return "envelope check failed: checksum mismatch";
+    default: return "envelope check failed";
     }
-    return "unknown";
 }
+
+// The compressed chunks of the pages of one decode window, decompressed together.
+struct ChunkLists
+{
+    std::vector<uint8_t const*> in;
+    std::vector<size_t> inBytes;
+    std::vector<uint8_t*> out;
+    std::vector<size_t> raw;
+    std::vector<uint32_t> chunk; // index in the page
+    std::vector<size_t> page;    // index in the window
+};
 
 class NvcompCodecCpu final : public NvcompCodecBase
 {
@@ -119,35 +140,63 @@ private:
         }
     }
 
-    // Decompresses chunks; returns the index of the first that does not decode to exactly
-    // raw[c] bytes, or -1.
-    int64_t decompressChunks(std::vector<uint8_t const*> const& in, std::vector<size_t> const& inBytes,
-        std::vector<uint8_t*> const& out, std::vector<size_t> const& raw) const
+    // Decompresses every listed chunk; failed[x] is 1 for each chunk that does not decode to
+    // exactly raw[x] bytes.
+    void decompressChunks(ChunkLists const& l, std::vector<uint8_t>& failed) const
     {
-        size_t const n = in.size();
+        size_t const n = l.in.size();
+        failed.assign(n, 0);
         if (options_.algorithm == Algorithm::kLz4)
         {
             for (size_t c = 0; c < n; ++c)
             {
-                if (lz4::decompress(in[c], inBytes[c], out[c], raw[c]) != int64_t(raw[c])) return int64_t(c);
+                failed[c] = lz4::decompress(l.in[c], l.inBytes[c], l.out[c], l.raw[c]) != int64_t(l.raw[c]);
             }
-            return -1;
+            return;
         }
-        if (n == 0) return -1;
-        std::vector<void const*> ins(in.begin(), in.end());
-        std::vector<void*> outs(out.begin(), out.end());
+        if (n == 0) return;
+        std::vector<void const*> ins(l.in.begin(), l.in.end());
+        std::vector<void*> outs(l.out.begin(), l.out.end());
         std::vector<size_t> got(n, 0);
-        std::vector<size_t> capacity(raw); // the API takes a mutable array
-        nvcomp::gdeflate::decompressCPU(ins.data(), inBytes.data(), n, outs.data(), capacity.data(), got.data());
+        std::vector<size_t> capacity(l.raw); // the API takes a mutable array
+        try
+        {
+            nvcomp::gdeflate::decompressCPU(ins.data(), l.inBytes.data(), n, outs.data(), capacity.data(), got.data());
+        }
+        catch (std::bad_alloc const&)
+        {
+            throw;
+        }
+        catch (...)
+        {
+            // The library throws for a chunk it cannot decode, which fails the whole batch: find
+            // the chunks that do not decode one by one.
+            for (size_t c = 0; c < n; ++c)
+            {
+                got[c] = 0;
+                capacity[c] = l.raw[c];
+                try
+                {
+                    nvcomp::gdeflate::decompressCPU(&ins[c], &l.inBytes[c], 1, &outs[c], &capacity[c], &got[c]);
+                }
+                catch (std::bad_alloc const&)
+                {
+                    throw;
+                }
+                catch (...)
+                {
+                    got[c] = ~size_t(0);
+                }
+            }
+        }
         for (size_t c = 0; c < n; ++c)
         {
-            if (got[c] != raw[c]) return int64_t(c);
+            failed[c] = got[c] != l.raw[c];
         }
-        return -1;
     }
 
     bool submit(PoolGroupIndex g, uintptr_t blobBase, PageIndexPair const* pairs, size_t n, cudaStream_t,
-        bool encode) override
+        bool encode, uint8_t* pageStatus) override
     {
         auto const& group = layout_.groups()[g];
         auto const& plan = plans_[g];
@@ -155,7 +204,14 @@ private:
         {
             int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
             int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
-            if (hot < 0 || uint64_t(hot) >= group.numSlots)
+            bool const hotOk = hot >= 0 && uint64_t(hot) < group.numSlots;
+            if (pageStatus != nullptr)
+            {
+                // A checked decode reports a bad index pair as that page's status.
+                pageStatus[i] = hotOk && cold >= 0 ? kPageOk : kPageBadIndex;
+                continue;
+            }
+            if (!hotOk)
             {
                 return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "src" : "dst") + " is "
                     + std::to_string(hot) + "; hot slot indices are 0.." + std::to_string(group.numSlots - 1));
@@ -174,29 +230,61 @@ private:
             }
             return true;
         }
+        if (pageStatus != nullptr)
+        {
+            // Checked: each window's good pages are written as soon as the window is decoded; a
+            // bad page's hot slot is left untouched.
+            std::vector<std::vector<uint8_t>> pages;
+            for (size_t first = 0; first < n; first += kWindowPages)
+            {
+                size_t const m = std::min(kWindowPages, n - first);
+                pages.assign(m, {});
+                decodeWindow(group, plan, blobBase, pairs, first, m, pages, pageStatus + first, nullptr);
+                for (size_t j = 0; j < m; ++j)
+                {
+                    if (pageStatus[first + j] == kPageOk)
+                    {
+                        writeHotPage(group, pairs[first + j].dst, pages[j]);
+                    }
+                }
+            }
+            return true;
+        }
         // Every blob is checked and decoded into scratch before any hot slot is written: a bad
         // blob fails the call and leaves the hot pages untouched.
         std::vector<std::vector<uint8_t>> pages(n);
+        std::vector<uint8_t> status(n, kPageOk);
         for (size_t first = 0; first < n; first += kWindowPages)
         {
-            std::string err = decodeWindow(group, plan, blobBase, pairs, first, std::min(kWindowPages, n - first), pages);
+            size_t const m = std::min(kWindowPages, n - first);
+            std::vector<std::vector<uint8_t>> window(m);
+            std::string err;
+            decodeWindow(group, plan, blobBase, pairs, first, m, window, status.data() + first, &err);
             if (!err.empty())
             {
                 return fail("decode(): " + err + "; no hot page was written");
             }
+            for (size_t j = 0; j < m; ++j)
+            {
+                pages[first + j] = std::move(window[j]);
+            }
         }
         for (size_t i = 0; i < n; ++i)
         {
-            uint64_t off = 0;
-            for (size_t p = 0; p < group.pools.size(); ++p)
-            {
-                auto const& pool = group.pools[p];
-                std::memcpy(reinterpret_cast<void*>(pool.base + uint64_t(pairs[i].dst) * pool.slotBytes),
-                    pages[i].data() + off, pool.slotBytes);
-                off += pool.slotBytes;
-            }
+            writeHotPage(group, pairs[i].dst, pages[i]);
         }
         return true;
+    }
+
+    static void writeHotPage(HotLayout::Group const& group, int32_t slot, std::vector<uint8_t> const& page)
+    {
+        uint64_t off = 0;
+        for (auto const& pool : group.pools)
+        {
+            std::memcpy(reinterpret_cast<void*>(pool.base + uint64_t(slot) * pool.slotBytes), page.data() + off,
+                pool.slotBytes);
+            off += pool.slotBytes;
+        }
     }
 
     // Pages compressed together: nvCOMP's CPU gdeflate has a large fixed cost per call.
@@ -273,64 +361,80 @@ private:
             env.flags = anyCompressed ? kEnvelopeCompressed : kEnvelopeStoredRaw;
             env.headerBytes = plan.headerBytes;
             env.payloadBytes = uint32_t(pos - plan.headerBytes);
-            env.checksum = crc32c(&out[32], pos - 32);
+            env.checksum = crc32cFast(&out[32], pos - 32);
         }
-        env.headerCrc = crc32c(&env, offsetof(ColdPageEnvelope, headerCrc));
+        env.headerCrc = crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc));
         std::memcpy(out.data(), &env, sizeof(env));
         std::memcpy(blob, out.data(), pos);
     }
 
-    // Checks and decodes pages [first, first + m) of the call into pages[]; returns an empty
-    // string, or the reason naming the page.
-    std::string decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
-        PageIndexPair const* pairs, size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages) const
+    // Checks and decodes pages [first, first + m) of the call into pages[0, m). status[j] holds
+    // each page's PageStatus on entry (kPageBadIndex pages are skipped) and its outcome on return;
+    // only kPageOk pages are complete. With `why` (plain decode), stops at the first bad page and
+    // sets *why to the reason naming it.
+    void decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase, PageIndexPair const* pairs,
+        size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status, std::string* why) const
     {
         std::vector<std::vector<uint8_t>> scratch(options_.bitshuffle ? m : 0);
-        std::vector<uint8_t const*> cin;
-        std::vector<size_t> cinBytes, craw, cpage;
-        std::vector<uint8_t*> cout;
-        std::vector<uint32_t> cchunk;
-        auto where = [&](size_t i) {
-            return "pageIndices[" + std::to_string(i) + "] (cold slot " + std::to_string(pairs[i].src) + "): ";
+        ChunkLists lists;
+        auto where = [&](size_t j) {
+            return "pageIndices[" + std::to_string(first + j) + "] (cold slot " + std::to_string(pairs[first + j].src) + "): ";
         };
         for (size_t j = 0; j < m; ++j)
         {
-            size_t const i = first + j;
-            auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[i].src) * plan.coldBytes);
-            pages[i].resize(group.pageBytes);
-            uint8_t* dst = pages[i].data();
+            if (status[j] != kPageOk)
+            {
+                continue;
+            }
+            auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[first + j].src) * plan.coldBytes);
+            pages[j].resize(group.pageBytes);
+            uint8_t* dst = pages[j].data();
             if (options_.bitshuffle)
             {
                 scratch[j].resize(group.pageBytes);
                 dst = scratch[j].data();
             }
-            std::string err = parseBlob(group, plan, blob, dst, cin, cinBytes, cout, craw, cchunk);
-            if (!err.empty())
+            std::string reason;
+            status[j] = parseBlob(group, plan, blob, dst, j, lists, why ? &reason : nullptr);
+            if (status[j] != kPageOk && why != nullptr)
             {
-                return where(i) + err;
+                *why = where(j) + reason;
+                return;
             }
-            cpage.resize(cin.size(), i);
         }
-        int64_t const bad = decompressChunks(cin, cinBytes, cout, craw);
-        if (bad >= 0)
+        std::vector<uint8_t> failed;
+        decompressChunks(lists, failed);
+        for (size_t x = 0; x < failed.size(); ++x)
         {
-            uint32_t const c = cchunk[size_t(bad)];
-            return where(cpage[size_t(bad)]) + "chunk " + std::to_string(c) + " does not decompress to "
-                + std::to_string(plan.chunks[c].bytes) + " bytes";
+            size_t const j = lists.page[x];
+            if (failed[x] && status[j] == kPageOk)
+            {
+                status[j] = kPageDecodeFailed;
+                if (why != nullptr)
+                {
+                    uint32_t const c = lists.chunk[x];
+                    *why = where(j) + "chunk " + std::to_string(c) + " does not decompress to "
+                        + std::to_string(plan.chunks[c].bytes) + " bytes";
+                    return;
+                }
+            }
         }
         if (options_.bitshuffle)
         {
             std::vector<uint64_t> poolOffset = poolOffsets(group);
             for (size_t j = 0; j < m; ++j)
             {
+                if (status[j] != kPageOk)
+                {
+                    continue;
+                }
                 for (auto const& chunk : plan.chunks)
                 {
                     uint64_t const at = poolOffset[chunk.pool] + chunk.offset;
-                    unshuffleChunk(scratch[j].data() + at, pages[first + j].data() + at, chunk.bytes, options_.elementBytes);
+                    unshuffleChunk(scratch[j].data() + at, pages[j].data() + at, chunk.bytes, options_.elementBytes);
                 }
             }
         }
-        return {};
     }
 
     static std::vector<uint64_t> poolOffsets(HotLayout::Group const& group)
@@ -343,48 +447,95 @@ private:
         return off;
     }
 
-    // Checks one blob (envelope, checksum, codec header, chunk table), copies its raw chunks to
-    // `page` and appends its compressed chunks to the lists. Returns an empty string or the reason.
-    std::string parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
-        std::vector<uint8_t const*>& cin, std::vector<size_t>& cinBytes, std::vector<uint8_t*>& cout,
-        std::vector<size_t>& craw, std::vector<uint32_t>& cchunk) const
+    static uint8_t refuse(uint8_t status, std::string* why, std::string const& reason)
     {
-        EnvelopeStatus const st = checkColdPageEnvelope(blob, plan.coldBytes, kFormatVersion);
-        if (st != EnvelopeStatus::kOk)
+        if (why != nullptr)
         {
-            return std::string("envelope check failed: ") + statusText(st);
+            *why = reason;
         }
+        return status;
+    }
+
+    // Checks one blob (envelope, codec header, chunk table, then the checksum), copies its raw
+    // chunks to `page` and appends its compressed chunks to `lists` (as page `j` of the window).
+    // Returns kPageOk, or the PageStatus with the reason in *why when `why` is given; a bad blob
+    // appends nothing.
+    uint8_t parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
+        size_t j, ChunkLists& lists, std::string* why) const
+    {
         ColdPageEnvelope env;
         std::memcpy(&env, blob, sizeof(env));
+        if (env.magic != kColdPageEnvelopeMagic)
+        {
+            return refuse(kPageBadMagic, why, envelopeText(kPageBadMagic));
+        }
+        if (crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc)
+        {
+            return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
+        }
+        if (env.formatVersion != kFormatVersion)
+        {
+            return refuse(kPageBadFormatVersion, why,
+                std::string(envelopeText(kPageBadFormatVersion)) + " (" + std::to_string(env.formatVersion)
+                    + "; this codec reads " + std::to_string(kFormatVersion) + ")");
+        }
+        if (env.flags & kEnvelopeDidNotFit)
+        {
+            return refuse(kPageDidNotFit, why, envelopeText(kPageDidNotFit));
+        }
+        if (env.headerBytes < sizeof(ColdPageEnvelope) || env.headerBytes > plan.coldBytes
+            || env.payloadBytes > plan.coldBytes - env.headerBytes)
+        {
+            return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
+        }
         uint32_t const numChunks = uint32_t(plan.chunks.size());
         if (env.rawBytes != group.pageBytes || env.headerBytes != plan.headerBytes || get32(blob + 32) != numChunks
             || get32(blob + 36) != options_.chunkBytes || blob[40] != uint8_t(options_.algorithm)
             || blob[41] != options_.elementBytes || blob[42] != (options_.bitshuffle ? 1 : 0))
         {
-            return "the blob was written with another layout or parameters (raw bytes, chunk count, chunk_bytes, "
-                   "algorithm, data_type or bitshuffle differ)";
+            return refuse(kPageBadHeader, why,
+                "the blob was written with another layout or parameters (raw bytes, chunk count, chunk_bytes, "
+                "algorithm, data_type or bitshuffle differ)");
         }
-        std::vector<uint64_t> const poolOffset = poolOffsets(group);
         uint64_t const end = uint64_t(env.headerBytes) + env.payloadBytes;
         uint64_t pos = env.headerBytes;
+        for (uint32_t c = 0; c < numChunks; ++c)
+        {
+            uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
+            uint32_t const stored = entry & kChunkSizeMask;
+            bool const compressed = (entry & kChunkCompressedBit) != 0;
+            uint32_t const raw = plan.chunks[c].bytes;
+            if (pos + stored > end || (compressed ? (stored == 0 || stored >= raw) : stored != raw))
+            {
+                return refuse(kPageBadHeader, why, "chunk " + std::to_string(c) + " table entry is invalid");
+            }
+            pos += roundUp(stored, kPayloadAlign);
+        }
+        if (pos != end)
+        {
+            return refuse(kPageBadHeader, why,
+                "payloadBytes " + std::to_string(env.payloadBytes) + " disagrees with the chunk table");
+        }
+        if (crc32cFast(blob + sizeof(ColdPageEnvelope), end - sizeof(ColdPageEnvelope)) != env.checksum)
+        {
+            return refuse(kPageBadChecksum, why, envelopeText(kPageBadChecksum));
+        }
+        std::vector<uint64_t> const poolOffset = poolOffsets(group);
+        pos = env.headerBytes;
         for (uint32_t c = 0; c < numChunks; ++c)
         {
             auto const& chunk = plan.chunks[c];
             uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
             uint32_t const stored = entry & kChunkSizeMask;
-            bool const compressed = (entry & kChunkCompressedBit) != 0;
-            if (pos + stored > end || (!compressed && stored != chunk.bytes) || (compressed && stored >= chunk.bytes))
-            {
-                return "chunk " + std::to_string(c) + " table entry is invalid";
-            }
             uint8_t* target = page + poolOffset[chunk.pool] + chunk.offset;
-            if (compressed)
+            if (entry & kChunkCompressedBit)
             {
-                cin.push_back(blob + pos);
-                cinBytes.push_back(stored);
-                cout.push_back(target);
-                craw.push_back(chunk.bytes);
-                cchunk.push_back(c);
+                lists.in.push_back(blob + pos);
+                lists.inBytes.push_back(stored);
+                lists.out.push_back(target);
+                lists.raw.push_back(chunk.bytes);
+                lists.chunk.push_back(c);
+                lists.page.push_back(j);
             }
             else
             {
@@ -392,11 +543,7 @@ private:
             }
             pos += roundUp(stored, kPayloadAlign);
         }
-        if (pos != end)
-        {
-            return "payloadBytes " + std::to_string(env.payloadBytes) + " disagrees with the chunk table";
-        }
-        return {};
+        return kPageOk;
     }
 };
 

@@ -16,6 +16,10 @@
 //           and the chunks of a bad page get a small dummy compressed chunk so the batch size
 //           stays fixed) -> nvCOMP batched decompress -> scatter kernel (per chunk: raw chunks,
 //           un-shuffle; only pages whose every chunk decoded).
+//   decodeChecked: the same kernels, which also record why a page is refused (PageState flags)
+//           and write one PageStatus byte per page where they decide it: the verify kernel for a
+//           page that fails its checks, the scatter kernel's block of chunk 0 for a page that
+//           went to nvCOMP (decoded, or kPageDecodeFailed). No extra kernel and no host copy.
 //   The per-chunk kernels put every chunk of a batch in flight at once: one block per page
 //   would leave most of the GPU idle and serialize a page's checksum and copies.
 //
@@ -343,9 +347,22 @@ static_assert(sizeof(PageState) == 24, "workspace.cpp sizes page states at 24 by
 
 enum : uint32_t
 {
-    kPageOk = 1,         // encode: the page fits and is written; decode: envelope and table are valid
+    kPageValid = 1,      // encode: the page fits and is written; decode: envelope and table are valid
     kPageCompressed = 2, // encode: some chunk is stored compressed
+    kReasonShift = 8,    // decode: bits 8..15 hold the PageStatus of a page that is not valid
 };
+
+// Decode flags of a page whose checks ended with `status` (kvcodec::PageStatus).
+__device__ uint32_t decodeFlags(uint8_t status)
+{
+    return status == kvcodec::kPageOk ? uint32_t(kPageValid) : uint32_t(status) << kReasonShift;
+}
+
+// The PageStatus recorded in a page's decode flags.
+__device__ uint8_t decodeReason(uint32_t flags)
+{
+    return (flags & kPageValid) ? uint8_t(kvcodec::kPageOk) : uint8_t((flags >> kReasonShift) & 0xffu);
+}
 
 // Page threads per block of the per-page kernels (layout, seal, header, verify).
 constexpr uint32_t kPageThreads = 128;
@@ -465,7 +482,7 @@ __global__ void encodeLayout(EncodeArgs a)
         uint64_t const total = a.headerBytes + payload;
         bool const fits = pair.dst >= 0 && pair.src >= 0 && uint64_t(pair.src) < a.numSlots && total <= a.coldBytes;
         a.pages[i] = PageState{fits ? total : sizeof(ColdPageEnvelope), 0, 0,
-            (fits ? kPageOk : 0u) | (any ? kPageCompressed : 0u)};
+            (fits ? kPageValid : 0u) | (any ? kPageCompressed : 0u)};
     }
 }
 
@@ -479,7 +496,7 @@ __global__ void encodeChunks(EncodeArgs a, uint64_t total)
     for (uint64_t k = blockIdx.x; k < total; k += gridDim.x)
     {
         uint64_t const i = k / a.numChunks;
-        if ((a.pages[i].flags & kPageOk) == 0)
+        if ((a.pages[i].flags & kPageValid) == 0)
         {
             continue; // Invalid indices or did not fit: the envelope alone is written.
         }
@@ -509,7 +526,7 @@ __global__ void encodeSeal(EncodeArgs a)
     PageState const page = a.pages[i];
     uint64_t const base = i * a.numChunks;
     uint8_t* cold = coldSlot(a.coldBase, pair.dst, a.coldBytes);
-    bool const fits = (page.flags & kPageOk) != 0;
+    bool const fits = (page.flags & kPageValid) != 0;
     uint32_t checksum = 0;
     if (fits)
     {
@@ -628,6 +645,7 @@ struct DecodeArgs
     uintptr_t coldBase;
     uint32_t const* xpow;
     uint32_t blobOnDevice; // the cold blobs are in device memory: payloads need no staging
+    uint8_t* pageStatus;   // decodeChecked: one PageStatus per page of the batch; null for decode
 };
 
 // Per page: checks the envelope, stages the codec header and chunk table, checks them and lays
@@ -636,7 +654,7 @@ __global__ void decodeHeader(DecodeArgs a)
 {
     __shared__ CrcTables tables;
     __shared__ ColdPageEnvelope env;
-    __shared__ bool ok;
+    __shared__ uint8_t status;
     uint64_t const i = blockIdx.x;
     PageIndexPair const pair = a.pairs[i];
     uint64_t const base = i * a.numChunks;
@@ -651,22 +669,26 @@ __global__ void decodeHeader(DecodeArgs a)
     __syncthreads();
     if (threadIdx.x == 0)
     {
-        bool good = indicesOk;
-        if (good)
+        // The order of checkColdPageEnvelope and of the CPU reference, so both report the same
+        // status for a blob.
+        auto const* raw = reinterpret_cast<uint8_t const*>(&env);
+        uint8_t st = kvcodec::kPageOk;
+        if (!indicesOk) st = kPageBadIndex;
+        else if (env.magic != kColdPageEnvelopeMagic) st = kPageBadMagic;
+        else if (crc32cBitwise(raw, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc) st = kPageBadHeader;
+        else if (env.formatVersion != kFormatVersion) st = kPageBadFormatVersion;
+        else if (env.flags & kEnvelopeDidNotFit) st = kPageDidNotFit;
+        else if (env.headerBytes != a.headerBytes || env.payloadBytes > a.coldBytes - a.headerBytes
+            || env.rawBytes != a.pageBytes)
         {
-            auto const* raw = reinterpret_cast<uint8_t const*>(&env);
-            good = env.magic == kColdPageEnvelopeMagic
-                && crc32cBitwise(raw, offsetof(ColdPageEnvelope, headerCrc)) == env.headerCrc
-                && env.formatVersion == kFormatVersion && (env.flags & kEnvelopeDidNotFit) == 0
-                && env.headerBytes == a.headerBytes && env.payloadBytes <= a.coldBytes - a.headerBytes
-                && env.rawBytes == a.pageBytes;
+            st = kPageBadHeader;
         }
-        ok = good;
+        status = st;
     }
     __syncthreads();
-    if (!ok)
+    if (status != kvcodec::kPageOk)
     {
-        if (threadIdx.x == 0) a.pages[i] = PageState{0, 0, 0, 0};
+        if (threadIdx.x == 0) a.pages[i] = PageState{0, 0, 0, decodeFlags(status)};
         return;
     }
     uint64_t const used = uint64_t(env.headerBytes) + env.payloadBytes;
@@ -699,7 +721,7 @@ __global__ void decodeHeader(DecodeArgs a)
     uint32_t const headerRaw = blockCrcRaw(stage + kCodecHeaderOffset, n, n, tables, a.xpow);
     if (threadIdx.x == 0)
     {
-        a.pages[i] = PageState{used, env.checksum, headerRaw, good ? kPageOk : 0u};
+        a.pages[i] = PageState{used, env.checksum, headerRaw, decodeFlags(good ? kvcodec::kPageOk : kPageBadHeader)};
     }
 }
 
@@ -716,7 +738,7 @@ __global__ void decodeChunks(DecodeArgs a, uint64_t total)
     for (uint64_t k = blockIdx.x; k < total; k += gridDim.x)
     {
         uint64_t const i = k / a.numChunks;
-        if ((a.pages[i].flags & kPageOk) == 0)
+        if ((a.pages[i].flags & kPageValid) == 0)
         {
             continue;
         }
@@ -747,11 +769,19 @@ __global__ void decodeVerify(DecodeArgs a)
     PageState const page = a.pages[i];
     uint64_t const base = i * a.numChunks;
     uint8_t const* stage = a.blobStaging + i * a.blobStride;
-    bool ok = (page.flags & kPageOk) != 0;
+    bool ok = (page.flags & kPageValid) != 0;
     if (ok)
     {
         CrcPiece const all = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockChunksJoin(a.chunkCrc + base, a.numChunks));
         ok = crcFinishOp(all.raw, all.op) == page.checksum;
+        if (!ok && a.pageStatus != nullptr && threadIdx.x == 0)
+        {
+            a.pageStatus[i] = kPageBadChecksum;
+        }
+    }
+    else if (a.pageStatus != nullptr && threadIdx.x == 0)
+    {
+        a.pageStatus[i] = decodeReason(page.flags);
     }
     for (uint32_t c = threadIdx.x; c < a.numChunks; c += blockDim.x)
     {
@@ -780,7 +810,9 @@ __global__ void decodeVerify(DecodeArgs a)
     }
 }
 
-// Per chunk, after nvCOMP: writes raw and staged chunks of pages whose every chunk decoded.
+// Per chunk, after nvCOMP: writes raw and staged chunks of pages whose every chunk decoded. For
+// decodeChecked the block of each page's chunk 0 also writes the status of a page that went to
+// nvCOMP (decodeVerify wrote the others'), even where nvCOMP wrote that chunk in place.
 __global__ void decodeScatter(DecodeArgs a)
 {
     uint64_t const k = blockIdx.x;
@@ -789,9 +821,15 @@ __global__ void decodeScatter(DecodeArgs a)
     uint64_t const base = i * a.numChunks;
     uint8_t const flags = a.kinds[k];
     uint8_t const kind = flags & kChunkKind;
-    if (kind == kChunkSkip || (kind == kChunkCompressed && a.direct))
+    if (kind == kChunkSkip)
     {
-        return; // Not decoded, or nvCOMP wrote it in place.
+        return; // Not decoded: the page failed its checks.
+    }
+    bool const copies = !(kind == kChunkCompressed && a.direct); // else nvCOMP wrote it in place
+    bool const reports = a.pageStatus != nullptr && c == 0;
+    if (!copies && !reports)
+    {
+        return;
     }
     int bad = 0;
     for (uint32_t j = threadIdx.x; j < a.numChunks; j += blockDim.x)
@@ -802,9 +840,14 @@ __global__ void decodeScatter(DecodeArgs a)
             bad = 1;
         }
     }
-    if (__syncthreads_or(bad))
+    bad = __syncthreads_or(bad);
+    if (reports && threadIdx.x == 0)
     {
-        return; // A chunk failed to decompress: the page is not written.
+        a.pageStatus[i] = bad ? kPageDecodeFailed : kvcodec::kPageOk;
+    }
+    if (bad || !copies)
+    {
+        return; // A chunk failed to decompress (the page is not written), or nothing to copy.
     }
     PageIndexPair const pair = a.pairs[i];
     DevChunk const ch = a.chunks[c];
@@ -974,6 +1017,10 @@ private:
                 check(cudaFuncGetAttributes(&attributes, kernel), "loading the codec's kernels");
             }
             check(cudaDeviceGetAttribute(&smCount_, cudaDevAttrMultiProcessorCount, device_), "querying the SM count");
+            int pageable = 0;
+            check(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device_),
+                "querying pageable memory access");
+            pageableAccess_ = pageable != 0;
             ops_ = makeNvcompOps(options_.algorithm, options_.elementBytes);
             arena_ = std::make_unique<DeviceArena>();
             nvcompAlignmentRequirements_t da{};
@@ -1163,15 +1210,20 @@ private:
     }
 
     bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
-        bool encode) override
+        bool encode, uint8_t* pageStatus) override
     {
-        char const* op = encode ? "encode" : "decode";
+        char const* op = encode ? "encode" : pageStatus ? "decodeChecked" : "decode";
         if (stream == nullptr || stream == cudaStreamLegacy)
         {
             return fail(std::string(op) + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
         }
         DeviceScope scope(device_);
         if (!scope.ok()) return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+        if (pageStatus != nullptr)
+        {
+            std::string why = statusMemoryProblem(pageStatus);
+            if (!why.empty()) return fail(std::string(op) + "(): " + why);
+        }
         // Fork: the lanes wait for the caller's stream; batches alternate between the two lanes
         // so one batch's transfer overlaps the next one's (de)compression; join: the caller's
         // stream waits for both. A lane's own stream orders its workspace across calls.
@@ -1207,7 +1259,8 @@ private:
             size_t const m = std::min<size_t>(batch, n - first);
             Lane& lane = lanes[b % kLanes];
             err = encode ? encodeBatch(g, blob, pairs + first, m, lane, hostBlobs)
-                         : decodeBatch(g, blob, pairs + first, m, lane, hostBlobs);
+                         : decodeBatch(g, blob, pairs + first, m, lane, hostBlobs,
+                             pageStatus != nullptr ? pageStatus + first : nullptr);
         }
         for (int l = 0; l < kLanes; ++l)
         {
@@ -1220,6 +1273,38 @@ private:
             }
         }
         return err.empty() ? true : fail(std::string(op) + "(): " + err);
+    }
+
+    // Why the codec's kernels cannot write decodeChecked()'s status array at `p`, or an empty
+    // string: it must be memory of this device, managed memory, mapped pinned host memory whose
+    // device address is its host address, or any host memory where the device reads pageable
+    // memory. A host query without synchronization; a kernel's write to other memory would fault
+    // and take the CUDA context with it.
+    std::string statusMemoryProblem(void const* p) const
+    {
+        cudaPointerAttributes at{};
+        cudaError_t const st = cudaPointerGetAttributes(&at, p);
+        if (st != cudaSuccess)
+        {
+            cudaGetLastError();
+            return "cannot query the page status array's memory: " + cudaText(st);
+        }
+        switch (at.type)
+        {
+        case cudaMemoryTypeDevice:
+            if (at.device == device_) return {};
+            return "the page status array is memory of CUDA device " + std::to_string(at.device) + ", not of device "
+                + std::to_string(device_) + " that the codec runs on";
+        case cudaMemoryTypeManaged: return {};
+        case cudaMemoryTypeHost:
+            if (at.devicePointer == p) return {};
+            return "the page status array is pinned host memory that is not mapped at its host address; allocate it "
+                   "with cudaHostAlloc (or torch's pin_memory())";
+        default:
+            if (pageableAccess_) return {};
+            return "the page status array is pageable host memory, which this device cannot write; use device memory "
+                   "or mapped pinned host memory";
+        }
     }
 
     // Blocks of the chunk kernels: one per chunk, or for blobs in host memory two per SM (enough
@@ -1257,7 +1342,9 @@ private:
         return st == cudaSuccess ? std::string() : "finish kernels' launch failed: " + cudaText(st);
     }
 
-    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs)
+    // `pageStatus`: the batch's first page's status byte (decodeChecked), or null.
+    std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane,
+        bool hostBlobs, uint8_t* pageStatus)
     {
         DecodeWorkspace& dec_ = lane.dec;
         cudaStream_t const stream = lane.stream;
@@ -1270,7 +1357,7 @@ private:
             options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
             dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, headerOp(plan.headerBytes), dummyIn_, dummyInBytes_, dec_.dummyOut,
             dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
-            blob, xpow_, hostBlobs ? 0u : 1u};
+            blob, xpow_, hostBlobs ? 0u : 1u, pageStatus};
         // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
         decodeHeader<<<unsigned(m), kPageThreads, 0, stream>>>(a);
         decodeChunks<<<chunkGrid(total, hostBlobs), kThreads, 0, stream>>>(a, total);
@@ -1298,6 +1385,7 @@ private:
     uint32_t* xpow_ = nullptr;
     uint32_t xpowHost_[64] = {};
     int smCount_ = 1;
+    bool pageableAccess_ = false; // kernels may write pageable host memory (HMM, ATS)
     uint8_t* zeroChunk_ = nullptr;
     uint8_t* dummyIn_ = nullptr;
     uint64_t dummyInBytes_ = 0;

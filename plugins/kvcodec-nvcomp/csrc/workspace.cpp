@@ -154,7 +154,7 @@ private:
         return PageIndexLocation::kDevice;
     }
 
-    bool submit(PoolGroupIndex, uintptr_t, PageIndexPair const*, size_t, cudaStream_t, bool) override
+    bool submit(PoolGroupIndex, uintptr_t, PageIndexPair const*, size_t, cudaStream_t, bool, uint8_t*) override
     {
         return fail("a workspace probe neither encodes nor decodes");
     }

@@ -181,3 +181,119 @@ def numpy_layout(rng, slot_sizes, num_slots, kind="random", lifecycles=(0,)) -> 
 
 def pairs(dst, src) -> np.ndarray:
     return np.ascontiguousarray(np.stack([np.asarray(dst), np.asarray(src)], axis=1).astype(np.int32))
+
+
+# -- damaged blobs (checked decode) ------------------------------------------------------------
+
+
+def reseal(blob: bytes, *, checksum: bool = True) -> bytes:
+    """The blob with its header CRC (and, with ``checksum``, its payload checksum) recomputed
+    from its fields: damage that only the structural checks can catch."""
+    b = bytearray(blob)
+    if checksum:
+        header_bytes, payload_bytes = struct.unpack_from("<II", b, 8)
+        struct.pack_into("<I", b, 24, crc32c(bytes(b[32 : header_bytes + payload_bytes])))
+    struct.pack_into("<I", b, 28, crc32c(bytes(b[:28])))
+    return bytes(b)
+
+
+def rebuild(blob: bytes, chunks) -> bytes:
+    """A blob with the envelope fields and codec header of ``blob`` holding ``chunks``
+    ((compressed, stored bytes) per chunk): chunk table, payloadBytes and both CRCs recomputed,
+    the rest of the cold slot kept."""
+    b = parse(blob)
+    entries, payload = [], b""
+    for compressed, data in chunks:
+        entries.append(len(data) | (CHUNK_COMPRESSED if compressed else 0))
+        payload += bytes(data) + bytes(-len(data) % 16)
+    area = bytes(blob[32:48]) + struct.pack(f"<{len(entries)}I", *entries)
+    area += bytes(b.header_bytes - 32 - len(area))
+    head = struct.pack("<IHHIIQI", b.magic, b.version, b.flags, b.header_bytes, len(payload), b.raw_bytes,
+                       crc32c(area + payload))
+    out = head + struct.pack("<I", crc32c(head)) + area + payload
+    assert len(out) <= len(blob)
+    return out + bytes(blob[len(out):])
+
+
+#: Damage done to a blob, and the PageStatus a checked decode reports for it (kvcodec/codec.h).
+DAMAGE = {
+    "good": 0,
+    "magic": 1,  # first byte of the magic
+    "header-crc": 3,  # the envelope's header CRC field
+    "header-field": 3,  # payloadBytes changed, header CRC not updated
+    "version": 2,  # format version 2 with a correct header CRC
+    "did-not-fit": 4,  # the envelope alone, as encode writes a page that did not fit
+    "payload": 5,  # one bit of the payload
+    "table": 3,  # a chunk table entry of 0xFFFFFFFF (checksum not updated)
+    "table-resealed": 3,  # chunk 0 marked raw with a compressed size, checksum updated
+    "codec-header": 3,  # chunk_bytes in the codec header, checksum updated
+    "sizes": 3,  # payloadBytes past the cold slot, header CRC updated
+    "raw-bytes": 3,  # rawBytes of another page size, header CRC updated
+    "decode": 6,  # a full chunk's payload replaced by a shorter chunk's: checksum valid, wrong size
+}
+
+
+def damage(kind: str, blob: bytes, raw_sizes) -> bytes:
+    """``blob`` (a whole cold slot holding a valid blob) damaged as DAMAGE[kind] says.
+    ``raw_sizes``: each chunk's raw size (chunk_plan). "table-resealed" needs chunk 0
+    compressed, "decode" a compressed full chunk and a compressed shorter one."""
+    b = bytearray(blob)
+    h = parse(blob)
+    if kind == "good":
+        pass
+    elif kind == "magic":
+        b[0] ^= 0x01
+    elif kind == "header-crc":
+        b[29] ^= 0x40
+    elif kind == "header-field":
+        b[13] ^= 0x08
+    elif kind == "version":
+        struct.pack_into("<H", b, 4, 2)
+        return reseal(b, checksum=False)
+    elif kind == "did-not-fit":
+        struct.pack_into("<IHHIIQI", b, 0, MAGIC, 1, DID_NOT_FIT, 32, 0, h.raw_bytes, 0)
+        return reseal(b, checksum=False)
+    elif kind == "payload":
+        b[h.header_bytes + h.payload_bytes // 3] ^= 0x04
+    elif kind == "table":
+        struct.pack_into("<I", b, 48, 0xFFFFFFFF)
+    elif kind == "table-resealed":
+        assert h.entries[0] & CHUNK_COMPRESSED, "chunk 0 must be compressed"
+        struct.pack_into("<I", b, 48, h.entries[0] & ~CHUNK_COMPRESSED)
+        return reseal(b)
+    elif kind == "codec-header":
+        struct.pack_into("<I", b, 36, h.chunk_bytes + 16)
+        return reseal(b)
+    elif kind == "sizes":
+        struct.pack_into("<I", b, 12, len(blob))
+        return reseal(b, checksum=False)
+    elif kind == "raw-bytes":
+        struct.pack_into("<Q", b, 16, h.raw_bytes + 16)
+        return reseal(b, checksum=False)
+    elif kind == "decode":
+        chunks = list(h.chunks(blob))
+        compressed = [i for i, (c, _) in enumerate(chunks) if c]
+        full = next(i for i in compressed if raw_sizes[i] == max(raw_sizes))
+        short = next((i for i in compressed if raw_sizes[i] < raw_sizes[full]), None)
+        assert short is not None, "the layout needs a compressed chunk shorter than a full one"
+        chunks[full] = chunks[short]
+        return rebuild(blob, chunks)
+    else:
+        raise ValueError(kind)
+    return bytes(b)
+
+
+def damage_pages(cold: np.ndarray, kinds, raw_sizes) -> list:
+    """Damages cold slot s (row s of a (pages, cold bytes) uint8 array) as kinds[s] says, in
+    place; returns the PageStatus expected for each."""
+    for s, kind in enumerate(kinds):
+        cold[s] = np.frombuffer(damage(kind, cold[s].tobytes(), raw_sizes), dtype=np.uint8)
+    return [DAMAGE[k] for k in kinds]
+
+
+def with_good_neighbours(kinds) -> list:
+    """Each kind preceded by an intact page: ["good", k0, "good", k1, ..., "good"]."""
+    out = []
+    for k in kinds:
+        out += ["good", k]
+    return out + ["good"]

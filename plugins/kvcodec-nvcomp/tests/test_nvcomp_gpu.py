@@ -1,5 +1,6 @@
 """CUDA implementation of the nvCOMP codecs: round trips, interchangeability with the CPU
-reference and the lz4 package, slot_ratio edges, corruption and asynchrony.
+reference and the lz4 package, slot_ratio edges, corruption, asynchrony and checked decode
+(a PageStatus per page, in device or mapped pinned memory, agreeing with the CPU reference).
 
 Every test carries the ``gpu`` marker and skips cleanly without a CUDA device and torch.
 """
@@ -413,3 +414,191 @@ def test_many_tiny_pages_configure_and_round_trip(name, stream):
         at = int((got[s] != want[s]).nonzero()[0])
         pytest.fail(f"{bad.numel()} of {m} pages differ; first page {s} at byte {at}")
     assert bool((torch.cat(layout.pools, dim=1)[m] == 0x77).all()), "a slot outside the call was written"
+
+
+# -- checked decode (plugin ABI 2) ---------------------------------------------------------------
+
+#: Pool 0 (runs) and pool 1 (zeros, ending in a shorter chunk) compress with every algorithm and
+#: setting, pool 2 (random) is stored raw.
+CHECKED_SLOTS = (8192, 3008, 4096)
+CHECKED_PARAMS = [{"chunk_bytes": 2048}, {"chunk_bytes": 2048, "data_type": "uint16", "bitshuffle": True}]
+CHECKED_IDS = ["plain", "u16-shuffle"]  # plain decompresses into the hot slots, shuffled into staging
+FILLER = 0x5A
+UNWRITTEN = 0xEE
+
+
+def checked_layout(num_slots, seed=5):
+    layout = GpuLayout(CHECKED_SLOTS, num_slots, "runs", seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    layout.pools[1].zero_()  # ANS on bit-shuffled runs leaves a 960-byte chunk raw; zeros compress
+    layout.pools[2].copy_(torch.from_numpy(fill("random", rng, CHECKED_SLOTS[2] * num_slots).reshape(num_slots, -1)))
+    torch.cuda.synchronize()
+    return layout
+
+
+def chunk_sizes(params):
+    return [c[2] for c in blobs.chunk_plan(CHECKED_SLOTS, params["chunk_bytes"])]
+
+
+def encoded_on_gpu(name, params, layout, n, stream):
+    """A configured CUDA codec and the blobs of hot slots 0..n-1 as an (n, cold bytes) numpy array."""
+    codec = kv.create_codec(name, params, device="cuda")
+    codec.configure(layout.groups)
+    assert codec.has_checked_decode
+    cold = torch.zeros((n, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    codec.encode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    return codec, cold.cpu().numpy().copy()
+
+
+def blob_buffer(cold: np.ndarray, pinned: bool):
+    t = torch.from_numpy(cold)
+    return t.pin_memory() if pinned else t.cuda()
+
+
+def status_buffer(n: int, where: str):
+    """A status array prefilled with UNWRITTEN: mapped pinned host memory or device memory."""
+    t = torch.full((n,), UNWRITTEN, dtype=torch.uint8)
+    t = t.pin_memory() if where == "pinned" else t.cuda()
+    torch.cuda.synchronize()
+    return t
+
+
+def decode_checked(codec, cold, dst, src, stream, *, status_in="pinned", pinned=True):
+    status = status_buffer(len(dst), status_in)
+    codec.decode_checked(0, blob_buffer(cold, pinned), dev_pairs(dst, src), status, stream=stream)
+    stream.synchronize()
+    return status.cpu().tolist()
+
+
+@pytest.mark.parametrize("name", GPU_CODECS)
+@pytest.mark.parametrize("params", CHECKED_PARAMS, ids=CHECKED_IDS)
+@pytest.mark.parametrize("pinned", [True, False], ids=["host-blobs", "device-blobs"])
+@pytest.mark.parametrize("status_in", ["pinned", "device"], ids=["pinned-status", "device-status"])
+def test_checked_status_per_page_and_neighbours_decode(name, params, pinned, status_in, stream):
+    kinds = blobs.with_good_neighbours([k for k in blobs.DAMAGE if k != "good"])
+    n = len(kinds)
+    layout = checked_layout(n + 1)  # slot n: the target of a pair with a bad cold index
+    codec, cold = encoded_on_gpu(name, params, layout, n, stream)
+    originals = [layout.page(s) for s in range(n + 1)]
+    expect = blobs.damage_pages(cold, kinds, chunk_sizes(params))
+    layout.fill_(FILLER)
+    # Blob s into hot slot n-1-s; then a hot index past the pools and a negative cold index.
+    dst = [n - 1 - s for s in range(n)] + [n + 1, n]
+    src = list(range(n)) + [0, -1]
+    status = decode_checked(codec, cold, dst, src, stream, status_in=status_in, pinned=pinned)
+    assert status == expect + [kv.PageStatus.BAD_INDEX] * 2, list(zip(kinds, status))
+    filler = bytes([FILLER]) * len(originals[0])
+    for s, kind in enumerate(kinds):
+        if expect[s] == kv.PageStatus.OK:
+            assert_pages(layout, [dst[s]], [originals[s]], f"page {s} ({kind})")
+        elif expect[s] != kv.PageStatus.DECODE_FAILED:  # nvCOMP may have written part of it in place
+            assert_pages(layout, [dst[s]], [filler], f"refused page {s} ({kind})")
+    assert_pages(layout, [n], [filler], "hot slot of a pair with a bad cold index")
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-gdeflate"])
+@pytest.mark.parametrize("params", CHECKED_PARAMS, ids=CHECKED_IDS)
+@pytest.mark.parametrize("pinned", [True, False], ids=["host-blobs", "device-blobs"])
+def test_checked_statuses_agree_with_the_cpu_reference(name, params, pinned, stream):
+    """The same damaged blobs, and blobs with one random flipped bit each, get the same status
+    from the CUDA implementation and the CPU reference."""
+    rng = np.random.default_rng(12)
+    kinds = blobs.with_good_neighbours([k for k in blobs.DAMAGE if k != "good"])
+    flips = 40
+    n = len(kinds) + flips
+    layout = checked_layout(n)
+    codec, cold = encoded_on_gpu(name, params, layout, n, stream)
+    blobs.damage_pages(cold[: len(kinds)], kinds, chunk_sizes(params))
+    for s in range(len(kinds), n):
+        h = blobs.parse(cold[s].tobytes())
+        cold[s, int(rng.integers(0, h.header_bytes + h.payload_bytes))] ^= 1 << int(rng.integers(0, 8))
+    perm = rng.permutation(n)
+    gpu_status = decode_checked(codec, cold, perm, range(n), stream, pinned=pinned)
+    host_pools = [np.zeros((n, size), dtype=np.uint8) for size in CHECKED_SLOTS]
+    cpu = kv.create_codec(name, params, device="cpu")
+    cpu.configure([kv.PoolGroupDesc([kv.PoolDesc(h.ctypes.data, h.shape[1], n) for h in host_pools],
+                                    [kv.LifeCycleDesc(0)])])
+    cpu_status = np.full(n, UNWRITTEN, dtype=np.uint8)
+    cpu.decode_checked(0, cold, pairs(perm, range(n)), cpu_status)
+    assert gpu_status == cpu_status.tolist()
+    assert set(gpu_status[len(kinds):]) <= {kv.PageStatus.BAD_MAGIC, kv.PageStatus.BAD_HEADER, kv.PageStatus.BAD_CHECKSUM}
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["host-blobs", "device-blobs"])
+@pytest.mark.parametrize("status_in", ["pinned", "device"], ids=["pinned-status", "device-status"])
+def test_checked_statuses_of_a_call_cut_into_batches(pinned, status_in, stream):
+    """A call of many batches (three pages each, alternating lanes): every status lands at its
+    page's position."""
+    n = 41
+    layout = checked_layout(n)
+    page_bytes = sum(CHECKED_SLOTS)
+    params = {"chunk_bytes": 2048, "max_batch_bytes": 3 * page_bytes}
+    codec, cold = encoded_on_gpu("nvcomp-lz4", params, layout, n, stream)
+    originals = [layout.page(s) for s in range(n)]
+    bad = {0: "magic", 4: "payload", 5: "decode", 9: "version", 20: "table", 29: "did-not-fit", 40: "header-crc"}
+    kinds = [bad.get(s, "good") for s in range(n)]
+    expect = blobs.damage_pages(cold, kinds, chunk_sizes(params))
+    layout.fill_(FILLER)
+    status = decode_checked(codec, cold, range(n), range(n), stream, status_in=status_in, pinned=pinned)
+    assert status == expect
+    assert_pages(layout, [s for s in range(n) if s not in bad], [originals[s] for s in range(n) if s not in bad])
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
+def test_checked_did_not_fit_from_encode(name, stream):
+    n = 4
+    layout = GpuLayout((65536,), n, "random")
+    layout.pools[0][1].zero_()
+    layout.pools[0][3].zero_()
+    torch.cuda.synchronize()
+    codec = kv.create_codec(name, {"slot_ratio": 0.5}, device="cuda")
+    codec.configure(layout.groups)
+    cold = torch.zeros((n, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
+    codec.encode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
+    stream.synchronize()
+    layout.fill_(FILLER)
+    status = decode_checked(codec, cold.cpu().numpy(), range(n), range(n), stream, pinned=False)
+    assert status == [kv.PageStatus.DID_NOT_FIT, 0, kv.PageStatus.DID_NOT_FIT, 0]
+    assert_pages(layout, range(n), [bytes([FILLER]) * 65536, bytes(65536)] * 2)
+
+
+def test_checked_decode_does_not_synchronize(stream):
+    n = 16
+    layout = GpuLayout((65536, 65536), n, "kv")
+    codec = kv.create_codec("nvcomp-ans", {"data_type": "uint16"}, device="cuda")
+    codec.configure(layout.groups)
+    cold = torch.empty((n, codec.cold_page_bytes(0)), dtype=torch.uint8).pin_memory()
+    idx = dev_pairs(range(n), range(n))
+    status = status_buffer(n, "pinned")
+    expect = [layout.page(s) for s in range(n)]
+    codec.encode(0, cold, idx, stream=stream)
+    codec.decode_checked(0, cold, idx, status, stream=stream)  # warm-up
+    stream.synchronize()
+    status.fill_(UNWRITTEN)
+    layout.fill_(0)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)
+    codec.decode_checked(0, cold, idx, status, stream=stream)
+    assert not stream.query(), "decodeChecked() waited for the stream"
+    stream.synchronize()
+    assert status.tolist() == [0] * n
+    assert_pages(layout, range(n), expect)
+
+
+def test_checked_status_memory_the_device_cannot_write(stream):
+    """Pageable host memory is refused as a whole call (unless the device writes pageable memory,
+    then it works like any other)."""
+    n = 2
+    layout = checked_layout(n)
+    codec, cold = encoded_on_gpu("nvcomp-lz4", CHECKED_PARAMS[0], layout, n, stream)
+    status = np.full(n, UNWRITTEN, dtype=np.uint8)
+    try:
+        codec.decode_checked(0, torch.from_numpy(cold).cuda(), dev_pairs(range(n), range(n)), status, stream=stream)
+    except kv.CodecCallError as exc:
+        assert "pageable host memory" in str(exc)
+        assert (status == UNWRITTEN).all()
+    else:
+        stream.synchronize()
+        assert status.tolist() == [0] * n
