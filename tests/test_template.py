@@ -99,3 +99,23 @@ def test_baked_plugin_builds_registers_and_passes_the_suite(tmp_path, answers):
     assert "FAIL" not in check.stdout
     elapsed = time.perf_counter() - started
     print(f"kvcodec new -> passing kvcodec check {codec} ({device}): {elapsed:.1f} s")
+
+
+def test_answers_are_never_executed_by_the_template_hook(tmp_path):
+    """The validation hook gets the answers as data: an answer with a quote and a newline is
+    refused, not run (before: the hook pasted it into its Python source and executed it), and the
+    CLI refuses it before rendering with one line and exit status 2, no traceback."""
+    from cookiecutter.exceptions import FailedHookException
+
+    marker = tmp_path / "ran"
+    evil = f'x"\nopen({str(marker)!r}, "w").close()\n#'
+    with pytest.raises(FailedHookException):
+        cookiecutter.cookiecutter(str(new.template_dir()), no_input=True, output_dir=str(tmp_path / "out"),
+                                  extra_context={"module_name": evil})
+    assert not marker.exists(), "the hook executed an answer"
+    for answer, field in ((f"module_name={evil}", "module_name"), ('codec_name=a"b', "codec_name"),
+                          ("module_name=os", "module_name"), ("lossless=maybe", "lossless")):
+        out = subprocess.run([sys.executable, "-m", "kvcodec_sdk", "new", "--no-input", "--output-dir",
+                              str(tmp_path / "cli"), answer], capture_output=True, text=True)
+        assert out.returncode == 2 and f"error: {field} is" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not marker.exists() and not (tmp_path / "cli").exists()

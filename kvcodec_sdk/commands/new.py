@@ -7,6 +7,8 @@ point and passes the conformance suite as generated; replace the example transfo
 from __future__ import annotations
 
 import argparse
+import keyword
+import re
 import sys
 from pathlib import Path
 
@@ -14,6 +16,48 @@ NAME = "new"
 HELP = "scaffold a codec plugin (cookiecutter template)"
 
 KEYS = ("codec_name", "distribution_name", "module_name", "author", "description", "page_index_location", "lossless")
+
+
+_CODEC_RE = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+_DIST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_MODULE_RE = re.compile(r"[a-z_][a-z0-9_]*")
+_CHOICES = {"page_index_location": ("device", "host"), "lossless": ("yes", "no")}
+
+
+def validate_answers(answers: dict) -> list[str]:
+    """Every problem with the template's answers, one line each (empty when they are valid).
+
+    Names must be usable as a registry name, a distribution name and a Python module in every
+    file the template renders; free text must be one printable line without backslashes (the
+    template escapes quotes where it renders it)."""
+    errors = []
+    codec = answers.get("codec_name")
+    if codec is not None and not (isinstance(codec, str) and _CODEC_RE.fullmatch(codec) and len(codec) <= 64):
+        errors.append(f"codec_name is {codec!r}; use lowercase letters, digits and single hyphens, starting with a "
+                      "letter, at most 64 characters (e.g. 'lz-2bit')")
+    dist = answers.get("distribution_name")
+    if dist is not None and not (isinstance(dist, str) and _DIST_RE.fullmatch(dist)):
+        errors.append(f"distribution_name is {dist!r}; it must be a valid Python distribution name "
+                      "(letters, digits, '.', '_', '-'; e.g. 'kvcodec-lz-2bit')")
+    module = answers.get("module_name")
+    if module is not None:
+        if not (isinstance(module, str) and _MODULE_RE.fullmatch(module)):
+            errors.append(f"module_name is {module!r}; it must be a lowercase Python identifier (e.g. 'kvcodec_lz_2bit')")
+        elif module in {"kvcodec_sdk", "kvcodec"} or module in getattr(sys, "stdlib_module_names", ()) \
+                or keyword.iskeyword(module):
+            errors.append(f"module_name is {module!r}, which names the SDK, a standard-library module or a Python "
+                          "keyword; choose another (e.g. 'kvcodec_lz_2bit')")
+    for key in ("author", "description"):
+        text = answers.get(key)
+        if text is not None and (not isinstance(text, str) or not text.isprintable() or "\\" in text
+                                 or len(text) > 200):
+            errors.append(f"{key} is {text!r}; it must be one printable line of at most 200 characters without "
+                          "backslashes")
+    for key, valid in _CHOICES.items():
+        value = answers.get(key)
+        if value is not None and not isinstance(value, list) and value not in valid:
+            errors.append(f"{key} is {value!r}; valid values: {', '.join(valid)}")
+    return errors
 
 
 def template_dir() -> Path:
@@ -58,7 +102,16 @@ def run(args: argparse.Namespace) -> int:
         print("kvcodec new needs cookiecutter: pip install 'kvcodec-sdk[new]' (or pip install cookiecutter)",
               file=sys.stderr)
         return 2
-    answers = parse_answers(args.answers)
+    try:
+        answers = parse_answers(args.answers)
+    except ValueError as exc:
+        print(f"kvcodec new: error: {exc}", file=sys.stderr)
+        return 2
+    problems = validate_answers(answers)
+    if problems:
+        for problem in problems:
+            print(f"kvcodec new: error: {problem}", file=sys.stderr)
+        return 2
     try:
         out = Path(cookiecutter(str(template_dir()), no_input=args.no_input, extra_context=answers,
                                 output_dir=args.output_dir, overwrite_if_exists=args.overwrite))
