@@ -69,3 +69,34 @@ def test_inspect_errors(tmp_path, capsys):
     assert "key 00 is in no region" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "r"), "--key-text", "a"]) == 0
     assert "no layout recorded" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda lay: lay["pools"][0].update(slot_bytes=1 << 30), "claim 1073745920 hot bytes per page"),
+    (lambda lay: lay["pools"][0].update(slot_bytes=1024), "ends at byte 4096 of a 1024-byte slot"),
+    (lambda lay: lay["lifecycles"][0]["buffers"][1].update(pool_index=7), "pool_index is 7; there are 2 pools"),
+    (lambda lay: lay["lifecycles"][0].update(lifecycle_id=3), "layer group 0 is not among its lifecycles"),
+    (lambda lay: lay["pools"].append({"slot_bytes": 64}), "blobs of 8256 bytes"),
+])
+def test_inspect_validates_the_recorded_layout_before_decoding(tmp_path, capsys, damage, message):
+    """The layout in region.json is checked against the blob before anything is allocated or
+    decoded (before: a layout claiming larger pools made the CPU codec read past the blob and
+    segfault; a 1 GiB claim allocated it)."""
+    pools = [np.zeros(4096, np.uint8), np.ones(4096, np.uint8)]
+    group = hot_group(pools)
+    with kv.create_codec("concat", device="cpu") as codec:
+        codec.configure([group])
+        blob = np.zeros(codec.cold_page_bytes(0), dtype=np.uint8)
+        identity = CodecIdentity.from_codec(codec, layout=layout_of(group))
+    with DiskRegion(tmp_path / "g0", slot_bytes=blob.nbytes, max_bytes=1 << 20, codec=identity,
+                    layout=layout_of(group)) as r:
+        r.put("a", blob, tag=0)
+    meta_path = tmp_path / "g0" / "region.json"
+    meta = json.loads(meta_path.read_text())
+    layout = json.loads(meta["layout"])
+    damage(layout)
+    meta["layout"] = json.dumps(layout, sort_keys=True, separators=(",", ":"))
+    meta_path.write_text(json.dumps(meta))
+    assert main(["inspect", str(tmp_path / "g0"), "--key-text", "a"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and ("layout is damaged" in err or "does not belong to these blobs" in err), err

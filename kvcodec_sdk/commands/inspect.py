@@ -104,6 +104,7 @@ def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
         out["decoded"] = None
         out["note"] = "no layout recorded with the region: the blob cannot be decoded (use --dump for raw bytes)"
         return out
+    check_layout(layout, loc["tag"], blob.size)
     pools = [np.zeros(p["slot_bytes"], dtype=np.uint8) for p in layout["pools"]]
     group = group_from_layout(layout, [p.ctypes.data for p in pools])
     with create_codec(ident["name"], ident["params"], device="cpu") as codec:
@@ -112,10 +113,52 @@ def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
                              f"region was written with format {ident['format_version']}")
         codec.configure([group])
         lifecycle = loc["tag"]
+        if codec.cold_page_bytes(lifecycle) != blob.size:
+            raise ValueError(f"the recorded layout gives {ident['name']!r} blobs of {codec.cold_page_bytes(lifecycle)} "
+                             f"bytes for layer group {lifecycle}, but the region's slots hold {blob.size}: the layout "
+                             "in region.json does not belong to these blobs; refusing to decode")
         pairs = np.array([[0, 0]], dtype=np.int32)  # (hot slot 0, cold slot 0)
         codec.decode(lifecycle, blob.ctypes.data, pairs)
     out["decoded"] = summarize(layout, pools, loc["tag"])
     return out
+
+
+#: A recorded hot page may be at most this many times its blob (fp8 halves a page; no shipped
+#: codec shrinks one 16-fold): a larger claim is a damaged layout, not a page to allocate.
+MAX_HOT_TO_BLOB = 16
+
+
+def check_layout(layout: Any, lifecycle: int, blob_bytes: int) -> None:
+    """Validates every recorded size of a layout against the blob before anything is allocated or
+    decoded (the layout comes from region.json, which may be damaged or hostile)."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"region.json's layout is damaged: {what}; refusing to decode")
+
+    def count(value: Any, what: str, low: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise bad(f"{what} is {value!r}")
+        return value
+
+    try:
+        pools = [count(p["slot_bytes"], f"pools[{i}].slot_bytes", 1) for i, p in enumerate(layout["pools"])]
+        lifecycles = {count(lc["lifecycle_id"], "lifecycle_id"): lc for lc in layout["lifecycles"]}
+    except (KeyError, TypeError) as exc:
+        raise bad(f"missing or malformed field ({exc})") from None
+    if not pools:
+        raise bad("it has no pools")
+    if sum(pools) > MAX_HOT_TO_BLOB * max(blob_bytes, 1):
+        raise bad(f"its pools claim {sum(pools)} hot bytes per page for blobs of {blob_bytes} bytes")
+    if lifecycle not in lifecycles:
+        raise bad(f"the page's layer group {lifecycle} is not among its lifecycles {sorted(lifecycles)}")
+    for lc_id, lc in lifecycles.items():
+        for j, b in enumerate(lc.get("buffers", [])):
+            where = f"lifecycles[{lc_id}].buffers[{j}]"
+            pool = count(b.get("pool_index"), f"{where}.pool_index")
+            if pool >= len(pools):
+                raise bad(f"{where}.pool_index is {pool}; there are {len(pools)} pools")
+            end = count(b.get("byte_offset"), f"{where}.byte_offset") + count(b.get("bytes"), f"{where}.bytes")
+            if end > pools[pool]:
+                raise bad(f"{where} ends at byte {end} of a {pools[pool]}-byte slot")
 
 
 _NP_DTYPES = {0: "uint8", 1: "int8", 2: "float16", 4: "float32", 7: "int32"}
