@@ -173,3 +173,21 @@ def test_config_values_outside_the_native_range_name_the_field(field, value, mes
     with pytest.raises(KVCacheConfigError, match=message):
         KVCacheConfig(layer_groups=[LayerGroupConfig([BufferConfig(layer, Role.KEY, 64)])], gpu_quota=1 << 16,
                       device="cpu", **kw).validate()
+
+
+def test_raw_page_ids_of_one_manager_are_refused_by_another():
+    """Page ids start at a random generation per manager: a raw id array of one manager names no
+    page of another (before: it acted on the other manager's page in the same table slot)."""
+    from kvcodec_sdk.manager import StalePageError
+
+    a = KVCacheManager(config([group([0], [64])]))
+    b = KVCacheManager(config([group([0], [64])]))
+    pa, pb = a.allocate(0, 4), b.allocate(0, 4)
+    with pytest.raises(StalePageError, match="not a page of this manager"):
+        b.free(np.asarray(pa.ids))
+    with pytest.raises(StalePageError, match="not a page of this manager"):
+        b.evict(np.asarray(pa.ids))
+    assert all(p.level == CacheLevel.HOT for p in pb)
+    a.free(pa)
+    with pytest.raises(StalePageError, match="stale"):
+        a.free(np.asarray(pa.ids))  # this manager's own freed ids are recognized as stale

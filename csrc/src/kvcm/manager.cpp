@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 
 namespace kvcodec::kvcm {
 namespace {
@@ -149,6 +150,10 @@ KvCacheManager::KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::Devic
     runtime::CodecPtr codec, int32_t codecDevice)
     : runtime_(std::move(runtime))
 {
+    // Page ids carry a generation that starts at a per-manager random value, so an id of one
+    // manager is (with probability 1 - 2^-31) refused by another instead of naming its page.
+    std::random_device entropy;
+    generationBase_ = 1u + (uint32_t(entropy()) ^ uint32_t(reinterpret_cast<uintptr_t>(this) >> 4)) % 0x7FFFFFFFu;
     storage_ = std::make_unique<StorageManager>(std::move(config), *runtime_, std::move(codec), codecDevice);
     stream_ = runtime_->createStream();
     for (int l = 0; l < kNumLevels; ++l)
@@ -233,7 +238,8 @@ uint32_t KvCacheManager::resolve(PageId id, size_t position) const
     uint32_t const generation = uint32_t(id >> 32);
     if (index >= pages_.size() || pages_[index].generation != generation || pages_[index].level < 0)
     {
-        bool const issued = index < pages_.size() && generation >= 1 && generation <= pages_[index].generation;
+        bool const issued = index < pages_.size()
+            && uint32_t(generation - generationBase_) <= uint32_t(pages_[index].generation - generationBase_);
         throw StalePageError("pages[" + std::to_string(position) + "] (page " + hexId(id) + ") is "
             + (issued ? "stale: it was freed or dropped" : "not a page of this manager"));
     }
@@ -313,6 +319,7 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
         {
             index = uint32_t(pages_.size());
             pages_.emplace_back();
+            pages_.back().generation = generationBase_;
         }
         Page& p = pages_[index];
         p.lifeCycle = lifeCycle;
@@ -1109,6 +1116,7 @@ void KvCacheManager::findOnDisk(std::string const* keys, size_t count, PageId* o
         {
             index = uint32_t(pages_.size());
             pages_.emplace_back();
+            pages_.back().generation = generationBase_;
         }
         Page& p = pages_[index];
         p.lifeCycle = found->lifeCycle;

@@ -338,6 +338,7 @@ private:
     std::unordered_map<uint32_t, std::string> pageKeys_;
     std::unordered_map<std::string, uint32_t> keyOwner_;
     std::vector<uint32_t> freePages_;
+    uint32_t generationBase_ = 1; ///< First generation of every page slot (random per manager).
     uint32_t epoch_ = 0;
 
     // keys_[src][dst] and keyOf_[src][dst][lifeCycle] -> index into keys_[src][dst].
