@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..cli import parse_size
+from ..cli import count, parse_size
 
 DEFAULT_CODEC_PAGES = "2048 on a GPU, 64 on the CPU backend"
 
@@ -19,15 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "registered codec through it and bare), workload (the manager under a prefix-reuse engine "
                         "workload) or disk (the disk tier)")
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
-    p.add_argument("--pools", type=int, default=3, help="hot pools per page (default 3)")
+    p.add_argument("--pools", type=count(1, 64), default=3, help="hot pools per page (default 3)")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",")],
                    default=None, help="piece sizes, comma-separated (default 4K,16K,64K,256K,1M)")
     p.add_argument("--bytes", type=parse_size, default=None,
                    help="bytes moved per direction and size (default 512M on GPU, 64M on CPU)")
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--iters", type=count(1, 10_000), default=None,
                    help="timed repetitions (median reported; default 5, kvcm --codec on the CPU backend 3)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--pages", type=int, default=None,
+    p.add_argument("--pages", type=count(1, 10_000_000), default=None,
                    help=f"kvcm: scattered pages per migrate call (default 10000; with --codec {DEFAULT_CODEC_PAGES})")
     p.add_argument("--overhead", action="store_true",
                    help="kvcm: the manager's own host CPU per page only (64-byte pieces, 100000 resident pages; "
@@ -42,26 +42,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "on the device")
     kc.add_argument("--params", default=None, metavar="JSON", help="kvcm --codec: codec parameters as a JSON object")
     kc.add_argument("--strict", action="store_true", help="kvcm --codec: exit 1 when a target is missed")
-    kc.add_argument("--layers", type=int, default=6, help="kvcm --codec: layers per page, each a K and a V buffer "
+    kc.add_argument("--layers", type=count(1, 1024), default=6, help="kvcm --codec: layers per page, each a K and a V buffer "
                                                           "(default 6)")
-    kc.add_argument("--tokens", type=int, default=16, help="kvcm --codec: tokens per page (default 16)")
-    kc.add_argument("--heads", type=int, default=12, help="kvcm --codec: KV heads (default 12)")
-    kc.add_argument("--head-dim", type=int, default=128, help="kvcm --codec: head dim (default 128; bf16: "
+    kc.add_argument("--tokens", type=count(1, 1 << 20), default=16, help="kvcm --codec: tokens per page (default 16)")
+    kc.add_argument("--heads", type=count(1, 4096), default=12, help="kvcm --codec: KV heads (default 12)")
+    kc.add_argument("--head-dim", type=count(1, 1 << 16), default=128, help="kvcm --codec: head dim (default 128; bf16: "
                                                               "576 KiB pages by default)")
     wl = p.add_argument_group("workload", "options of `kvcodec bench workload`")
-    wl.add_argument("--sessions", type=int, default=64, help="sessions (default 64)")
-    wl.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
-    wl.add_argument("--prefix-pages", type=int, default=32, help="pages of each shared prefix (default 32)")
-    wl.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes (default 4)")
-    wl.add_argument("--new-pages", type=int, default=4, help="new pages per turn (default 4)")
+    wl.add_argument("--sessions", type=count(1, 1_000_000), default=64, help="sessions (default 64)")
+    wl.add_argument("--turns", type=count(1, 100_000), default=4, help="turns per session (default 4)")
+    wl.add_argument("--prefix-pages", type=count(1, 1_000_000), default=32, help="pages of each shared prefix (default 32)")
+    wl.add_argument("--prefixes", type=count(1, 1_000_000), default=4, help="distinct shared prefixes (default 4)")
+    wl.add_argument("--new-pages", type=count(1, 1_000_000), default=4, help="new pages per turn (default 4)")
     wl.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
     wl.add_argument("--disk-dir", default=None, help="also give both runs a disk tier in a temp dir under this path")
     disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
     disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
     disk.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
-    disk.add_argument("--io-threads", type=int, default=32, help="store I/O threads (default 32, as a disk tier)")
-    disk.add_argument("--depth", type=int, default=256, help="pages in flight (default 256)")
-    disk.add_argument("--recovery-slots", type=int, default=1 << 20, help="slots of the recovery test (default 1M)")
+    disk.add_argument("--io-threads", type=count(1, 4096), default=32, help="store I/O threads (default 32, as a disk tier)")
+    disk.add_argument("--depth", type=count(1, 1 << 20), default=256, help="pages in flight (default 256)")
+    disk.add_argument("--recovery-slots", type=count(1, 1 << 30), default=1 << 20, help="slots of the recovery test (default 1M)")
 
 
 def _usage_error(message: str) -> int:

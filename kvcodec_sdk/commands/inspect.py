@@ -10,6 +10,8 @@ import os
 import warnings
 from typing import Any
 
+from ..cli import count
+
 NAME = "inspect"
 HELP = "inspect disk-tier regions (codec, slots, journal) and decode a page by key"
 
@@ -20,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-text", help="a page key as UTF-8 text")
     p.add_argument("--region", help="with several regions: the one holding the key (directory name)")
     p.add_argument("--dump", metavar="PATH", help="with --key: also write the raw blob to PATH")
-    p.add_argument("--pages", type=int, default=0, metavar="N", help="list the N oldest pages of each region")
+    p.add_argument("--pages", type=count(0, 1 << 31), default=0, metavar="N", help="list the N oldest pages of each region")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
