@@ -583,8 +583,9 @@ class KVCacheManager:
         :class:`CapacityError` when too few pages are evictable, both before anything changed; a
         disk I/O failure raises :class:`kvcodec_sdk.disk.DiskIoError` (or ``DiskNoSpaceError``)
         with the old disk quota still in force and every page readable. Views from
-        :meth:`host_pool_array` taken before a host resize are invalid afterwards (fetch them
-        again); hot views stay valid.
+        :meth:`host_pool_array` taken before a host resize keep the old pool's memory alive and
+        show its contents as of the resize (fetch them again for the new pool); hot views stay
+        valid.
         """
         if isinstance(quota_bytes, bool) or not isinstance(quota_bytes, int) or quota_bytes < 0:
             raise ValueError(f"quota_bytes is {quota_bytes!r}; it must be a positive integer")
@@ -689,11 +690,15 @@ class KVCacheManager:
         if cached is not None:
             return cached
         core = self._live()
+        owner = core
         if level == CacheLevel.HOT:
             pools = [tuple(p) for p in core.hot_pools(group)]
         else:
-            ptr, page, slots = core.cold_pool(level, group)
+            ptr, page, slots, memory = core.cold_pool(level, group)
             pools = [(ptr, page, slots)]
+            # The core first (it owns the runtime that frees the memory), then the pool memory,
+            # which a resize may replace while this view still reads it.
+            owner = (core, memory)
         out = []
         for ptr, slot_bytes, slots in pools:
             shape = (int(slots), int(slot_bytes))
@@ -701,9 +706,9 @@ class KVCacheManager:
             if on_device:
                 import torch
 
-                out.append(torch.as_tensor(_CudaArray(core, ptr, shape), device=self.device))
+                out.append(torch.as_tensor(_CudaArray(owner, ptr, shape), device=self.device))
             else:
-                arr = np.asarray(_HostArray(core, ptr, shape))
+                arr = np.asarray(_HostArray(owner, ptr, shape))
                 if framework == "torch":
                     import torch
 

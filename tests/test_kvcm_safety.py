@@ -191,3 +191,28 @@ def test_raw_page_ids_of_one_manager_are_refused_by_another():
     a.free(pa)
     with pytest.raises(StalePageError, match="stale"):
         a.free(np.asarray(pa.ids))  # this manager's own freed ids are recognized as stale
+
+
+def test_a_host_view_taken_before_a_host_resize_stays_readable():
+    """A host_pool_array view holds its pool's memory: after resize(HOST) replaced the pool it
+    shows the old pool as of the resize (before: it read freed memory)."""
+    import gc
+
+    m = KVCacheManager(config([group([0], [4096])], gpu_quota=4096 * 64, host_quota=4096 * 8))
+    pages = m.allocate(0, 4)
+    for i, p in enumerate(pages):
+        m.page_view(p, framework="numpy")[0][:] = i + 1
+    m.evict(pages)
+    m.synchronize()
+    old = m.host_pool_array(0)
+    snapshot = old.copy()
+    m.resize(CacheLevel.HOST, 4096 * 64)
+    # Churn the allocator so freed memory would be reused and overwritten.
+    junk = [np.full(1 << 16, 0xAB, np.uint8) for _ in range(64)]
+    gc.collect()
+    assert np.array_equal(old, snapshot)
+    new = m.host_pool_array(0)
+    assert new.shape[0] > old.shape[0]
+    for p in pages:
+        assert np.array_equal(new[p.slot], snapshot[p.slot])
+    del junk

@@ -453,8 +453,19 @@ void bindKvcm(py::module_& m)
                 }
                 groupArg(m, l, g);
                 kvcm::ColdLevel* cold = m.storage().coldLevel(CacheLevel(l));
+                // The owner keeps this pool's memory allocated while a view holds it, even after
+                // a resize replaced the pool (the view then shows the old pool, never freed memory).
+                py::object owner = py::none();
+                if (auto keep = cold->memoryOwner(g))
+                {
+                    owner = py::capsule(new std::shared_ptr<void const>(std::move(keep)), "kvcodec.pool_owner",
+                        [](PyObject* capsule) {
+                            delete static_cast<std::shared_ptr<void const>*>(
+                                PyCapsule_GetPointer(capsule, "kvcodec.pool_owner"));
+                        });
+                }
                 return py::make_tuple(reinterpret_cast<uintptr_t>(cold->accessibleBase(g)), cold->pageBytes(g),
-                    cold->slots(g).numSlots());
+                    cold->slots(g).numSlots(), owner);
             })
         .def("stats",
             [](kvcm::KvCacheManager& m, int32_t l) {

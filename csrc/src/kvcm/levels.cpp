@@ -92,7 +92,8 @@ HostColdLevel::HostColdLevel(runtime::DeviceRuntime& runtime, std::vector<std::p
     pools_.reserve(groups.size());
     for (auto const& [pageBytes, numSlots] : groups)
     {
-        pools_.push_back(Pool{runtime::HostMem(runtime, pageBytes * numSlots), pageBytes, SlotPool(numSlots)});
+        pools_.push_back(
+            Pool{std::make_shared<runtime::HostMem>(runtime, pageBytes * numSlots), pageBytes, SlotPool(numSlots)});
     }
 }
 
@@ -118,7 +119,7 @@ void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
     {
         used[size_t(s)] = false;
     }
-    runtime::HostMem memory(runtime_, size_t(pool.pageBytes * numSlots));
+    auto memory = std::make_shared<runtime::HostMem>(runtime_, size_t(pool.pageBytes * numSlots));
     // Runs of used slots are copied on the host (both pools are host memory on every backend).
     for (uint64_t s = 0; s < old;)
     {
@@ -136,7 +137,7 @@ void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
         {
             throw std::logic_error("HostColdLevel::resize: a used slot lies beyond the new slot count");
         }
-        std::memcpy(memory.data() + s * pool.pageBytes, pool.memory.data() + s * pool.pageBytes,
+        std::memcpy(memory->data() + s * pool.pageBytes, pool.memory->data() + s * pool.pageBytes,
             size_t((e - s) * pool.pageBytes));
         s = e;
     }
@@ -158,7 +159,7 @@ bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* 
         sizes.assign(count, pool.pageBytes);
         for (size_t i = 0; i < count; ++i)
         {
-            std::byte* blob = pool.memory.data() + uint64_t(slots[i]) * pool.pageBytes;
+            std::byte* blob = pool.memory->data() + uint64_t(slots[i]) * pool.pageBytes;
             dsts[i] = out ? static_cast<void*>(others[i]) : blob;
             srcs[i] = out ? static_cast<void const*>(blob) : others[i];
         }

@@ -112,6 +112,14 @@ public:
     /// level is not addressable by the codec (a disk tier).
     [[nodiscard]] virtual std::byte* accessibleBase(PoolGroupIndex group) const noexcept = 0;
 
+    /// An owner that keeps a group's GPU-accessible memory allocated while held (views of it),
+    /// or null when the level has none.
+    [[nodiscard]] virtual std::shared_ptr<void const> memoryOwner(PoolGroupIndex group) const
+    {
+        (void)group;
+        return nullptr;
+    }
+
     /// Host-readable address of one blob, for envelope checks, or null.
     [[nodiscard]] virtual std::byte const* hostBlob(PoolGroupIndex group, int32_t slot) const noexcept = 0;
 
@@ -151,16 +159,22 @@ public:
     }
     [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex group) const noexcept override
     {
-        return pools_[size_t(group)].memory.data();
+        return pools_[size_t(group)].memory->data();
     }
     [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex group, int32_t slot) const noexcept override
     {
-        return pools_[size_t(group)].memory.data() + uint64_t(slot) * pools_[size_t(group)].pageBytes;
+        return pools_[size_t(group)].memory->data() + uint64_t(slot) * pools_[size_t(group)].pageBytes;
     }
     bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
         std::string& error) noexcept override;
     bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count, Stream stream,
         std::string& error) noexcept override;
+
+    /// An owner of the group's pool memory (kept by views of it across resizes).
+    [[nodiscard]] std::shared_ptr<void const> memoryOwner(PoolGroupIndex group) const override
+    {
+        return pools_[size_t(group)].memory;
+    }
 
     /// Reallocates a group's pool with `numSlots` slots and copies the used blobs over (same
     /// slots). Every used slot is below `numSlots`; the host waits for every slot's last transfer
@@ -170,7 +184,9 @@ public:
 private:
     struct Pool
     {
-        runtime::HostMem memory;
+        // Shared: Python views of the pool hold it too, so a resize never frees memory a view
+        // still reads (the view then shows the old pool).
+        std::shared_ptr<runtime::HostMem> memory;
         uint64_t pageBytes;
         SlotPool slots;
     };
