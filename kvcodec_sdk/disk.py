@@ -172,6 +172,20 @@ def _key(key: Any) -> bytes:
     return key
 
 
+def _lock(buf: Any) -> Any:
+    """A memoryview of ``buf`` held while an operation uses its memory: its export keeps a
+    bytearray (or any resizable exporter) from being resized or freed until it is released."""
+    try:
+        return memoryview(buf)
+    except TypeError:
+        return buf  # not a buffer: the native call names what it needs
+
+
+def _unlock(view: Any) -> None:
+    if isinstance(view, memoryview):
+        view.release()
+
+
 def _fault_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[tuple]:
     out = []
     for r in rules or ():
@@ -203,7 +217,11 @@ class DiskRegion:
     :param max_batch: Most journal records per group commit.
 
     Reopening a directory recovers it: warnings (:class:`DiskTierWarning`) report damage that was
-    repaired or a region invalidated because it was written by another codec or geometry.
+    repaired (a damaged ``region.json`` is rewritten from the identity the journal records; a
+    journal record with one flipped bit is corrected; keys a record damaged beyond repair may have
+    changed become misses) or a region invalidated because it was written by another codec or
+    geometry. A damaged ``region.json`` whose recorded identity disagrees with this configuration
+    raises RuntimeError naming what disagrees, and nothing is changed.
     """
 
     def __init__(self, path: Any, *, slot_bytes: int, max_bytes: int, container_bytes: int | None = None,
@@ -256,17 +274,33 @@ class DiskRegion:
     def submit_write(self, key: Any, data: Any, tag: int = 0) -> int:
         """Enqueues a write of ``data`` (exactly ``slot_bytes`` bytes; any buffer) under ``key``.
 
-        ``data`` is kept alive and must not change until the ticket completes. Returns a ticket
-        for :meth:`wait` / :meth:`poll`.
+        ``data`` is kept alive and locked until the ticket completes (resizing a bytearray meanwhile
+        raises BufferError); its bytes must not change. Returns a ticket for :meth:`wait` / :meth:`poll`.
         """
-        ticket = self._live().submit_write(_key(key), data, int(tag))
-        self._refs[ticket] = data
+        native, k = self._live(), _key(key)
+        view = _lock(data)
+        try:
+            ticket = native.submit_write(k, view, int(tag))
+        except BaseException:
+            _unlock(view)
+            raise
+        self._refs[ticket] = view
         return ticket
 
     def submit_read(self, key: Any, out: Any) -> int:
-        """Enqueues a read of ``key`` into the writable buffer ``out`` (>= ``slot_bytes`` bytes)."""
-        ticket = self._live().submit_read(_key(key), out)
-        self._refs[ticket] = out
+        """Enqueues a read of ``key`` into the writable buffer ``out`` (>= ``slot_bytes`` bytes).
+
+        ``out`` is kept alive and locked until the ticket completes: resizing a bytearray
+        meanwhile raises BufferError instead of freeing memory the read is writing into.
+        """
+        native, k = self._live(), _key(key)
+        view = _lock(out)
+        try:
+            ticket = native.submit_read(k, view)
+        except BaseException:
+            _unlock(view)
+            raise
+        self._refs[ticket] = view
         return ticket
 
     def submit_erase(self, key: Any) -> int:
@@ -296,7 +330,7 @@ class DiskRegion:
         return self._finish(ticket, raw)
 
     def _finish(self, ticket: int, raw: tuple) -> Completion:
-        self._refs.pop(ticket, None)
+        _unlock(self._refs.pop(ticket, None))
         status, message, tag = raw
         self._log_events()
         if status in _ERRORS:
@@ -449,6 +483,8 @@ class DiskRegion:
             self._native.close()
             self._log_events()
             self._native = None
+            for view in self._refs.values():  # every operation has completed: release the buffers
+                _unlock(view)
             self._refs.clear()
 
     def _live(self):

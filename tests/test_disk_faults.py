@@ -139,7 +139,9 @@ def test_truncated_journal_tail(tmp_path):
     check_clean_reopen(tmp_path / "r", present=[0, 1, 2, 3, 4, 7], absent=[5])
 
 
-def test_corrupt_journal_line_in_the_middle_is_skipped(tmp_path):
+def test_corrupt_journal_line_in_the_middle_drops_what_it_hides(tmp_path):
+    """A record damaged beyond repair (two bits changed) may have overwritten or erased any key
+    recorded before it: those keys become misses; keys recorded after it are served."""
     with region(tmp_path / "r", snapshot_every=0) as r:
         fill(r, range(4))
     for leaf in ("index.snapshot", "index.snapshot.bak"):
@@ -148,11 +150,16 @@ def test_corrupt_journal_line_in_the_middle_is_skipped(tmp_path):
     lines = log.read_bytes().split(b"\n")
     lines[2] = lines[2].replace(b'"slot":1', b'"slot":2')  # k1's record, now failing its line CRC
     log.write_bytes(b"\n".join(lines))
-    with pytest.warns(DiskTierWarning, match="line at byte .* is corrupt \\(line checksum mismatch\\)"):
+    with pytest.warns(DiskTierWarning, match=r"record seq 2 is damaged beyond repair \(index.log.1 line at byte \d+: "
+                                             r"line checksum mismatch\).*1 key whose latest state cannot be established"):
         r = region(tmp_path / "r")
-    assert r.recovery()["journal_corrupt_lines"] == 1
-    assert "k1" not in r and all(r.get(f"k{i}") == page(i) for i in (0, 2, 3))
+    assert r.recovery()["journal_corrupt_lines"] == 1 and r.recovery()["dropped_entries"] == 1
+    assert "k0" not in r and "k1" not in r and all(r.get(f"k{i}") == page(i) for i in (2, 3))
     r.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the drop was recorded by a snapshot at once
+        with region(tmp_path / "r") as r:
+            assert sorted(r.keys()) == [b"k2", b"k3"]
 
 
 def test_corrupt_snapshot_falls_back_to_backup(tmp_path):

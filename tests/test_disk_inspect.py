@@ -19,6 +19,19 @@ def hot_group(pools):
                             [kv.LifeCycleDesc(0, bufs)])
 
 
+def sealed(meta: dict) -> str:
+    """region.json text for `meta` with a matching checksum (what the store writes)."""
+    numeric = {"format", "slot_bytes", "slot_stride", "container_bytes", "slots_per_container", "containers",
+               "codec_format_version"}
+
+    def text(fields):
+        body = ",\n".join(f"  {json.dumps(k)}: {v if k in numeric else json.dumps(v)}" for k, v in sorted(fields.items()))
+        return "{\n" + body + "\n}\n"
+
+    fields = {k: v for k, v in meta.items() if k != "crc32c"}
+    return text(dict(fields, crc32c="%08x" % crc32c(text(fields).encode())))
+
+
 def test_inspect_summarizes_and_decodes_a_page(tmp_path, capsys):
     rng = np.random.default_rng(0)
     pools = [rng.integers(0, 256, 4096, dtype=np.uint8), rng.integers(0, 256, 4096, dtype=np.uint8)]
@@ -96,7 +109,7 @@ def test_inspect_validates_the_recorded_layout_before_decoding(tmp_path, capsys,
     layout = json.loads(meta["layout"])
     damage(layout)
     meta["layout"] = json.dumps(layout, sort_keys=True, separators=(",", ":"))
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_text(sealed(meta))  # a hostile file with a valid checksum, not mere damage
     assert main(["inspect", str(tmp_path / "g0"), "--key-text", "a"]) == 1
     err = capsys.readouterr().err
     assert message in err and ("layout is damaged" in err or "does not belong to these blobs" in err), err

@@ -50,6 +50,20 @@ std::pair<void*, size_t> bufferOf(py::buffer const& b, bool writable, char const
     return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
 }
 
+/// Messages as str; bytes from a damaged file that are not UTF-8 appear as backslash escapes.
+py::list textList(std::vector<std::string> const& messages)
+{
+    py::list out;
+    for (auto const& m : messages)
+    {
+        PyObject* s = PyUnicode_DecodeUTF8(m.data(), Py_ssize_t(m.size()), "backslashreplace");
+        if (s == nullptr)
+            throw py::error_already_set();
+        out.append(py::reinterpret_steal<py::str>(s));
+    }
+    return out;
+}
+
 /// A Python progress callback for a resize that runs without the GIL.
 ResizeProgress progressOf(std::optional<py::function> const& fn)
 {
@@ -174,7 +188,7 @@ void bindDisk(py::module_& parent)
         .def("flush", &DiskRegion::flush, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", &DiskRegion::snapshot, py::call_guard<py::gil_scoped_release>())
         .def("close", &DiskRegion::close, py::call_guard<py::gil_scoped_release>())
-        .def("drain_events", &DiskRegion::drainEvents)
+        .def("drain_events", [](DiskRegion& r) { return textList(r.drainEvents()); })
         .def("contains", [](DiskRegion const& r, py::bytes const& key) { return r.contains(std::string(key)); })
         .def("lookup", [](DiskRegion const& r, py::bytes const& key) -> py::object {
             auto p = r.lookup(std::string(key));
@@ -228,7 +242,7 @@ void bindDisk(py::module_& parent)
             d["created"] = x.created;
             d["invalidated"] = x.invalidated;
             d["seconds"] = x.seconds;
-            d["warnings"] = x.warnings;
+            d["warnings"] = textList(x.warnings);
             return d;
         })
         .def_property_readonly("slot_bytes", &DiskRegion::slotBytes)

@@ -164,6 +164,327 @@ std::string quoted(std::string const& s)
     return "'" + s + "'";
 }
 
+/// Text from a damaged file, safe to put in a message: bytes outside printable ASCII as \xNN.
+std::string printable(std::string_view s)
+{
+    std::string out;
+    for (char ch : s)
+    {
+        auto c = static_cast<unsigned char>(ch);
+        if (c >= 0x20 && c < 0x7F)
+            out += ch;
+        else
+        {
+            char buf[8];
+            std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+            out += buf;
+        }
+    }
+    return out;
+}
+
+// region.json: geometry and codec identity, sealed with the CRC-32C of its other fields (in the
+// form formatFlatJson writes them), so damage is detected rather than guessed. Files written
+// before the checksum existed have no such field; they are trusted once a journal or snapshot
+// header confirms their identity.
+constexpr char const* kRegionChecksum = "crc32c";
+
+std::vector<std::string> const& regionFields()
+{
+    static std::vector<std::string> const fields = {"format", "name", "slot_bytes", "slot_stride", "container_bytes",
+        "slots_per_container", "containers", "codec_name", "codec_format_version", "codec_param_hash", "codec_params",
+        "layout"};
+    return fields;
+}
+
+/// The fields that make up the identity line of journals and snapshots, as (identity key, region.json key).
+std::vector<std::pair<char const*, char const*>> const& identityKeys()
+{
+    static std::vector<std::pair<char const*, char const*>> const keys = {{"codec", "codec_name"},
+        {"format_version", "codec_format_version"}, {"param_hash", "codec_param_hash"}, {"slot_bytes", "slot_bytes"},
+        {"slot_stride", "slot_stride"}, {"slots_per_container", "slots_per_container"}, {"containers", "containers"}};
+    return keys;
+}
+
+bool canonicalNumber(std::string const& v)
+{
+    if (v.empty() || v.size() > 19 || (v.size() > 1 && v[0] == '0'))
+        return false;
+    for (char c : v)
+        if (c < '0' || c > '9')
+            return false;
+    return true;
+}
+
+/// The identity line (what journal and snapshot headers record) of region.json fields.
+std::string identityOf(FlatJson const& rec)
+{
+    auto get = [&](char const* k) -> std::string {
+        auto it = rec.find(k);
+        return it == rec.end() ? std::string() : it->second;
+    };
+    return "{\"codec\":" + jsonQuote(get("codec_name")) + ",\"format_version\":" + get("codec_format_version")
+        + ",\"param_hash\":" + jsonQuote(get("codec_param_hash")) + ",\"slot_bytes\":" + get("slot_bytes")
+        + ",\"slot_stride\":" + get("slot_stride") + ",\"slots_per_container\":" + get("slots_per_container")
+        + ",\"containers\":" + get("containers") + "}";
+}
+
+/// What is inconsistent in the geometry fields of `rec` (region.json keys), or "".
+std::string checkGeometry(FlatJson const& rec)
+{
+    for (char const* k : {"slot_bytes", "slot_stride", "slots_per_container", "containers", "codec_format_version"})
+    {
+        auto it = rec.find(k);
+        if (it == rec.end() || !canonicalNumber(it->second))
+            return std::string(k) + " is not a number";
+    }
+    uint64_t const slot = std::strtoull(rec.at("slot_bytes").c_str(), nullptr, 10);
+    uint64_t const stride = std::strtoull(rec.at("slot_stride").c_str(), nullptr, 10);
+    uint64_t const spc = std::strtoull(rec.at("slots_per_container").c_str(), nullptr, 10);
+    uint64_t const containers = std::strtoull(rec.at("containers").c_str(), nullptr, 10);
+    if (slot == 0 || slot > (1ull << 40) || stride != roundUp(slot, kAlign))
+        return "slot_stride " + rec.at("slot_stride") + " does not fit slot_bytes " + rec.at("slot_bytes");
+    if (spc == 0 || spc > 0x7FFFFFFFull || containers == 0 || containers > kMaxContainers
+        || spc * containers > 0x7FFFFFFFull)
+        return "slots_per_container " + rec.at("slots_per_container") + " x containers " + rec.at("containers")
+            + " is outside the supported range";
+    if (std::strtoull(rec.at("codec_format_version").c_str(), nullptr, 10) > 0xFFFFFFFFull)
+        return "codec_format_version is out of range";
+    if (rec.count("codec_name") == 0 || rec.at("codec_name").empty())
+        return "codec_name is empty";
+    return "";
+}
+
+/// The region.json fields of a canonical identity line, or false when `identity` is not one.
+bool identityFields(std::string const& identity, FlatJson& out)
+{
+    FlatJson id;
+    std::string why;
+    if (!parseFlatJson(identity, id, why) || id.size() != identityKeys().size())
+        return false;
+    out.clear();
+    for (auto const& [ik, rk] : identityKeys())
+    {
+        auto it = id.find(ik);
+        if (it == id.end())
+            return false;
+        out[rk] = it->second;
+    }
+    return identityOf(out) == identity && checkGeometry(out).empty();
+}
+
+/// What region.json should hold beyond the identity, checked on a parsed file; "" when consistent.
+std::string checkRegionFields(FlatJson const& rec)
+{
+    for (auto const& [k, v] : rec)
+        if (std::find(regionFields().begin(), regionFields().end(), k) == regionFields().end())
+            return "unexpected field '" + printable(k) + "'";
+    for (auto const& k : regionFields())
+        if (rec.count(k) == 0)
+            return "no field '" + k + "'";
+    if (rec.at("format") != "1")
+        return "format is '" + printable(rec.at("format")) + "', not 1";
+    std::string bad = checkGeometry(rec);
+    if (!bad.empty())
+        return bad;
+    if (!canonicalNumber(rec.at("container_bytes"))
+        || static_cast<unsigned __int128>(std::strtoull(rec.at("container_bytes").c_str(), nullptr, 10))
+            != static_cast<unsigned __int128>(std::strtoull(rec.at("slot_stride").c_str(), nullptr, 10))
+                * std::strtoull(rec.at("slots_per_container").c_str(), nullptr, 10))
+        return "container_bytes " + printable(rec.at("container_bytes")) + " is not slot_stride x slots_per_container";
+    return "";
+}
+
+/// region.json's text: the fields, sealed with their checksum.
+std::string regionFileText(FlatJson rec)
+{
+    rec.erase(kRegionChecksum);
+    std::string const body = formatFlatJson(rec, numericFields());
+    rec[kRegionChecksum] = toHex32(crc32cFast(body.data(), body.size()));
+    return formatFlatJson(rec, numericFields());
+}
+
+struct RegionFile
+{
+    enum Kind
+    {
+        kMissing,
+        kIntact,  ///< Its checksum matches.
+        kLegacy,  ///< Consistent, written before region files carried a checksum.
+        kDamaged, ///< Unreadable, unparsable, failing its checksum or inconsistent.
+    } kind = kMissing;
+    FlatJson rec;        ///< The fields (without the checksum) whenever they parsed.
+    std::string why;     ///< What is damaged.
+};
+
+RegionFile loadRegionFile(std::string const& p)
+{
+    RegionFile f;
+    std::string text, why;
+    int err = 0;
+    if (!readWholeFile(p, text, err))
+    {
+        if (err != ENOENT)
+        {
+            f.kind = RegionFile::kDamaged;
+            f.why = "cannot be read: " + errnoText(err);
+        }
+        return f;
+    }
+    f.kind = RegionFile::kDamaged;
+    FlatJson rec;
+    if (!parseFlatJson(text, rec, why))
+    {
+        f.why = "not a flat JSON object: " + printable(why);
+        return f;
+    }
+    auto const it = rec.find(kRegionChecksum);
+    bool const sealed = it != rec.end();
+    std::string stored;
+    if (sealed)
+    {
+        stored = it->second;
+        rec.erase(it);
+    }
+    f.rec = rec;
+    if (sealed)
+    {
+        std::string const body = formatFlatJson(rec, numericFields());
+        if (stored != toHex32(crc32cFast(body.data(), body.size())))
+        {
+            f.why = "checksum mismatch";
+            return f;
+        }
+    }
+    f.why = checkRegionFields(rec);
+    if (f.why.empty())
+        f.kind = sealed ? RegionFile::kIntact : RegionFile::kLegacy;
+    return f;
+}
+
+} // namespace
+
+/// The identity one journal or snapshot header records.
+struct RecordedIdentity
+{
+    std::string leaf;
+    std::string identity;
+    FlatJson fields; ///< As region.json keys.
+};
+
+namespace {
+
+std::string firstLine(std::string const& p)
+{
+    std::string head, tail;
+    uint64_t size = 0;
+    if (!readHeadTail(p, 64 << 10, head, tail, size))
+        return "";
+    size_t const nl = head.find('\n');
+    return nl == std::string::npos ? std::string() : head.substr(0, nl);
+}
+
+/// The intact identities recorded by the journal and snapshot headers of `dir`, current
+/// generation first (index.log, index.snapshot, index.log.1, index.snapshot.bak).
+std::vector<RecordedIdentity> recordedIdentities(std::string const& dir)
+{
+    std::vector<RecordedIdentity> out;
+    for (char const* leaf : {kJournal, kSnapshot, kJournalOld, kSnapshotBak})
+    {
+        FlatJson header;
+        std::string why;
+        if (!parseFlatJson(firstLine(dir + "/" + leaf), header, why))
+            continue;
+        bool const journal = header.size() == 2 && header["kvcodec_disk_journal"] == "1";
+        bool const snapshot = header.size() == 4 && header["kvcodec_disk_snapshot"] == "1" && header.count("seq") != 0
+            && header.count("entries") != 0;
+        RecordedIdentity r{leaf, header["identity"], {}};
+        if ((journal || snapshot) && identityFields(r.identity, r.fields))
+            out.push_back(std::move(r));
+    }
+    return out;
+}
+
+/// The recorded identities of the newest generation present (index.log and index.snapshot;
+/// the previous generation only when neither has one).
+std::vector<RecordedIdentity const*> currentIdentities(std::vector<RecordedIdentity> const& all)
+{
+    std::vector<RecordedIdentity const*> cur, old;
+    for (auto const& r : all)
+        (r.leaf == kJournal || r.leaf == kSnapshot ? cur : old).push_back(&r);
+    return cur.empty() ? old : cur;
+}
+
+bool hasStateFiles(std::string const& dir)
+{
+    for (char const* leaf : {kJournal, kJournalOld, kSnapshot, kSnapshotBak})
+        if (exists(dir + "/" + leaf))
+            return true;
+    return false;
+}
+
+/// "field 'a' -> 'b', ..." over `keys` where `from` and `to` differ.
+std::string fieldDiffs(FlatJson const& from, FlatJson const& to, std::vector<std::string> const& keys)
+{
+    std::string out;
+    for (auto const& k : keys)
+    {
+        auto a = from.find(k);
+        auto b = to.find(k);
+        std::string const va = a == from.end() ? std::string() : a->second;
+        std::string const vb = b == to.end() ? std::string() : b->second;
+        if (va != vb)
+            out += (out.empty() ? "" : ", ") + k + " '" + printable(va) + "' -> '" + printable(vb) + "'";
+    }
+    return out;
+}
+
+std::vector<std::string> identityRegionKeys()
+{
+    std::vector<std::string> keys;
+    for (auto const& [ik, rk] : identityKeys())
+        keys.emplace_back(rk);
+    return keys;
+}
+
+/// Writes region.json atomically: a temporary file, synced, renamed over it, directory synced.
+int writeRegionFileAt(FileIo& io, std::string const& dir, FlatJson const& rec)
+{
+    std::string const body = regionFileText(rec);
+    std::string const target = dir + "/" + kRegionFile;
+    std::string const tmp = target + ".tmp";
+    int fd = io.open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = fd < 0 ? fd : writeFully(io, fd, body.data(), body.size(), 0);
+    if (rc == 0)
+        rc = io.fdatasync(fd);
+    if (fd >= 0)
+        io.close(fd);
+    if (rc == 0 && std::rename(tmp.c_str(), target.c_str()) != 0)
+        rc = -errno;
+    if (rc != 0)
+    {
+        ::unlink(tmp.c_str());
+        return rc;
+    }
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0)
+    {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+    return 0;
+}
+
+/// A journal header some region wrote intact (another identity, or another format version).
+bool wellFormedJournalHeader(std::string_view line)
+{
+    FlatJson h, fields;
+    std::string why;
+    if (!parseFlatJson(line, h, why) || h.size() != 2 || h.count("kvcodec_disk_journal") == 0 || h.count("identity") == 0)
+        return false;
+    return h["kvcodec_disk_journal"] != "1" || identityFields(h["identity"], fields);
+}
+
 struct AlignedBuffer
 {
     void* p = nullptr;
@@ -204,22 +525,71 @@ char const* statusName(StatusCode c) noexcept
 // Opening and recovery
 // ---------------------------------------------------------------------------------------------
 
-FlatJson DiskRegion::readRegionFile(std::string const& dir)
+namespace {
+void checkRegionDir(std::string const& dir)
 {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0)
         throw std::runtime_error("disk region directory " + quoted(dir) + " does not exist");
     if (!S_ISDIR(st.st_mode))
         throw std::runtime_error("disk region path " + quoted(dir) + " is not a directory");
-    std::string text, why;
-    int err = 0;
-    std::string p = dir + "/" + kRegionFile;
-    if (!readWholeFile(p, text, err))
-        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(err));
-    FlatJson obj;
-    if (!parseFlatJson(text, obj, why))
-        throw std::runtime_error(quoted(p) + " is damaged: " + why);
-    return obj;
+}
+
+/// The record a read-only open works from: region.json when it is intact (or an older file
+/// without a checksum that a journal or snapshot header confirms), else the identity the journal
+/// and snapshots record (with a warning, as nothing may be repaired).
+FlatJson readOnlyRecord(std::string const& dir, std::string& warning)
+{
+    checkRegionDir(dir);
+    std::string const p = dir + "/" + kRegionFile;
+    RegionFile f = loadRegionFile(p);
+    bool const hasState = hasStateFiles(dir);
+    if (f.kind == RegionFile::kMissing && !hasState)
+        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": "
+            + errnoText(ENOENT));
+    std::vector<RecordedIdentity> const recorded = hasState ? recordedIdentities(dir) : std::vector<RecordedIdentity>{};
+    if (f.kind == RegionFile::kLegacy && !recorded.empty()
+        && std::none_of(recorded.begin(), recorded.end(),
+            [&](RecordedIdentity const& r) { return r.identity == identityOf(f.rec); }))
+    {
+        f.kind = RegionFile::kDamaged;
+        f.why = "it has no checksum and its identity agrees with no journal or snapshot header";
+    }
+    if (f.kind == RegionFile::kIntact || f.kind == RegionFile::kLegacy)
+        return f.rec;
+    std::string const what = std::string(kRegionFile)
+        + (f.kind == RegionFile::kMissing ? " is missing" : " is damaged (" + f.why + ")");
+    if (recorded.empty())
+        throw std::runtime_error("disk region " + quoted(dir) + ": " + what
+            + " and no journal or snapshot header records the region's identity; it cannot be opened");
+    RecordedIdentity const& from = *currentIdentities(recorded).front();
+    FlatJson rec = from.fields;
+    std::string name = dir;
+    while (name.size() > 1 && name.back() == '/')
+        name.pop_back();
+    rec["name"] = name.substr(name.rfind('/') + 1);
+    rec["format"] = "1";
+    rec["container_bytes"] = std::to_string(std::strtoull(rec["slot_stride"].c_str(), nullptr, 10)
+        * std::strtoull(rec["slots_per_container"].c_str(), nullptr, 10));
+    rec["codec_params"] = "";
+    rec["layout"] = "";
+    warning = "disk region " + quoted(dir) + ": " + what + "; opened read-only with the geometry and codec identity"
+        + " recorded in " + from.leaf + " (the codec parameters, layout and name it held are unknown; a writable open"
+        + " with the region's configuration repairs it)";
+    return rec;
+}
+} // namespace
+
+FlatJson DiskRegion::readRegionFile(std::string const& dir)
+{
+    checkRegionDir(dir);
+    std::string const p = dir + "/" + kRegionFile;
+    RegionFile f = loadRegionFile(p);
+    if (f.kind == RegionFile::kMissing)
+        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(ENOENT));
+    if (f.kind == RegionFile::kDamaged)
+        throw std::runtime_error(quoted(p) + " is damaged: " + f.why);
+    return f.rec;
 }
 
 DiskRegion::DiskRegion(std::string dir, RegionConfig cfg)
@@ -235,9 +605,10 @@ std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfi
 {
     if (dir.empty())
         throw std::invalid_argument("disk region directory is empty; give the path of a directory");
+    std::string readOnlyWarning;
     if (cfg.readOnly)
     {
-        FlatJson rec = readRegionFile(dir);
+        FlatJson rec = readOnlyRecord(dir, readOnlyWarning);
         auto num = [&](char const* k) -> uint64_t {
             auto it = rec.find(k);
             if (it == rec.end())
@@ -284,6 +655,8 @@ std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfi
     r->slotsPerContainer_ = uint32_t(spc);
     r->numContainers_ = uint32_t(containers);
     r->numSlots_ = uint32_t(spc * containers);
+    if (!readOnlyWarning.empty())
+        r->recovery_.warnings.push_back(readOnlyWarning);
     r->openFiles();
     r->recover();
     r->startThreads();
@@ -327,10 +700,65 @@ void DiskRegion::syncDir()
 std::string DiskRegion::identityLine() const
 {
     // What must match for recorded blobs and slot numbers to mean the same thing.
-    return "{\"codec\":" + jsonQuote(cfg_.codec.name) + ",\"format_version\":" + std::to_string(cfg_.codec.formatVersion)
-        + ",\"param_hash\":" + jsonQuote(cfg_.codec.paramHash) + ",\"slot_bytes\":" + std::to_string(cfg_.slotBytes)
-        + ",\"slot_stride\":" + std::to_string(stride_) + ",\"slots_per_container\":"
-        + std::to_string(slotsPerContainer_) + ",\"containers\":" + std::to_string(numContainers_) + "}";
+    return identityOf(regionRecord());
+}
+
+void DiskRegion::repairRegionFile(std::string const& what, FlatJson const* damaged,
+    std::vector<RecordedIdentity> const& recorded, bool hasState)
+{
+    std::string const region = "disk region " + quoted(dir_) + ": ";
+    if (recorded.empty() && hasState)
+        throw std::runtime_error(region + what + " and no journal or snapshot header records the region's identity to"
+            + " repair it from; refusing to open rather than dropping its pages (restore " + kRegionFile
+            + " from a copy, or remove the directory to start afresh)");
+    std::string from;
+    if (recorded.empty())
+    {
+        from = "no journal or snapshot exists, so no page was recorded: rewritten from this configuration";
+    }
+    else
+    {
+        std::vector<RecordedIdentity const*> const current = currentIdentities(recorded);
+        std::string const mine = identityLine();
+        RecordedIdentity const* match = nullptr;
+        for (RecordedIdentity const* r : current)
+            if (match == nullptr && r->identity == mine)
+                match = r;
+        if (match == nullptr && cfg_.resizeOnOpen)
+        {
+            // Only the container count differs: open as recorded, then resize to the configured count.
+            for (RecordedIdentity const* r : current)
+            {
+                FlatJson f = r->fields;
+                f["containers"] = std::to_string(numContainers_);
+                if (match == nullptr && identityOf(f) == mine)
+                {
+                    uint64_t const count = std::strtoull(r->fields.at("containers").c_str(), nullptr, 10);
+                    openTarget_ = numContainers_;
+                    numContainers_ = uint32_t(count);
+                    numSlots_ = uint32_t(count * slotsPerContainer_);
+                    match = r;
+                }
+            }
+        }
+        if (match == nullptr)
+            throw std::runtime_error(region + what + " and " + current.front()->leaf
+                + " records another identity than this configuration ("
+                + fieldDiffs(current.front()->fields, regionRecord(), identityRegionKeys())
+                + "): refusing to open rather than dropping its pages; open it with the configuration it was written"
+                + " with (that repairs " + kRegionFile + "), or remove the directory to start afresh");
+        std::string leaves;
+        for (RecordedIdentity const& r : recorded)
+            if (r.identity == match->identity)
+                leaves += (leaves.empty() ? "" : ", ") + r.leaf;
+        from = "repaired from the identity recorded in " + leaves + " (rewritten atomically)";
+    }
+    FlatJson const rec = regionRecord();
+    std::string const restored = damaged == nullptr ? std::string() : fieldDiffs(*damaged, rec, regionFields());
+    int const rc = writeRegionFileAt(*posixFileIo(), dir_, rec);
+    if (rc != 0)
+        throw std::runtime_error(region + what + "; repairing it failed: " + errnoText(-rc));
+    recovery_.warnings.push_back(region + what + (restored.empty() ? "" : ": " + restored) + "; " + from);
 }
 
 void DiskRegion::openFiles()
@@ -347,85 +775,76 @@ void DiskRegion::openFiles()
     }
 
     std::string const regionPath = path(kRegionFile);
-    if (!ro && cfg_.resizeOnOpen && exists(regionPath))
+    bool fresh = false;
+    if (!ro)
     {
-        // Recorded with another container count only (a resize whose new quota the opener does
-        // not know yet, or a new configured size): open it as recorded, resize after recovery.
-        std::string text, why;
-        int err = 0;
-        FlatJson rec;
-        FlatJson const mine = regionRecord();
-        if (readWholeFile(regionPath, text, err) && parseFlatJson(text, rec, why))
+        // A read-only open took its geometry from region.json (or the recorded identity) already.
+        RegionFile file = loadRegionFile(regionPath);
+        bool const hasState = hasStateFiles(dir_);
+        std::vector<RecordedIdentity> const recorded = hasState ? recordedIdentities(dir_) : std::vector<RecordedIdentity>{};
+        if (file.kind == RegionFile::kLegacy && !recorded.empty()
+            && std::none_of(recorded.begin(), recorded.end(),
+                [&](RecordedIdentity const& r) { return r.identity == identityOf(file.rec); }))
         {
+            file.kind = RegionFile::kDamaged;
+            file.why = "it has no checksum (written before region files carried one) and its identity agrees with no"
+                       " journal or snapshot header";
+        }
+        bool const trusted = file.kind == RegionFile::kIntact || file.kind == RegionFile::kLegacy;
+        if (trusted && cfg_.resizeOnOpen)
+        {
+            // Recorded with another container count only (a resize whose new quota the opener does
+            // not know yet, or a new configured size): open it as recorded, resize after recovery.
+            FlatJson const mine = regionRecord();
             bool same = true;
             for (char const* k : {"format", "codec_name", "codec_format_version", "codec_param_hash", "slot_bytes",
                      "slot_stride", "slots_per_container"})
-                same = same && rec[k] == mine.at(k);
-            uint64_t const recorded = std::strtoull(rec["containers"].c_str(), nullptr, 10);
-            if (same && recorded >= 1 && recorded <= 9999 && recorded != numContainers_
-                && recorded * slotsPerContainer_ <= 0x7FFFFFFFull)
+                same = same && file.rec[k] == mine.at(k);
+            uint64_t const recordedCount = std::strtoull(file.rec["containers"].c_str(), nullptr, 10);
+            if (same && recordedCount != numContainers_)
             {
                 openTarget_ = numContainers_;
-                numContainers_ = uint32_t(recorded);
-                numSlots_ = uint32_t(recorded * slotsPerContainer_);
+                numContainers_ = uint32_t(recordedCount);
+                numSlots_ = uint32_t(recordedCount * slotsPerContainer_);
             }
         }
-    }
-    FlatJson expected = regionRecord();
-    std::vector<std::string> const& numeric = numericFields();
-
-    bool fresh = !exists(regionPath);
-    if (!fresh && !ro)
-    {
-        std::string text, why;
-        int err = 0;
-        FlatJson rec;
-        std::vector<std::string> diffs;
-        if (!readWholeFile(regionPath, text, err) || !parseFlatJson(text, rec, why))
+        if (!trusted && (file.kind == RegionFile::kDamaged || hasState))
         {
-            diffs.push_back(kRegionFile + std::string(" is unreadable (") + (why.empty() ? errnoText(err) : why) + ")");
+            repairRegionFile(file.kind == RegionFile::kMissing
+                    ? std::string(kRegionFile) + " is missing"
+                    : std::string(kRegionFile) + " is damaged (" + file.why + ")",
+                file.rec.empty() ? nullptr : &file.rec, recorded, hasState);
+        }
+        else if (file.kind == RegionFile::kMissing)
+        {
+            fresh = true;
         }
         else
         {
-            for (char const* k : {"format", "codec_name", "codec_format_version", "codec_param_hash", "slot_bytes",
-                     "slot_stride", "slots_per_container", "containers"})
+            FlatJson const expected = regionRecord();
+            std::string const diffs = fieldDiffs(file.rec, expected,
+                {"format", "codec_name", "codec_format_version", "codec_param_hash", "slot_bytes", "slot_stride",
+                    "slots_per_container", "containers"});
+            if (!diffs.empty())
             {
-                if (rec[k] != expected[k])
-                    diffs.push_back(std::string(k) + " " + quoted(rec[k]) + " -> " + quoted(expected[k]));
+                recovery_.warnings.push_back("disk region " + quoted(dir_) + " was written with another codec or geometry ("
+                    + diffs + "): its pages are invalidated and the region is reinitialized");
+                recovery_.invalidated = true;
+                fresh = true;
             }
-        }
-        if (!diffs.empty())
-        {
-            std::string msg = "disk region " + quoted(dir_) + " was written with another codec or geometry (";
-            for (size_t i = 0; i < diffs.size(); ++i)
-                msg += (i ? ", " : "") + diffs[i];
-            msg += "): its pages are invalidated and the region is reinitialized";
-            recovery_.warnings.push_back(msg);
-            recovery_.invalidated = true;
-            fresh = true;
-        }
-        else if (rec["codec_params"] != expected["codec_params"] || rec["layout"] != expected["layout"]
-            || rec["name"] != expected["name"])
-        {
-            // Same identity, new descriptive fields (e.g. a renamed region): keep the pages.
-            fresh = false;
-            std::string tmp = regionPath + ".tmp";
-            FILE* f = std::fopen(tmp.c_str(), "w");
-            if (f != nullptr)
+            else if (file.kind == RegionFile::kLegacy || file.rec != expected)
             {
-                std::string body = formatFlatJson(expected, numeric);
-                std::fwrite(body.data(), 1, body.size(), f);
-                std::fflush(f);
-                ::fsync(fileno(f));
-                std::fclose(f);
-                std::rename(tmp.c_str(), regionPath.c_str());
+                // Same identity, new descriptive fields (e.g. a renamed region), or a file from before
+                // region files carried a checksum: rewritten, the pages kept.
+                int const rc = writeRegionFileAt(*posixFileIo(), dir_, expected);
+                if (rc != 0)
+                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": cannot rewrite " + kRegionFile + ": "
+                        + errnoText(-rc));
             }
         }
     }
     if (fresh)
     {
-        if (ro)
-            throw std::runtime_error(quoted(dir_) + " holds no disk region (no " + kRegionFile + ")");
         recovery_.created = true;
         for (char const* leaf : {kJournal, kJournalOld, kSnapshot, kSnapshotBak, kSnapshotTmp})
             ::unlink(path(leaf).c_str());
@@ -437,18 +856,9 @@ void DiskRegion::openFiles()
             if (::unlink(path(leaf).c_str()) != 0)
                 break;
         }
-        std::string tmp = regionPath + ".tmp";
-        std::string body = formatFlatJson(expected, numeric);
-        int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": " + errnoText(errno));
-        int rc = writeFully(*posixFileIo(), fd, body.data(), body.size(), 0);
-        if (rc == 0)
-            rc = ::fsync(fd) == 0 ? 0 : -errno;
-        ::close(fd);
-        if (rc != 0 || std::rename(tmp.c_str(), regionPath.c_str()) != 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": "
-                + errnoText(rc != 0 ? -rc : errno));
+        int const rc = writeRegionFileAt(*posixFileIo(), dir_, regionRecord());
+        if (rc != 0)
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": " + errnoText(-rc));
     }
 
     // Containers: preallocated so a full region never hits ENOSPC on a data write.
@@ -684,40 +1094,160 @@ void DiskRegion::recover()
                   "snapshots are lost and read as misses)");
         recovery_.snapshotSeq = snapSeq;
 
-        // 2. The journal tail: the previous generation, then the current one.
+        // 2. The journal tail: the previous generation, then the current one, read as one stream
+        //    of records numbered without gaps. A damaged line is repaired when one bit flipped;
+        //    otherwise the records it held are lost, and every key whose latest state a lost record
+        //    could have changed is dropped (a miss) rather than served from older state.
+        std::string const region = "disk region " + quoted(dir_) + ": ";
         uint64_t lastSeq = snapSeq;
+        uint64_t expected = snapSeq + 1; // The next record the index needs.
         std::string const header = "{\"kvcodec_disk_journal\":1,\"identity\":" + jsonQuote(identity) + "}";
-        for (char const* leaf : {kJournalOld, kJournal})
+        struct Damaged
         {
+            bool current;          ///< In index.log (else index.log.1).
+            size_t pos;            ///< Byte offset in its file.
+            std::string_view text; ///< The damaged bytes, with their newline when they have one.
+            std::string why;
+        };
+        FileText texts[2];              // Alive while `pending` refers to them.
+        std::vector<Damaged> pending;   // Damaged lines since the last intact record.
+        uint64_t dropBelow = 0;         // Live keys recorded before this sequence number are dropped.
+        std::vector<std::string> losses;
+        size_t repairBudget = 64;       // Lines tried bit by bit per open (bounds a garbage journal).
+        size_t tornAt = SIZE_MAX;       // index.log is cut back here: an append a crash cut short.
+        size_t currentSize = 0;
+        auto where = [&](Damaged const& d) {
+            return std::string(d.current ? kJournal : kJournalOld) + " line at byte " + std::to_string(d.pos) + ": "
+                + d.why;
+        };
+        auto apply = [&](JournalRecord&& r) {
+            expected = r.seq + 1;
+            lastSeq = r.seq;
+            applyRecord(std::move(r));
+            ++recovery_.journalRecordsReplayed;
+        };
+        // Called before the next intact record (`next` = its sequence number) and at the end (0).
+        auto settle = [&](uint64_t next) {
+            if (pending.empty() && (next == 0 || next <= expected))
+                return;
+            if (pending.empty() && recovery_.journalRecordsReplayed == 0 && recovery_.snapshotUsed.empty())
+                return; // The journal alone after losing the snapshots: the records before were theirs.
+            bool const covered = next != 0
+                ? next <= expected
+                : recovery_.snapshotUsed == kSnapshot
+                    && std::none_of(pending.begin(), pending.end(), [](Damaged const& d) { return d.current; });
+            if (covered)
+            {
+                // The main snapshot covers all of index.log.1, and a record numbered as expected
+                // follows anything else: the damaged bytes held nothing the index needs.
+                for (Damaged const& d : pending)
+                    recovery_.warnings.push_back(region + "journal " + where(d) + "; the damaged line held no record "
+                        + "the index needs (the snapshot covers it, or the numbering continues without a gap): skipped");
+                pending.clear();
+                return;
+            }
+            if (!pending.empty())
+            {
+                // One flipped bit per damaged line: its line checksum finds and corrects it.
+                std::vector<JournalRecord> fixed, recs;
+                uint64_t seq = expected;
+                bool ok = true;
+                for (Damaged const& d : pending)
+                {
+                    ok = ok && repairBudget > 0 && repairRecords(d.text, slotsPerContainer_, numSlots_, seq, recs);
+                    repairBudget -= repairBudget > 0 ? 1 : 0;
+                    if (!ok)
+                        break;
+                    seq += recs.size();
+                    for (JournalRecord& r : recs)
+                        fixed.push_back(std::move(r));
+                }
+                if (ok && (next == 0 || seq == next))
+                {
+                    for (Damaged const& d : pending)
+                        recovery_.warnings.push_back(region + "journal " + where(d) + "; the damage was one flipped bit,"
+                            + " corrected with the line checksum: the record is replayed");
+                    for (JournalRecord& r : fixed)
+                        apply(std::move(r));
+                    pending.clear();
+                    repairedJournal_ = true;
+                    return;
+                }
+            }
+            std::string damage;
+            if (next == 0)
+            {
+                // The end of the stream. An append a crash cut short ends index.log with an
+                // incomplete line (a prefix of what was written, or zeros where its blocks never
+                // reached the disk): it was never acknowledged. A complete line that fails its
+                // checksum is damage to a record that may have been acknowledged.
+                if (pending.back().current && pending.back().text.back() != '\n')
+                {
+                    tornAt = pending.back().pos;
+                    pending.pop_back();
+                }
+                if (pending.empty())
+                    return;
+                for (Damaged const& d : pending)
+                    damage += (damage.empty() ? "" : ", ") + where(d);
+                losses.push_back("the records after seq " + std::to_string(expected - 1) + " are damaged beyond repair ("
+                    + damage + ")");
+                dropBelow = UINT64_MAX;
+            }
+            else
+            {
+                for (Damaged const& d : pending)
+                    damage += (damage.empty() ? "" : ", ") + where(d);
+                std::string const range = next - 1 > expected
+                    ? "records seq " + std::to_string(expected) + ".." + std::to_string(next - 1) + " are"
+                    : "record seq " + std::to_string(expected) + " is";
+                losses.push_back(pending.empty() ? range + " missing" : range + " damaged beyond repair (" + damage + ")");
+                dropBelow = std::max(dropBelow, next);
+            }
+            pending.clear();
+        };
+        for (int gen = 0; gen < 2; ++gen)
+        {
+            char const* leaf = gen == 0 ? kJournalOld : kJournal;
+            bool const current = gen == 1;
             int err = 0;
             if (!exists(path(leaf)))
                 continue;
-            bool const current = std::string(leaf) == kJournal;
             if (!current && generationCovered(path(leaf), header, lastSeq))
                 continue;
-            FileText file;
+            FileText& file = texts[gen];
             if (!readWholeFile(path(leaf), file, err))
             {
-                recovery_.warnings.push_back("disk region " + quoted(dir_) + ": cannot read journal " + leaf + ": "
-                    + errnoText(err));
+                recovery_.warnings.push_back(region + "cannot read journal " + leaf + ": " + errnoText(err));
                 continue;
             }
             std::string_view const text = file.view();
             size_t nl = text.find('\n');
-            if (nl == std::string::npos || text.compare(0, nl, header) != 0)
+            if (nl == std::string::npos)
             {
+                // No complete header line, hence no record: a header write a crash cut short.
                 if (!text.empty())
                 {
                     damaged = true;
-                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf
-                        + " has a damaged or foreign header; its records are ignored");
+                    recovery_.warnings.push_back(region + "journal " + leaf + " has no complete header line; ignored");
                 }
-                if (std::string(leaf) == kJournal)
+                if (current)
                     journalSize_ = 0; // rewritten below
                 continue;
             }
+            if (text.compare(0, nl, header) != 0)
+            {
+                // Damage, or a journal that a resize which did not finish headed with its new
+                // container count (its records are then none, or covered by the snapshot). Either
+                // way each record is checked by its own checksum and the region's slot range: a
+                // header never decides which records count (ignoring them served older values).
+                damaged = true;
+                recovery_.warnings.push_back(region + "journal " + leaf
+                    + (wellFormedJournalHeader(text.substr(0, nl)) ? " has a header naming another region identity"
+                                                                   : " has a damaged header")
+                    + "; its records, each checked by its own checksum, are replayed");
+            }
             size_t pos = nl + 1;
-            size_t good = pos;
             if (!current && text.size() > pos + 1 && text.back() == '\n')
             {
                 // Records are appended in sequence order: when the last one is already in the
@@ -732,59 +1262,75 @@ void DiskRegion::recover()
             }
             while (pos < text.size())
             {
-                size_t end = text.find('\n', pos);
-                if (end == std::string::npos)
-                    break; // an incomplete last line
-                std::string_view line(text.data() + pos, end - pos);
+                size_t const end = text.find('\n', pos);
+                bool const complete = end != std::string::npos;
+                size_t const stop = complete ? end + 1 : text.size();
                 JournalRecord r;
                 std::string why;
-                if (parseRecord(line, slotsPerContainer_, numSlots_, r, why))
+                if (complete && parseRecord(text.substr(pos, end - pos), slotsPerContainer_, numSlots_, r, why))
                 {
-                    if (r.seq > lastSeq)
-                    {
-                        applyRecord(std::move(r));
-                        lastSeq = r.seq;
-                        ++recovery_.journalRecordsReplayed;
-                    }
-                    good = end + 1;
-                }
-                else if (text.find('\n', end + 1) != std::string::npos)
-                {
-                    // Damage inside the journal (not a torn append): skip the line, keep the rest;
-                    // the per-slot checksums still guard every page it might have described.
-                    ++recovery_.journalCorruptLines;
-                    damaged = true;
-                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf + " line at byte "
-                        + std::to_string(pos) + " is corrupt (" + why + "); skipped");
-                    good = end + 1;
+                    if (!pending.empty() || r.seq > expected)
+                        settle(r.seq);
+                    if (r.seq >= expected)
+                        apply(std::move(r));
                 }
                 else
                 {
-                    break; // a damaged last line: a torn append
+                    ++recovery_.journalCorruptLines;
+                    damaged = true;
+                    pending.push_back({current, pos, text.substr(pos, stop - pos), complete ? why : "incomplete line"});
                 }
-                pos = end + 1;
-            }
-            if (good < text.size())
-            {
-                uint64_t dropped = text.size() - good;
-                recovery_.truncatedTailBytes += dropped;
-                damaged = true;
-                recovery_.warnings.push_back("disk region " + quoted(dir_) + ": journal " + leaf
-                    + " ends with a truncated or torn record (" + std::to_string(dropped) + " bytes at byte "
-                    + std::to_string(good) + "); it was never acknowledged and is dropped");
-                if (!ro && current)
-                {
-                    int fd = ::open(path(leaf).c_str(), O_WRONLY | O_CLOEXEC);
-                    if (fd < 0 || ::ftruncate(fd, off_t(good)) != 0 || ::fdatasync(fd) != 0)
-                        throw std::runtime_error("disk region " + quoted(dir_) + ": cannot truncate the torn tail of "
-                            + leaf + ": " + errnoText(errno));
-                    ::close(fd);
-                }
+                pos = stop;
             }
             if (current)
-                journalSize_ = good;
+                currentSize = journalSize_ = text.size();
+        }
+        settle(0);
+        if (tornAt != SIZE_MAX)
+        {
+            uint64_t const dropped = currentSize - tornAt;
+            recovery_.truncatedTailBytes += dropped;
+            recovery_.warnings.push_back(region + "journal " + kJournal + " ends with a truncated or torn record ("
+                + std::to_string(dropped) + " bytes at byte " + std::to_string(tornAt)
+                + "): an append a crash cut short, never acknowledged; dropped");
+            if (!ro)
+            {
+                int fd = ::open(path(kJournal).c_str(), O_WRONLY | O_CLOEXEC);
+                if (fd < 0 || ::ftruncate(fd, off_t(tornAt)) != 0 || ::fdatasync(fd) != 0)
+                    throw std::runtime_error(region + "cannot truncate the torn tail of " + kJournal + ": "
+                        + errnoText(errno));
+                ::close(fd);
+            }
+            journalSize_ = tornAt;
         }
         lastSeq_ = lastSeq;
+        if (dropBelow != 0)
+        {
+            uint64_t n = 0;
+            for (auto it = index_.begin(); it != index_.end();)
+            {
+                if (slots_[it->second].seq < dropBelow)
+                {
+                    slots_[it->second].state = kFree;
+                    slotKeys_[it->second].clear();
+                    it = index_.erase(it);
+                    ++n;
+                }
+                else
+                    ++it;
+            }
+            recovery_.droppedEntries += n;
+            repairedJournal_ = true;
+            std::string lost;
+            for (auto const& l : losses)
+                lost += (lost.empty() ? "" : "; ") + l;
+            recovery_.warnings.push_back(region + "journal damage: " + lost + ". A lost record may have overwritten or "
+                + "erased any key recorded before it: "
+                + (n == 0 ? std::string("every such key was written again after it, so none is dropped")
+                          : std::to_string(n) + (n == 1 ? " key whose latest state cannot be established is"
+                                                        : " keys whose latest state cannot be established are")
+                              + " dropped and read as misses (an older value is never served)"));
+        }
 
         // 3. Pages in containers that were missing or short are gone.
         bool const anyFresh = std::find(freshContainers_.begin(), freshContainers_.end(), true) != freshContainers_.end();
@@ -849,10 +1395,14 @@ void DiskRegion::recover()
     recovery_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Restore redundancy at once after damage, so a second failure cannot compound the first.
+    // Repaired records and keys dropped for journal damage must be recorded before anything is
+    // appended after the damage (which would hide it from the next open): without that snapshot
+    // the region refuses writes until it is reopened.
     if (!ro && damaged)
     {
         std::lock_guard<std::mutex> cm(commitMu_);
-        writeSnapshotLocked();
+        if (!writeSnapshotLocked() && repairedJournal_)
+            failRegion("the snapshot recording what recovery repaired or dropped for journal damage could not be written");
     }
 }
 
@@ -1714,22 +2264,7 @@ FlatJson DiskRegion::regionRecord() const
 
 int DiskRegion::writeRegionRecord()
 {
-    std::string const body = formatFlatJson(regionRecord(), numericFields());
-    std::string const target = path(kRegionFile);
-    std::string const tmp = target + ".tmp";
-    int fd = io_->open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int rc = fd < 0 ? fd : writeFully(*io_, fd, body.data(), body.size(), 0);
-    if (rc == 0)
-        rc = io_->fdatasync(fd);
-    if (fd >= 0)
-        io_->close(fd);
-    if (rc == 0 && std::rename(tmp.c_str(), target.c_str()) != 0)
-        rc = -errno;
-    if (rc != 0)
-        ::unlink(tmp.c_str());
-    else
-        syncDir();
-    return rc;
+    return writeRegionFileAt(*io_, dir_, regionRecord());
 }
 
 void DiskRegion::setLimitLocked(uint32_t limit)

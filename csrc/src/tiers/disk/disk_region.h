@@ -186,6 +186,8 @@ struct PageInfo
     uint64_t seq;
 };
 
+struct RecordedIdentity;
+
 class DiskRegion
 {
 public:
@@ -330,6 +332,11 @@ private:
 
     DiskRegion(std::string dir, RegionConfig cfg);
     void openFiles();
+    /// Rewrites a damaged or missing region.json from this configuration when the identity the
+    /// journal and snapshot headers record agrees with it (or nothing was ever recorded), with a
+    /// warning saying what was repaired; otherwise throws, naming what disagrees.
+    void repairRegionFile(std::string const& what, FlatJson const* damaged,
+        std::vector<RecordedIdentity> const& recorded, bool hasState);
     void recover();
     void startThreads();
     void workerLoop();
@@ -418,6 +425,7 @@ private:
     std::mutex commitMu_;
     uint64_t recordsSinceSnapshot_ = 0;
     bool mainSnapshotGood_ = false; ///< index.snapshot was loaded intact or written by us.
+    bool repairedJournal_ = false;  ///< Recovery repaired journal records or dropped keys for damage.
 
     bool stopping_ = false;
     bool closed_ = false;

@@ -102,6 +102,61 @@ struct Cursor
 
 } // namespace
 
+std::string toHex32(uint32_t v)
+{
+    return hex32(v);
+}
+
+namespace {
+/// Whether `text` (ending with a newline) is whole records numbered from `firstSeq`.
+bool wholeRecords(std::string_view text, uint32_t slotsPerContainer, uint32_t numSlots, uint64_t firstSeq,
+    std::vector<JournalRecord>& out)
+{
+    out.clear();
+    std::string why;
+    size_t pos = 0;
+    while (pos < text.size())
+    {
+        size_t const end = text.find('\n', pos);
+        JournalRecord r;
+        if (!parseRecord(text.substr(pos, end - pos), slotsPerContainer, numSlots, r, why)
+            || r.seq != firstSeq + out.size())
+            return false;
+        out.push_back(std::move(r));
+        pos = end + 1;
+    }
+    return !out.empty();
+}
+} // namespace
+
+bool repairRecords(std::string_view text, uint32_t slotsPerContainer, uint32_t numSlots, uint64_t firstSeq,
+    std::vector<JournalRecord>& out)
+{
+    if (text.empty() || text.size() > kMaxRepairBytes)
+        return false;
+    std::string buf(text);
+    std::vector<JournalRecord> found, candidate;
+    int matches = 0;
+    for (size_t i = 0; i < buf.size(); ++i)
+    {
+        for (int bit = 0; bit < 8; ++bit)
+        {
+            buf[i] = char(buf[i] ^ (1 << bit));
+            if (buf.back() == '\n' && wholeRecords(buf, slotsPerContainer, numSlots, firstSeq, candidate))
+            {
+                if (++matches > 1)
+                    return false; // ambiguous: not a single flipped bit
+                found.swap(candidate);
+            }
+            buf[i] = char(buf[i] ^ (1 << bit));
+        }
+    }
+    if (matches != 1)
+        return false;
+    out = std::move(found);
+    return true;
+}
+
 std::string toHex(std::string_view bytes)
 {
     std::string out(bytes.size() * 2, '0');
@@ -516,9 +571,18 @@ bool parseFlatJson(std::string_view text, FlatJson& out, std::string& why)
         return false;
     }
     ++i;
+    // Only whitespace may follow the object: anything else is damage, not content to ignore.
+    auto end = [&]() -> bool {
+        ++i;
+        ws();
+        if (i == text.size())
+            return true;
+        why = "unexpected bytes after the object at byte " + std::to_string(i);
+        return false;
+    };
     ws();
     if (i < text.size() && text[i] == '}')
-        return true;
+        return end();
     for (;;)
     {
         std::string key, value;
@@ -564,7 +628,7 @@ bool parseFlatJson(std::string_view text, FlatJson& out, std::string& why)
             continue;
         }
         if (i < text.size() && text[i] == '}')
-            return true;
+            return end();
         why = "expected ',' or '}' at byte " + std::to_string(i);
         return false;
     }

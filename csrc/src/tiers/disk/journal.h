@@ -35,7 +35,19 @@ std::string formatRecord(JournalRecord const& r, uint32_t slotsPerContainer);
 bool parseRecord(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out,
     std::string& why);
 
+/// Tries to repair damaged journal text (one or more lines, the final newline included when the
+/// text had one) by flipping each of its bits in turn: true, with the records in `out`, when exactly
+/// one single-bit change turns the text into whole lines that are all intact records numbered
+/// `firstSeq`, `firstSeq` + 1, ... (a flipped newline merges two records into one line, which this
+/// also repairs). The line checksums make the answer unambiguous for one flipped bit; any other
+/// damage is refused. Text longer than kMaxRepairBytes is refused.
+bool repairRecords(std::string_view text, uint32_t slotsPerContainer, uint32_t numSlots, uint64_t firstSeq,
+    std::vector<JournalRecord>& out);
+constexpr size_t kMaxRepairBytes = 2048;
+
 std::string toHex(std::string_view bytes);
+/// Eight lowercase hex digits.
+std::string toHex32(uint32_t v);
 /// False when `hex` has odd length or a non-hex digit.
 bool fromHex(std::string_view hex, std::string& out);
 
