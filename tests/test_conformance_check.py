@@ -17,7 +17,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-from kvcodec_sdk.testing import CLAUSES
+from kvcodec_sdk.testing import CLAUSES, harness
 from test_conformance_suite import broken_lib  # noqa: F401  (session fixture: builds libbroken_codecs)
 
 HERE = Path(__file__).parent
@@ -60,14 +60,22 @@ def test_bad_params_are_an_error():
 
 @pytest.fixture
 def installed_broken_codec(tmp_path, broken_lib):
-    """A fake installed plugin registering the write_past_slot codec."""
+    """A fake installed plugin registering broken codecs: write_past_slot, decode_ignores_lifecycle,
+    throws_on_empty, cuda_only (a correct codec declaring only a CUDA implementation) and
+    golden_none (a correct codec shipping golden vectors next to its spec)."""
+    import kvcodec_sdk.testing
+
     (tmp_path / "broken_plugin.py").write_text(textwrap.dedent("""
+        import dataclasses, os
         import broken
         from kvcodec_sdk import hookimpl
 
         @hookimpl
         def kvcodec_register_codecs(registry):
-            registry.register(broken.spec("write_past_slot"))
+            for flaw in ("write_past_slot", "decode_ignores_lifecycle", "throws_on_empty"):
+                registry.register(broken.spec(flaw))
+            registry.register(dataclasses.replace(broken.spec("cuda_only"), devices=("cuda",)))
+            registry.register(broken.spec("golden_none", golden_vectors=os.environ["BROKEN_GOLDEN"]))
     """))
     dist = tmp_path / "broken_plugin-0.dist-info"
     dist.mkdir()
@@ -75,7 +83,16 @@ def installed_broken_codec(tmp_path, broken_lib):
     (dist / "entry_points.txt").write_text("[kvcodec]\nbroken = broken_plugin\n")
     # No empty entry: it would put the current directory (the source tree) on the child's path.
     path = os.pathsep.join(p for p in [str(tmp_path), str(HERE / "broken_codecs"), os.environ.get("PYTHONPATH", "")] if p)
-    return {"PYTHONPATH": path, "KVCODEC_BROKEN_LIB": str(broken_lib)}
+    env = {"PYTHONPATH": path, "KVCODEC_BROKEN_LIB": str(broken_lib), "BROKEN_GOLDEN": str(tmp_path / "vectors")}
+    sys.path.insert(0, str(HERE / "broken_codecs"))
+    os.environ["KVCODEC_BROKEN_LIB"] = str(broken_lib)
+    try:
+        import broken
+
+        kvcodec_sdk.testing.write_golden_vectors(broken.spec("golden_none"), tmp_path / "vectors")
+    finally:
+        sys.path.remove(str(HERE / "broken_codecs"))
+    return env
 
 
 def test_broken_codec_fails_with_the_clause_and_reason(installed_broken_codec):
@@ -85,6 +102,71 @@ def test_broken_codec_fails_with_the_clause_and_reason(installed_broken_codec):
     assert line.startswith("FAIL  writes-inside-slots: encode wrote "), line
     assert "byte(s) after destination blob" in line and "[cpu-mixed]" in line, line
     assert report_lines(result.stdout)["round-trip"] == "PASS  round-trip"
+
+
+def test_a_failure_is_listed_under_the_clause_it_breaks(installed_broken_codec, tmp_path):
+    """The cold-size-fixed test round-trips a page; the round trip that fails there is listed under
+    round-trip, and cold-size-fixed says it was not fully checked (it is not a FAIL of its own)."""
+    junit = tmp_path / "report.xml"
+    result = check("decode_ignores_lifecycle", "--device", "cpu", "--junit-xml", str(junit), env=installed_broken_codec)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = report_lines(result.stdout)
+    assert lines["round-trip"].startswith("FAIL  round-trip: "), lines["round-trip"]
+    assert lines["cold-size-fixed"].startswith("SKIP  cold-size-fixed: not fully checked: the test stopped at a "
+                                               "round-trip violation"), lines["cold-size-fixed"]
+    assert 'name="kvcodec_violated" value="round-trip"' in junit.read_text()
+
+
+def test_a_codec_that_kills_the_process_fails_its_clause_and_the_rest_still_run(installed_broken_codec, tmp_path):
+    """throws_on_empty throws through noexcept (std::terminate) on an empty call with null pointers:
+    empty-call fails with how the process died, and the other clauses run in a new process."""
+    junit = tmp_path / "report.xml"
+    result = check("throws_on_empty", "--device", "cpu", "--quiet", "--junit-xml", str(junit),
+                   env=installed_broken_codec)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = report_lines(result.stdout)
+    assert lines["empty-call"].startswith("FAIL  empty-call: the test process died while this test ran (signal "
+                                          "SIGABRT)"), lines["empty-call"]
+    for name in ("round-trip", "writes-inside-slots", "bad-arguments", "stateful-sequence"):
+        assert lines[name] == f"PASS  {name}", lines[name]
+    xml = junit.read_text()
+    assert "test_empty_call[throws_on_empty-cpu]" in xml and "the test process died" in xml
+    assert 'value="round-trip"' in xml, "the cases of the later process are in the report too"
+
+
+def test_a_device_the_codec_does_not_ship_is_a_usage_error(installed_broken_codec):
+    result = check("cuda_only", "--device", "cpu", env=installed_broken_codec)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--device cpu: codec 'cuda_only' has no cpu implementation; it ships cuda" in result.stderr
+
+
+@pytest.mark.skipif(harness.cuda_available(), reason="checks the report of a machine without a GPU")
+def test_a_check_where_no_clause_ran_fails_and_says_why(installed_broken_codec):
+    for args in (("cuda_only",), ("concat", "--device", "cuda")):
+        result = check(*args, env=installed_broken_codec)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "kvcodec check: no clause ran: " in result.stderr
+        assert "needs a CUDA device and torch with CUDA" in result.stderr.split("no clause ran: ")[1]
+        assert "0 passed, 0 failed" in result.stdout
+
+
+def test_junit_xml_folder_is_created_or_the_path_refused(tmp_path):
+    junit = tmp_path / "new" / "folder" / "report.xml"
+    result = check("concat", "--device", "cpu", "--quiet", "--junit-xml", str(junit))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'value="round-trip"' in junit.read_text()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = check("concat", "--device", "cpu", "--junit-xml", str(blocker / "report.xml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"--junit-xml {blocker / 'report.xml'}: cannot create the folder {blocker}" in result.stderr
+    assert "PASS" not in result.stdout, "refused before running anything"
+
+
+def test_golden_vectors_shipped_with_the_codec_run_by_default(installed_broken_codec):
+    result = check("golden_none", "--device", "cpu", "--quiet", env=installed_broken_codec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report_lines(result.stdout)["golden-vectors"] == "PASS  golden-vectors"
 
 
 def test_a_hanging_conformance_test_is_diagnosed_not_stalled(pytester):

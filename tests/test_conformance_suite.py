@@ -40,10 +40,13 @@ def broken_lib(tmp_path_factory) -> Path:
     return lib
 
 
-def run_suite(pytester, flaw: str, *args: str, name: str | None = None, golden: Path | None = None):
+def run_suite(pytester, flaw: str, *args: str, name: str | None = None, golden: Path | None = None,
+              spec: str | None = None):
     """Runs CodecConformanceTests on one broken codec; returns {test name: failure text} and the
-    outcome counts."""
+    outcome counts. ``spec`` is an expression of the test file's fixture (default
+    ``broken.spec(flaw, name=name)``)."""
     pytester.syspathinsert(BROKEN)
+    spec = spec or f"broken.spec({flaw!r}, name={name!r})"
     pytester.makepyfile(test_broken=textwrap.dedent(f"""
         import pytest
         import broken
@@ -54,7 +57,7 @@ def run_suite(pytester, flaw: str, *args: str, name: str | None = None, golden: 
 
             @pytest.fixture
             def kvcodec_spec(self):
-                return broken.spec({flaw!r}, name={name!r})
+                return {spec}
     """))
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
     reports = [r for r in result.reprec.getreports("pytest_runtest_logreport") if r.when == "call" or r.failed]
@@ -93,6 +96,75 @@ def test_broken_codec_is_caught(pytester, broken_lib, flaw):
     assert text in failures[test], failures[test][-2000:]
 
 
+# Codecs that pass every clause the suite had before its stronger checks: each is caught by the
+# check made for it, and by nothing else (ALSO names a broader check that catches it too).
+# flaw -> (failing test, clause, text every failure's message contains)
+NEW_CPU_CASES = {
+    "uninit_padding": ("test_deterministic[cpu]", "deterministic", "pre-filled with 0x00 gave another blob than "
+                                                                   "into one holding random bytes"),
+    "partial_configure": ("test_rejected_configure[cpu]", "rejected-configure",
+                          "a rejected configuration must leave every query failing"),
+    "stale_cache": ("test_stateful_sequence[cpu]", "stateful-sequence", "should hold the page encoded at step"),
+    "retains_sources": ("test_data_not_retained[cpu]", "data-not-retained",
+                        "later calls wrote into the cold buffer of an earlier, completed encode"),
+    "cpu_needs_null_stream": ("test_cpu_synchronous[cpu]", "cpu-synchronous", "a CPU reference ignores the stream"),
+    "envelope_raw_bytes": ("test_envelope[cpu]", "envelope", "rawBytes is 16422, but the decoded page has 16421 bytes"),
+    "envelope_uncovered": ("test_envelope[cpu]", "envelope", "outside what the CRCs cover, yet damaging them changed "
+                                                             "the decoded page"),
+}
+ALSO = {"retains_sources": {"test_stateful_sequence[cpu]"}}  # a retained source also breaks a long sequence
+
+
+@pytest.mark.parametrize("flaw", sorted(NEW_CPU_CASES))
+def test_stronger_check_catches_what_nothing_else_does(pytester, broken_lib, flaw):
+    test, clause, text = NEW_CPU_CASES[flaw]
+    failures, _ = run_suite(pytester, flaw, "-k", "cpu and not golden")
+    assert test in failures, f"{flaw}: {test} did not fail; failures: {sorted(failures)}"
+    assert f"ClauseViolation: {clause}: " in failures[test], failures[test][-2000:]
+    assert text in failures[test], failures[test][-2000:]
+    assert set(failures) <= {test} | ALSO.get(flaw, set()), f"{flaw}: other tests failed too: {sorted(failures)}"
+
+
+def test_descriptors_read_after_configure_are_caught(pytester, broken_lib):
+    """keeps_descriptors reads pool bases from configure()'s arrays at every call. Only the test
+    that configures through arrays it keeps alive runs here: elsewhere those arrays are freed and
+    the codec reads freed memory."""
+    failures, outcomes = run_suite(pytester, "keeps_descriptors", "-k", "descriptors_copied and cpu")
+    message = failures["test_descriptors_copied[cpu]"]
+    assert "ClauseViolation: descriptors-copied: after configure()'s descriptor arrays were overwritten" in message
+    control, _ = run_suite(pytester, "none", "-k", "descriptors_copied and cpu")
+    assert control == {}
+
+
+# Lossy specs whose check_error is wrong (tests/broken_codecs/broken.py: LOSSY). Every failure
+# comes from the suite's independent judgement, none from the codec's own check.
+LOSSY_CASES = {
+    # zeroes every other fp8 element; its check takes a zero for an underflow
+    "zeroes_fp8": ("test_round_trip[cpu-mixed]", "is not an approximation of the original by the suite's own check"),
+    # changes opaque K/V buffers; its check lets opaque buffers change
+    "changes_opaque": ("test_round_trip[cpu-tiny-odd]", "opaque buffers (no tokens/heads/head dim) must be restored "
+                                                        "exactly"),
+    # an exact codec whose check reads fp8 buffers as 16-bit words (the low byte may change)
+    "checker_blind_to_dtype": ("test_round_trip[cpu-mixed]", "check_error accepts a copy of the buffer whose element"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSY_CASES))
+def test_lossy_codec_is_judged_by_the_suite_not_only_by_its_check(pytester, broken_lib, name):
+    test, text = LOSSY_CASES[name]
+    failures, _ = run_suite(pytester, name, "-k", "cpu and not golden", spec=f"broken.lossy_spec({name!r})")
+    assert test in failures, f"{name}: {test} did not fail; failures: {sorted(failures)}"
+    assert "ClauseViolation: round-trip: " in failures[test], failures[test][-2000:]
+    for other, message in failures.items():
+        assert text in message, f"{name}: {other} failed for another reason: {message[-1500:]}"
+
+
+def test_enveloped_control_passes_everything(pytester, broken_lib):
+    failures, outcomes = run_suite(pytester, "envelope", "-k", "cpu and not golden")
+    assert failures == {}
+    assert outcomes.get("passed", 0) >= 20
+
+
 def test_write_past_slot_message_locates_the_byte(pytester, broken_lib):
     failures, _ = run_suite(pytester, "write_past_slot", "-k", "writes_inside_slots and cpu")
     message = failures["test_writes_inside_slots[cpu-mixed]"]
@@ -126,6 +198,22 @@ def test_changed_format_fails_the_golden_vectors(pytester, broken, tmp_path):
     failures, _ = run_suite(pytester, "false_batching", "-k", "golden and cpu", name="none", golden=tmp_path)
     message = failures["test_golden_vectors[cpu]"]
     assert "golden-vectors: none-v1 group 0" in message and "no longer gives the stored page" in message
+
+
+def test_golden_vectors_declared_next_to_the_spec_run_by_default(pytester, broken, tmp_path):
+    kvcodec_sdk.testing.write_golden_vectors(broken.spec("none"), tmp_path)
+    # No golden_vectors on the class: the spec's declaration is used.
+    spec = f"broken.spec('none', golden_vectors={str(tmp_path)!r})"
+    failures, outcomes = run_suite(pytester, "none", "-k", "golden and cpu", spec=spec)
+    assert failures == {} and outcomes.get("passed") == 1, outcomes
+    # The same vectors against a codec whose format changed.
+    spec = f"broken.spec('false_batching', name='none', golden_vectors={str(tmp_path)!r})"
+    failures, _ = run_suite(pytester, "none", "-k", "golden and cpu", spec=spec)
+    assert "no longer gives the stored page" in failures["test_golden_vectors[cpu]"]
+    # A declaration without vectors of the current format version fails.
+    spec = f"broken.spec('none', name='other', golden_vectors={str(tmp_path)!r})"
+    failures, _ = run_suite(pytester, "none", "-k", "golden and cpu", spec=spec)
+    assert "golden-vectors: no golden vectors at" in failures["test_golden_vectors[cpu]"]
 
 
 def test_missing_codec_fixture_says_what_to_provide(pytester):

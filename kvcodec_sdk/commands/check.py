@@ -1,14 +1,17 @@
 """``kvcodec check``: runs the conformance suite on one codec and reports every contract clause.
 
 One line per clause: ``PASS``, ``FAIL`` with what the codec did, or ``SKIP`` with why (e.g. a
-CUDA clause on a machine without a GPU). The exit status is 1 when any clause fails.
+CUDA clause on a machine without a GPU). A failure is listed under the clause it breaks, whichever
+test found it. The suite runs in a child process: a test that kills it (a codec that throws
+through ``noexcept`` or crashes, a test past ``--timeout``) fails its clause and the remaining
+tests run in a new process. The exit status is 1 when any clause fails or when no clause ran
+(every test skipped; the reason is printed), 2 for a bad option (a device the codec does not
+ship, a ``--junit-xml`` path whose folder cannot be created).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import sys
@@ -16,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 NAME = "check"
+#: Tests that may end their process before the check stops running the rest.
+MAX_DEATHS = 5
 HELP = "run the conformance suite on a codec and report each contract clause"
 
 
@@ -25,63 +30,107 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="all", choices=("cpu", "cuda", "all"),
                    help="implementations to check: cpu, cuda or all available (default)")
     p.add_argument("--golden", default=None, metavar="DIR",
-                   help="folder holding <codec>-v<format_version>/ golden vectors (the clause is skipped without it)")
-    p.add_argument("--junit-xml", default=None, metavar="PATH", help="also write a JUnit XML report")
+                   help="folder holding <codec>-v<format_version>/ golden vectors (default: the vectors the codec "
+                        "ships, declared next to its spec; the clause is skipped when it ships none)")
+    p.add_argument("--junit-xml", default=None, metavar="PATH",
+                   help="also write a JUnit XML report (its folder is created)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="a test running longer than this dumps every thread's stack and ends the check (default 300)")
+                   help="a test running longer than this dumps every thread's stack and fails its clause (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-test progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output and full tracebacks")
 
 
-class _Collector:
-    """Gathers each conformance test's outcome by clause and reports progress on stderr."""
+def _fail_usage(message: str) -> int:
+    print(f"kvcodec check: error: {message}", file=sys.stderr)
+    return 2
 
-    def __init__(self, codec: str = "", progress: bool = False) -> None:
-        self.tests: dict[str, dict] = {}
+
+def _junit_target(text: str) -> Path:
+    """The --junit-xml path, its folder created; raises ValueError saying why it cannot be."""
+    path = Path(text).expanduser().resolve()
+    if path.is_dir():
+        raise ValueError(f"--junit-xml {text}: is a folder; give the path of the report file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--junit-xml {text}: cannot create the folder {path.parent} "
+                         f"({exc.strerror or exc})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"--junit-xml {text}: the folder {path.parent} is not writable")
+    return path
+
+
+class _Run:
+    """The outcome of every conformance test, gathered from the event files of one or more
+    child processes (a test that kills its process is recorded, and the rest run in a new one)."""
+
+    def __init__(self, codec: str):
         self.codec = codec
-        self.progress = progress
+        self.tests: dict[str, dict] = {}
+        self.clauses: dict[str, str] = {}  # nodeid -> the clause its test checks
+        self.collected: list[str] = []
+        self.finished: set[str] = set()
 
-    def pytest_runtest_logstart(self, nodeid, location) -> None:
-        if self.progress:
-            print(f"[check] {nodeid.rsplit('::', 1)[-1]} ...", file=sys.stderr, flush=True)
+    def read(self, path: Path) -> str | None:
+        """Takes one child's events; returns the test that was running when it ended, if any."""
+        from ..testing.events import param_label
 
-    def pytest_runtest_logreport(self, report) -> None:
-        clause = dict(report.user_properties).get("kvcodec_clause")
-        if clause is None:
-            return
-        if self.progress and (report.when == "call" or report.outcome != "passed"):
-            print(f"[check]   {clause} [{_param_label(report.nodeid, self.codec)}] {report.when}: "
-                  f"{report.outcome} ({report.duration:.2f} s)", file=sys.stderr, flush=True)
-        entry = self.tests.setdefault(report.nodeid, {"clause": clause, "outcome": "passed", "message": ""})
-        if report.failed and entry["outcome"] != "failed":
-            entry["outcome"] = "failed"
-            entry["message"] = _failure_text(report)
-        elif report.skipped and entry["outcome"] == "passed":
-            entry["outcome"] = "skipped"
-            entry["message"] = str(report.longrepr[2]).removeprefix("Skipped: ") if isinstance(report.longrepr, tuple) else ""
+        running = None
+        if not path.is_file():
+            return None
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the process dying
+                continue
+            if e["event"] == "collected":
+                if not self.collected:
+                    self.collected = list(e["nodeids"])
+                self.clauses.update(e["clauses"])
+            elif e["event"] == "start":
+                running = e["nodeid"]
+            elif e["event"] == "report":
+                nodeid, own = e["nodeid"], e["clause"]
+                entry = self.tests.setdefault(nodeid, {"clause": own, "own": own, "outcome": "passed", "message": ""})
+                if e["outcome"] == "failed" and entry["outcome"] != "failed":
+                    violated = e.get("violated")
+                    if violated and violated != own:
+                        # Reported under the clause it breaks; the test's own clause is unfinished.
+                        entry.update(clause=violated)
+                        self.tests[nodeid + "::own-clause"] = {
+                            "clause": own, "outcome": "interrupted",
+                            "message": f"not fully checked: the test stopped at a {violated} violation "
+                                       f"[{param_label(nodeid, self.codec)}]"}
+                    entry.update(outcome="failed", message=e["message"])
+                elif e["outcome"] == "skipped" and entry["outcome"] == "passed":
+                    entry.update(outcome="skipped", message=e["message"])
+                if e["when"] == "teardown":
+                    self.finished.add(nodeid)
+                    running = None
+        return running
+
+    def died(self, nodeid: str, how: str) -> None:
+        own = self.clauses.get(nodeid, "")
+        entry = self.tests.setdefault(nodeid, {"clause": own, "outcome": "passed", "message": ""})
+        entry.update(outcome="failed", message=f"the test process died while this test ran ({how}): a codec method "
+                                               "threw through noexcept, crashed, or ran past --timeout (stack dump "
+                                               "above)" + (f"; before that: {entry['message']}" if entry["message"] else ""))
+        self.finished.add(nodeid)
 
 
-def _failure_text(report) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1]
-    text = text.split("\n")[0]
-    prefix = "kvcodec_sdk.testing.clauses.ClauseViolation: "
-    if text.startswith(prefix):
-        text = text[len(prefix):].split(": ", 1)[-1]
-    return text
+def _how(code: int) -> str:
+    if code < 0:
+        import signal
 
-
-def _param_label(nodeid: str, codec: str) -> str:
-    """The device and layout of a test id, e.g. ``cpu-mixed`` (the codec's own id part dropped)."""
-    label = nodeid[nodeid.index("[") + 1 : -1] if "[" in nodeid else ""
-    parts = label.split("-")
-    if parts and parts[0].startswith(codec):
-        parts = parts[1:]
-    return "-".join(parts)
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
 
 
 def run(args: argparse.Namespace) -> int:
-    import pytest
+    import subprocess
 
     from ..registry import get_codec_spec
     from ..testing.clauses import CLAUSES
@@ -96,48 +145,155 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(params, dict):
             raise ValueError(f"--params must be a JSON object, got {type(params).__name__}")
     spec.validate_params(params)
+    if args.device != "all" and args.device not in spec.devices:
+        return _fail_usage(f"--device {args.device}: codec {spec.name!r} has no {args.device} implementation; it ships "
+                           f"{', '.join(spec.devices) or 'none'} (use --device all or one of those)")
+    junit = None
+    if args.junit_xml:
+        try:
+            junit = _junit_target(args.junit_xml)
+        except ValueError as exc:
+            return _fail_usage(str(exc))
     selected = Path(__file__).resolve().parent.parent / "testing" / "selected.py"
-    collector = _Collector(args.codec, progress=not args.quiet)
+    state = _Run(args.codec)
+    junit_parts: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="kvcodec-check-") as tmp:
         # An empty ini of our own: the user's pytest configuration (testpaths, addopts) stays out.
         (Path(tmp) / "pytest.ini").write_text("[pytest]\n")
-        argv = [str(selected), "-c", str(Path(tmp) / "pytest.ini"), "--rootdir", tmp, "-p", "no:cacheprovider",
+        base = [sys.executable, "-m", "pytest", str(selected), "-c", str(Path(tmp) / "pytest.ini"), "--rootdir", tmp,
+                "-p", "no:cacheprovider", "-p", "kvcodec_sdk.testing.events",
                 "--kvcodec", f"{args.codec}:{json.dumps(params)}", "--kvcodec-device", args.device,
                 "-o", "junit_family=xunit1", "--kvcodec-timeout", str(args.timeout)]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-            argv += ["-p", "kvcodec_sdk.testing.plugin"]
+            base += ["-p", "kvcodec_sdk.testing.plugin"]
         if args.golden:
-            argv += ["--kvcodec-golden", str(Path(args.golden).resolve())]
-        if args.junit_xml:
-            argv += [f"--junitxml={Path(args.junit_xml).resolve()}"]
-        if args.verbose:
-            code = pytest.main(argv + ["-v"], plugins=[collector])
-        else:
-            sink = io.StringIO()
-            with contextlib.redirect_stdout(sink):
-                code = pytest.main(argv + ["-q", "--tb=no"], plugins=[collector])
-            if not collector.tests:
-                sys.stdout.write(sink.getvalue())
-    if not collector.tests:
-        print(f"kvcodec check: the suite collected no test (pytest exit code {int(code)})", file=sys.stderr)
-        return 2
-    print(_report(spec, args.device, params, collector.tests, CLAUSES))
-    return 1 if any(t["outcome"] == "failed" for t in collector.tests.values()) else 0
+            base += ["--kvcodec-golden", str(Path(args.golden).resolve())]
+        if not args.quiet:
+            base += ["--kvcodec-progress"]
+        base += ["-v"] if args.verbose else ["-q", "--tb=no"]
+        deselect: list[str] = []
+        for attempt in range(MAX_DEATHS):
+            events = Path(tmp) / f"events-{attempt}.jsonl"
+            argv = base + ["--kvcodec-events", str(events)] + [f"--deselect={n}" for n in deselect]
+            if junit is not None:
+                junit_parts.append(Path(tmp) / f"junit-{attempt}.xml")
+                argv.append(f"--junitxml={junit_parts[-1]}")
+            out = None if args.verbose else open(Path(tmp) / f"stdout-{attempt}.txt", "w+")  # noqa: SIM115
+            try:
+                code = subprocess.run(argv, stdout=out, stderr=None, check=False).returncode
+                if out is not None:
+                    out.seek(0)
+                    text = out.read()
+            finally:
+                if out is not None:
+                    out.close()
+            running = state.read(events)
+            if running is None:
+                break
+            state.died(running, _how(code))
+            deselect = sorted(state.finished)
+            left = [n for n in state.collected if n not in state.finished]
+            if not left:
+                break
+            if attempt + 1 >= MAX_DEATHS:  # e.g. a device that hangs every test: stop, say so
+                for nodeid in left:
+                    state.tests[nodeid] = {"clause": state.clauses.get(nodeid, ""), "outcome": "interrupted",
+                                           "message": f"not run: the check stopped after {MAX_DEATHS} tests ended "
+                                                      "their process"}
+                break
+        if not state.tests:
+            if not args.verbose:
+                sys.stdout.write(text)
+            print(f"kvcodec check: the suite collected no test (pytest exit code {code})", file=sys.stderr)
+            return 2
+        if junit is not None:
+            _merge_junit(junit_parts, junit, state)
+    print(_report(spec, args.device, params, state.tests, CLAUSES))
+    if junit is not None and not junit.is_file():
+        print(f"kvcodec check: error: the JUnit XML report was not written to {junit}", file=sys.stderr)
+        return 1
+    if any(t["outcome"] == "failed" for t in state.tests.values()):
+        return 1
+    if not any(t["outcome"] == "passed" for t in state.tests.values()):
+        print(f"kvcodec check: no clause ran: {_why_nothing_ran(state.tests)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _why_nothing_ran(tests: dict[str, dict]) -> str:
+    reasons: dict[str, int] = {}
+    for t in tests.values():
+        if t["message"]:
+            reasons[t["message"]] = reasons.get(t["message"], 0) + 1
+    if not reasons:
+        return "every test was skipped"
+    # The most common reasons are the device-wide ones ("has no cpu implementation", "needs a
+    # CUDA device"): one per device checked.
+    common = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
+    return "; ".join(text for text, n in common if n * 4 >= common[0][1])
+
+
+def _merge_junit(parts: list[Path], target: Path, state: _Run) -> None:
+    """One JUnit XML file from the reports of every child process, with a failed test case for
+    each test that died with its process."""
+    import xml.etree.ElementTree as ET
+
+    root = suite = None
+    seen: set[tuple[str, str]] = set()
+    for part in parts:
+        if not part.is_file():
+            continue
+        tree = ET.parse(part)
+        this = tree.getroot()
+        this_suite = this if this.tag == "testsuite" else this.find("testsuite")
+        if root is None:
+            root, suite = this, this_suite
+            seen = {(c.get("classname", ""), c.get("name", "")) for c in suite.iter("testcase")}
+            continue
+        for case in this_suite.findall("testcase"):
+            key = (case.get("classname", ""), case.get("name", ""))
+            if key not in seen:
+                suite.append(case)
+                seen.add(key)
+    if root is None:
+        root = ET.Element("testsuites")
+        suite = ET.SubElement(root, "testsuite", name="pytest")
+    names = {c.get("name", "") for c in suite.iter("testcase")}
+    for nodeid, t in state.tests.items():
+        name = nodeid.rsplit("::", 1)[-1]
+        if "the test process died" in t["message"] and name not in names:
+            case = ET.SubElement(suite, "testcase", classname=nodeid.rsplit("::", 1)[0].replace("/", ".").removesuffix(".py"),
+                                 name=name, time="0")
+            props = ET.SubElement(case, "properties")
+            ET.SubElement(props, "property", name="kvcodec_clause", value=t["clause"])
+            ET.SubElement(case, "failure", message=t["message"])
+    cases = list(suite.iter("testcase"))
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    suite.set("skipped", str(sum(1 for c in cases if c.find("skipped") is not None)))
+    ET.ElementTree(root).write(target, encoding="utf-8", xml_declaration=True)
 
 
 def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+    from ..testing.events import param_label
+
     kind = "lossless" if spec.lossless else f"lossy: {spec.error_bound}"
     lines = [f"kvcodec check {spec.name} (format {spec.format_version}, {kind}) on {device} devices"
              + (f", params {json.dumps(params)}" if params else "")]
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     for name in clauses:
         mine = [(nodeid, t) for nodeid, t in tests.items() if t["clause"] == name]
-        failed = [(n, t) for n, t in mine if t["outcome"] == "failed"]
+        # A failure found by the clause's own test first, then those found by other tests.
+        failed = sorted(((n, t) for n, t in mine if t["outcome"] == "failed"), key=lambda nt: nt[1].get("own") != name)
         passed = [(n, t) for n, t in mine if t["outcome"] == "passed"]
+        stopped = [(n, t) for n, t in mine if t["outcome"] == "interrupted"]
         if failed:
             nodeid, t = failed[0]
             more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-            status, text = "FAIL", f"{t['message']} [{_param_label(nodeid, spec.name)}]{more}"
+            status, text = "FAIL", f"{t['message']} [{param_label(nodeid, spec.name)}]{more}"
+        elif stopped:
+            status, text = "SKIP", stopped[0][1]["message"]
         elif passed:
             status, text = "PASS", ""
         elif mine:

@@ -32,7 +32,7 @@ from .clauses import violated
 from .data import fill_page_bytes
 from .layouts import LayoutPlan, generate_layout
 
-__all__ = ["write_golden_vectors", "check_vectors"]
+__all__ = ["write_golden_vectors", "check_vectors", "declared_vectors"]
 
 _FILL = 0xEE
 
@@ -45,6 +45,22 @@ def _buffer_json(b: BufferDesc) -> dict:
 
 def _buffer_from(d: Mapping[str, Any]) -> BufferDesc:
     return BufferDesc(**{**d, "role": Role(d["role"]), "dtype": DType(d["dtype"])})
+
+
+def declared_vectors(spec: CodecSpec) -> Path | None:
+    """The folder of the golden vectors of the codec's current format version that the codec
+    ships, or None.
+
+    A plugin declares them next to its spec: ``golden_vectors`` on the ``CodecSpec``, a folder
+    holding ``<name>-v<format_version>/`` (the folder :func:`write_golden_vectors` writes to),
+    usually one inside the plugin's package, e.g. ``Path(__file__).parent / "vectors"``. The
+    suite then checks them by default. A declared folder without the current version's vectors
+    fails the clause: a new format version ships new vectors.
+    """
+    root = getattr(spec, "golden_vectors", None)
+    if root is None:
+        return None
+    return Path(root) / f"{spec.name}-v{spec.format_version}"
 
 
 def write_golden_vectors(spec: CodecSpec, root: str | Path, params: Mapping[str, Any] | None = None, *,

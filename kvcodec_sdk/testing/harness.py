@@ -10,6 +10,7 @@ into a :class:`~kvcodec_sdk.testing.clauses.ClauseViolation` naming the clause.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ import numpy as np
 
 from .. import _interop, _native
 from ..codec import Codec
-from ..layout import PageIndexLocation, PoolDesc, PoolGroupDesc, Role, to_native
+from ..layout import DType, PageIndexLocation, PoolDesc, PoolGroupDesc, Role, to_native
 from ..spec import CodecSpec
+from . import bounds
 from .clauses import violated
 from .data import fill_page_bytes
 from .layouts import LayoutPlan
@@ -193,6 +195,71 @@ def describe_stray_write(op: str, before: np.ndarray, after: np.ndarray, allowed
     return f"{op} wrote {stray.size} byte(s) outside its destination {unit}s: first in {where}"
 
 
+# -- raw descriptor arrays -----------------------------------------------------------------------
+
+
+class _CPoolDesc(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("slotBytes", ctypes.c_uint64), ("numSlots", ctypes.c_uint64)]
+
+
+class _CBufferDesc(ctypes.Structure):
+    _fields_ = [("layerId", ctypes.c_int32), ("role", ctypes.c_int32), ("poolIndex", ctypes.c_int32),
+                ("dtype", ctypes.c_int32), ("byteOffset", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("tokensPerPage", ctypes.c_int32), ("numHeads", ctypes.c_int32), ("headDim", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class _CLifeCycleDesc(ctypes.Structure):
+    _fields_ = [("lifeCycleId", ctypes.c_int32), ("numBuffers", ctypes.c_uint32),
+                ("buffers", ctypes.POINTER(_CBufferDesc))]
+
+
+class _CPoolGroupDesc(ctypes.Structure):
+    _fields_ = [("poolGroupIndex", ctypes.c_int32), ("numPools", ctypes.c_uint32),
+                ("pools", ctypes.POINTER(_CPoolDesc)), ("numLifeCycles", ctypes.c_uint32),
+                ("lifeCycles", ctypes.POINTER(_CLifeCycleDesc))]
+
+
+assert ctypes.sizeof(_CBufferDesc) == 48 and ctypes.sizeof(_CPoolGroupDesc) == 32
+
+
+class RawDescriptors:
+    """The ``PoolGroupDesc`` arrays of ``codec.h`` built in memory the suite owns, so that it can
+    overwrite them after ``configure()`` returned (they are valid only during the call)."""
+
+    def __init__(self, groups: list[PoolGroupDesc]):
+        self._keep: list[Any] = []
+        self.groups = (_CPoolGroupDesc * len(groups))()
+        for g, group in enumerate(groups):
+            pools = (_CPoolDesc * len(group.pools))(*[_CPoolDesc(p.base, p.slot_bytes, p.num_slots) for p in group.pools])
+            lcs = (_CLifeCycleDesc * max(1, len(group.lifecycles)))()
+            for i, lc in enumerate(group.lifecycles):
+                bufs = (_CBufferDesc * max(1, len(lc.buffers)))(*[
+                    _CBufferDesc(b.layer_id, int(b.role), b.pool_index, int(b.dtype), b.byte_offset, b.bytes,
+                                 b.tokens_per_page, b.num_heads, b.head_dim, 0) for b in lc.buffers])
+                lcs[i] = _CLifeCycleDesc(lc.lifecycle_id, len(lc.buffers), bufs)
+                self._keep.append(bufs)
+            self.groups[g] = _CPoolGroupDesc(g, len(group.pools), pools, len(group.lifecycles), lcs)
+            self._keep += [pools, lcs]
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def poison(self, pool_bases: list[list[int]], id_shift: int = 1_000_003) -> None:
+        """Points every pool at ``pool_bases[g][p]`` (memory of the same size), shifts every
+        lifecycle ID by ``id_shift`` and empties every buffer list: a valid layout, but another."""
+        for g, group in enumerate(self.groups):
+            for p in range(group.numPools):
+                group.pools[p].base = pool_bases[g][p]
+            for i in range(group.numLifeCycles):
+                group.lifeCycles[i].lifeCycleId += id_shift
+                group.lifeCycles[i].numBuffers = 0
+
+
 # -- the harness --------------------------------------------------------------------------------
 
 
@@ -217,6 +284,7 @@ class Harness:
         # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
         # that keeps a pointer past its call then fails a clause instead of corrupting the heap.
         self._alive: list[Any] = []
+        self._probed: set[Any] = set()
         self._pools: list[list[_Region]] = []
         self.original: list[list[np.ndarray]] = []  # contents per group, pool: (slots, slot_bytes)
         for group in plan.groups:
@@ -246,8 +314,17 @@ class Harness:
 
     # -- contract calls ------------------------------------------------------------------------
 
-    def configure(self, clause: str = "configure-once") -> None:
-        if not self.native.configure(to_native(self.groups)):
+    def configure(self, clause: str = "configure-once", *, keep_descriptors: bool = False) -> None:
+        """configure() with the harness's layout; with ``keep_descriptors`` through descriptor
+        arrays that stay valid as long as the harness (a codec that wrongly keeps reading them
+        then works as it would if it were right)."""
+        if keep_descriptors:
+            raw = RawDescriptors(list(self.groups))
+            self._alive.append(raw)
+            ok = self.native.configure_raw(raw.address, len(raw))
+        else:
+            ok = self.native.configure(to_native(self.groups))
+        if not ok:
             raise violated(clause, f"configure() rejected a valid layout ({self.plan.describe()}): "
                                    f"{self.native.last_error() or 'no reason given'}")
 
@@ -280,16 +357,57 @@ class Harness:
         return int(indices.data_ptr()) if indices.numel() else 0
 
     def call(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
-             num_pages: int | None = None) -> bool:
-        """One encode/decode call; returns the codec's bool."""
+             num_pages: int | None = None, stream: int | None = None) -> bool:
+        """One encode/decode call; returns the codec's bool. ``stream`` overrides the stream
+        handle passed (the harness stream, or 0 on the CPU)."""
         n = len(indices) if num_pages is None else num_pages
-        stream = 0 if self.stream is None else int(self.stream.cuda_stream)
+        if stream is None:
+            stream = 0 if self.stream is None else int(self.stream.cuda_stream)
         return bool(getattr(self.native, op)(lifecycle, base, self._address(indices), n, stream))
 
-    def must(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str) -> None:
-        if not self.call(op, lifecycle, base, indices, clause=clause):
-            raise violated(clause, f"{op}(lifecycle {lifecycle}, {len(indices)} pages) returned false on valid "
-                                   f"arguments: {self.native.last_error() or 'no reason given'}")
+    def must(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
+             stream: int | None = None) -> None:
+        if not self.call(op, lifecycle, base, indices, clause=clause, stream=stream):
+            raise self._page_violation(clause, lifecycle, f"{op}(lifecycle {lifecycle}, {len(indices)} pages) "
+                                                          "returned false on valid arguments: "
+                                                          f"{self.native.last_error() or 'no reason given'}")
+
+    def configure_then_poison_descriptors(self, *, clause: str) -> list[_Region]:
+        """configure() through descriptor arrays the suite owns, then overwrites them (pool bases
+        pointing at decoy pools of random bytes, other lifecycle IDs, no buffers). Returns the
+        decoys, each with ``snapshot`` (its bytes): nothing may touch them."""
+        raw = RawDescriptors(list(self.groups))
+        if not self.native.configure_raw(raw.address, len(raw)):
+            raise violated(clause, f"configure() rejected a valid layout ({self.plan.describe()}): "
+                                   f"{self.native.last_error() or 'no reason given'}")
+        decoys, bases = [], []
+        for regions in self._pools:
+            bases.append([])
+            for r in regions:
+                decoy = self.scratch_buffer(r.nbytes - 2 * GUARD_BYTES)
+                decoys.append(decoy)
+                bases[-1].append(decoy.address + GUARD_BYTES)
+        raw.poison(bases)
+        self._alive += [raw, decoys]
+        return decoys
+
+    def scratch_buffer(self, nbytes: int) -> _Region:
+        """``nbytes`` bytes plus guards on either side, the memory the codec reads and writes on
+        this device (pinned host memory on CUDA), filled with canary bytes; ``snapshot`` holds
+        them."""
+        region = _Region(nbytes + 2 * GUARD_BYTES, self.device, pinned=True)
+        region.snapshot = _canary(self.rng, region.nbytes)
+        region.write(region.snapshot)
+        self._alive.append(region)
+        return region
+
+    def scratch_pairs(self, pairs: Any) -> _Region:
+        """Index pairs in memory both a host and a device codec can read (pinned on CUDA)."""
+        data = np.ascontiguousarray(np.asarray(pairs, np.int32)).view(np.uint8).reshape(-1)
+        region = _Region(data.size, self.device, pinned=True)
+        region.write(data)
+        self._alive.append(region)
+        return region
 
     def status_buffer(self, n: int) -> _Region:
         """A page-status buffer for decodeChecked(): host memory on the CPU, pinned (mapped) host
@@ -311,19 +429,25 @@ class Harness:
 
     # -- memory --------------------------------------------------------------------------------
 
-    def cold_buffer(self, lifecycle: int, num_blobs: int, *, clause: str) -> ColdBuffer:
+    def cold_buffer(self, lifecycle: int, num_blobs: int, *, clause: str, fill: int | None = None) -> ColdBuffer:
+        """``num_blobs`` blobs of the lifecycle with guards, pre-filled with random non-zero
+        canary bytes, or with the byte ``fill``."""
         size = self.cold_bytes(lifecycle)
         if size == 0:
-            raise violated("cold-size-fixed" if clause == "cold-size-fixed" else clause,
-                           f"queryColdPageBytes({lifecycle}) is 0 for a configured lifecycle")
+            # Whatever the caller checks, a zero size breaks this clause.
+            raise violated("cold-size-fixed", f"queryColdPageBytes({lifecycle}) is 0 for a configured lifecycle")
         region = _Region(num_blobs * size + 2 * GUARD_BYTES, self.device, pinned=True)
-        region.write(_canary(self.rng, region.nbytes))
+        region.write(_canary(self.rng, region.nbytes) if fill is None else np.full(region.nbytes, fill, np.uint8))
         self._alive.append(region)
         return ColdBuffer(region, size, num_blobs)
 
     def hot_raw(self) -> list[list[np.ndarray]]:
         """Every pool's bytes including guards, per group."""
         return [[r.read() for r in regions] for regions in self._pools]
+
+    def group_raw(self, g: int) -> list[np.ndarray]:
+        """The bytes of every pool of group ``g``, guards included (``hot_raw()[g]``, read alone)."""
+        return [r.read() for r in self._pools[g]]
 
     def hot_slots(self, raw: np.ndarray, g: int, p: int) -> np.ndarray:
         pool = self.plan.groups[g].pools[p]
@@ -336,6 +460,20 @@ class Harness:
                 raw = r.read()
                 self.hot_slots(raw, g, p)[:] = self.original[g][p]
                 r.write(raw)
+
+    def write_hot_pages(self, g: int, slots: np.ndarray, pages: list[np.ndarray]) -> None:
+        """Writes ``pages[p]`` (``(len(slots), slot_bytes)``) into ``slots`` of every pool ``p``."""
+        for p, r in enumerate(self._pools[g]):
+            raw = r.read()
+            self.hot_slots(raw, g, p)[np.asarray(slots)] = pages[p]
+            r.write(raw)
+
+    def classes(self) -> dict[int, list[int]]:
+        """Batching classes: representative -> members (sorted)."""
+        out: dict[int, list[int]] = {}
+        for lc in self.plan.lifecycle_ids:
+            out.setdefault(self.batching(lc), []).append(lc)
+        return {k: sorted(v) for k, v in out.items()}
 
     def fill_hot_slots(self, g: int, slots: np.ndarray, value: int = 0xEE) -> None:
         for p, r in enumerate(self._pools[g]):
@@ -362,42 +500,80 @@ class Harness:
     def check_decoded(self, lifecycle: int, src: np.ndarray, back: np.ndarray, *, clause: str, context: str,
                       reference: list[list[np.ndarray]] | None = None) -> None:
         """Hot slots ``back`` must hold the original pages ``src`` (byte-exact when lossless, else
-        within the codec's check_error bound; OTHER buffers byte-exact)."""
+        within the declared bound as :mod:`.bounds` judges it; exact buffers byte-exact)."""
         g = self.plan.group_of(lifecycle)
-        raw = self.hot_raw()[g]
         original = self.original[g] if reference is None else reference[g]
+        want = [original[p][np.asarray(src)] for p in range(len(original))]
+        self.check_pages(lifecycle, want, back, clause=clause, context=context,
+                         origin=[f"the page encoded from slot {int(s)}" for s in np.asarray(src)])
+
+    def check_pages(self, lifecycle: int, want: list[np.ndarray], back: np.ndarray, *, clause: str, context: str,
+                    origin: list[str], raw: list[np.ndarray] | None = None) -> None:
+        """Hot slots ``back`` must hold the pages ``want`` (per pool, ``(len(back), slot_bytes)``):
+        byte-exact when lossless; else exact buffers exact, K/V buffers within the suite's own
+        bound (:func:`.bounds.suite_error`) and then the codec's ``check_error`` (whose ability
+        to fail is probed first)."""
+        g = self.plan.group_of(lifecycle)
+        raw = self.group_raw(g) if raw is None else raw
+        back = np.asarray(back)
         if self.spec.lossless:
             for p in range(len(raw)):
                 got = self.hot_slots(raw[p], g, p)[back]
-                want = original[p][src]
-                if np.array_equal(got, want):
+                if np.array_equal(got, want[p]):
                     continue
-                for i in range(len(src)):
-                    if not np.array_equal(got[i], want[i]):
-                        raise violated(clause, f"{context}: lifecycle {lifecycle}, pool {p}: hot slot {int(back[i])} "
-                                               f"should hold the page encoded from slot {int(src[i])} byte for byte "
-                                               f"(the codec declares itself lossless) but "
-                                               f"{first_difference(want[i], got[i])}")
+                for i in range(len(back)):
+                    if not np.array_equal(got[i], want[p][i]):
+                        raise self._page_violation(clause, lifecycle, f"{context}: lifecycle {lifecycle}, pool {p}: hot slot {int(back[i])} "
+                                               f"should hold {origin[i]} byte for byte (the codec declares itself "
+                                               f"lossless) but {first_difference(want[p][i], got[i])}")
             return
         check = self.spec.check_error
         if check is None:
-            raise violated(clause, f"codec {self.spec.name!r} is lossy ({self.spec.error_bound}) but its CodecSpec "
+            raise violated("round-trip", f"codec {self.spec.name!r} is lossy ({self.spec.error_bound}) but its CodecSpec "
                                    "declares no check_error, so its bound cannot be verified")
+        params = self.spec.validate_params(self.params)
         for b in self.plan.buffers_of(lifecycle):
             got = self.hot_slots(raw[b.pool_index], g, b.pool_index)[back, b.byte_offset : b.byte_offset + b.bytes]
-            want = original[b.pool_index][src, b.byte_offset : b.byte_offset + b.bytes]
-            for i in range(len(src)):
-                if Role(b.role) == Role.OTHER:
-                    if not np.array_equal(got[i], want[i]):
-                        raise violated(clause, f"{context}: lifecycle {lifecycle}, OTHER buffer of layer {b.layer_id} "
-                                               f"in pool {b.pool_index}, hot slot {int(back[i])}: OTHER buffers must "
-                                               f"be restored exactly but {first_difference(want[i], got[i])}")
-                    continue
-                reason = check(want[i].copy(), got[i].copy(), b, self.spec.validate_params(self.params))
+            expected = want[b.pool_index][:, b.byte_offset : b.byte_offset + b.bytes]
+            where = f"{Role(b.role).name} buffer of layer {b.layer_id} in pool {b.pool_index}"
+            exact = bounds.must_be_exact(b)
+            if exact:
+                for i in np.flatnonzero((got != expected).any(axis=1))[:1]:
+                    raise self._page_violation(clause, lifecycle, f"{context}: lifecycle {lifecycle}, {where}, hot slot {int(back[i])} "
+                                           f"({origin[i]}): {exact} but {first_difference(expected[i], got[i])}")
+                continue
+            own = bounds.first_suite_error(expected, got, b)
+            if own:
+                i, why = own
+                raise self._page_violation(clause, lifecycle, f"{context}: lifecycle {lifecycle}, {where} ({DType(b.dtype).name}), hot "
+                                       f"slot {int(back[i])} ({origin[i]}) is not an approximation of the original "
+                                       f"by the suite's own check, whatever the declared bound: {why}")
+            if len(back):
+                self._probe_check_error(check, expected[0], b, params)
+            for i in range(len(back)):
+                reason = check(expected[i].copy(), got[i].copy(), b, params)
                 if reason:
-                    raise violated(clause, f"{context}: lifecycle {lifecycle}, {Role(b.role).name} buffer of layer "
-                                           f"{b.layer_id}, hot slot {int(back[i])} (encoded from slot {int(src[i])}) "
-                                           f"exceeds the declared bound ({self.spec.error_bound}): {reason}")
+                    raise self._page_violation(clause, lifecycle, f"{context}: lifecycle {lifecycle}, {where}, hot slot {int(back[i])} "
+                                           f"({origin[i]}) exceeds the declared bound ({self.spec.error_bound}): "
+                                           f"{reason}")
+
+    def _page_violation(self, clause: str, lifecycle: int, message: str) -> Any:
+        """A violation found by checking pages or a call's result: it names the lifecycle, layout
+        and device, so a test of another clause can find out whether plain decode(encode(x))
+        fails too (see ``suite._blame_round_trip``)."""
+        exc = violated(clause, message)
+        exc.page_check = (lifecycle, self.plan.name, self.device)
+        return exc
+
+    def _probe_check_error(self, check: Any, original: np.ndarray, b: Any, params: Mapping[str, Any]) -> None:
+        # Once per buffer description and harness: the probes cost a few check_error calls.
+        if b in self._probed:
+            return
+        self._probed.add(b)
+        problem = bounds.probe_check_error(check, original, b, params)
+        if problem:
+            raise violated("round-trip", f"codec {self.spec.name!r}, {Role(b.role).name} buffer of layer {b.layer_id} "
+                                         f"({DType(b.dtype).name}, {b.bytes} bytes): {problem}")
 
     def round_trip(self, lifecycle: int, n: int, *, clause: str, context: str = "decode(encode(x))") -> None:
         """Encode ``n`` pages into spread blobs, decode them into other slots, check the pages."""

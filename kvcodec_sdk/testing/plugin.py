@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from .clauses import clause_of
+from .clauses import ClauseViolation, clause_of
 
 #: Seconds after ``--kvcodec-timeout`` (at most; never more than the timeout itself) at which the
 #: native watchdog ends a run whose Python-level watchdog could not (a thread holding the
@@ -114,6 +114,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = clause_of(item)
         if name is not None:
             item.user_properties.append(("kvcodec_clause", name))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    # A test of one clause can find a violation of another (a round trip inside the
+    # cold-size-fixed test): name the clause actually violated, so reports list it there.
+    outcome = yield
+    excinfo = call.excinfo
+    if excinfo is None or clause_of(item) is None or not isinstance(excinfo.value, ClauseViolation):
+        return
+    report = outcome.get_result()
+    prop = ("kvcodec_violated", excinfo.value.clause)
+    report.user_properties.append(prop)
+    if prop not in item.user_properties:
+        item.user_properties.append(prop)  # the teardown report, which JUnit XML takes properties from
 
 
 def _on_timeout(item: pytest.Item, timeout: float) -> None:

@@ -31,8 +31,15 @@ class TestKvcodecConformance(CodecConformanceTests):
 
     @pytest.fixture
     def kvcodec_golden_dir(self, request, kvcodec_spec):
+        from .golden import declared_vectors
+
+        folder = f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"
         root = request.config.getoption("kvcodec_golden", default=None)
-        if root is None:
-            pytest.skip("no golden vectors given (kvcodec check --golden DIR, pytest --kvcodec-golden DIR: a folder "
-                        f"holding {kvcodec_spec.name}-v{kvcodec_spec.format_version}/)")
-        return Path(root) / f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"
+        if root is not None:
+            return Path(root) / folder
+        declared = declared_vectors(kvcodec_spec)
+        if declared is None:
+            pytest.skip(f"codec {kvcodec_spec.name!r} ships no golden vectors (declare them next to its spec: CodecSpec "
+                        f"golden_vectors, a folder holding {folder}/; or give kvcodec check --golden DIR, pytest "
+                        "--kvcodec-golden DIR)")
+        return declared

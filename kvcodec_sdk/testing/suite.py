@@ -16,6 +16,7 @@ that is not registered through an entry point).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -25,10 +26,10 @@ import pytest
 
 from ..layout import BufferDesc, LifeCycleDesc, PageIndexLocation, PoolDesc, PoolGroupDesc, Role, to_native
 from ..spec import CodecSpec
-from . import golden
-from .clauses import clause, violated
-from .harness import Harness, cuda_available, describe_stray_write, make_codec
-from .layouts import LayoutPlan, named_layout
+from . import envelope, golden
+from .clauses import ClauseViolation, clause, violated
+from .harness import GUARD_BYTES, Harness, cuda_available, describe_stray_write, make_codec
+from .layouts import NAMED_LAYOUTS, LayoutPlan, named_layout
 
 __all__ = [
     "CodecConformanceTests",
@@ -37,6 +38,7 @@ __all__ = [
     "BaseQueryTests",
     "BaseRoundTripTests",
     "BaseCheckedDecodeTests",
+    "BaseEnvelopeTests",
     "BaseBatchingTests",
     "BaseMemorySafetyTests",
     "BaseGoldenTests",
@@ -85,17 +87,22 @@ class BaseFixtures:
     def kvcodec_golden_dir(self, kvcodec_spec) -> Path:
         """Folder of the golden vectors of the codec's current format version.
 
-        Provide it: set ``golden_vectors`` on the class to a folder holding
-        ``<name>-v<format_version>/manifest.json`` (write them once with
-        :func:`kvcodec_sdk.testing.write_golden_vectors`), or override this fixture.
+        The class's ``golden_vectors`` (a folder holding ``<name>-v<format_version>/``) when
+        set, else the vectors the codec ships next to its spec (``CodecSpec.golden_vectors``);
+        or override this fixture. Write them once with
+        :func:`kvcodec_sdk.testing.write_golden_vectors`.
         """
-        if self.golden_vectors is None:
+        if self.golden_vectors is not None:
+            return Path(self.golden_vectors) / f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"
+        declared = golden.declared_vectors(kvcodec_spec)
+        if declared is None:
             raise NotImplementedError(
-                f"{type(self).__name__} ships no golden vectors: set golden_vectors = <folder holding "
-                f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}/> on the class (create them once with "
-                "kvcodec_sdk.testing.write_golden_vectors) or override the kvcodec_golden_dir fixture"
+                f"{type(self).__name__} has no golden vectors: declare them next to the codec's spec "
+                f"(CodecSpec golden_vectors = <folder holding {kvcodec_spec.name}-v{kvcodec_spec.format_version}/>), "
+                "set golden_vectors on the class (create them once with kvcodec_sdk.testing.write_golden_vectors) or "
+                "override the kvcodec_golden_dir fixture"
             )
-        return Path(self.golden_vectors) / f"{kvcodec_spec.name}-v{kvcodec_spec.format_version}"
+        return declared
 
     @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
     def kvcodec_device(self, request, kvcodec_spec) -> str:
@@ -128,6 +135,35 @@ class BaseFixtures:
             h.close()
 
 
+def _blame_round_trip(test: Callable) -> Callable:
+    """For a test of a clause that checks pages under some condition (a blocked stream, poisoned
+    arrays, a long sequence...): when it finds a wrong page or a failed call, it first finds out
+    whether plain ``decode(encode(x))`` of that lifecycle fails on a fresh codec too; then the
+    violation is round-trip's (reported there), not the condition's."""
+    @functools.wraps(test)
+    def run(self, *args, **kwargs):
+        try:
+            return test(self, *args, **kwargs)
+        except ClauseViolation as exc:
+            where = getattr(exc, "page_check", None)
+            make_harness = kwargs.get("make_harness")
+            if where is None or exc.clause == "round-trip" or make_harness is None:
+                raise
+            lifecycle, layout, device = where
+            try:
+                plain = make_harness(layout if layout in NAMED_LAYOUTS else "mixed", device=device, configure=False)
+                plain.configure(keep_descriptors=True)  # judges decode(encode(x)) alone, nothing else
+            except ClauseViolation:
+                raise exc from None
+            if lifecycle in plain.plan.lifecycle_ids:
+                plain.round_trip(lifecycle, PAGES, clause="round-trip",
+                                 context=f"decode(encode(x)) on a fresh codec (found by the {exc.clause} test, "
+                                         f"whose check failed too)")
+            raise
+
+    return run
+
+
 def _classes(h: Harness) -> dict[int, list[int]]:
     """Batching classes: representative -> members (sorted)."""
     out: dict[int, list[int]] = {}
@@ -138,6 +174,7 @@ def _classes(h: Harness) -> dict[int, list[int]]:
 
 class BaseConfigureTests(BaseFixtures):
     @clause("configure-once")
+    @_blame_round_trip
     def test_configure_once(self, make_harness):
         h = make_harness()
         first = h.cold_bytes(h.plan.lifecycle_ids[0])
@@ -147,6 +184,86 @@ class BaseConfigureTests(BaseFixtures):
             raise violated("configure-once", "the rejected second configure() changed queryColdPageBytes")
         h.round_trip(h.plan.lifecycle_ids[0], 2, clause="configure-once",
                      context="after a rejected second configure(), decode(encode(x))")
+
+
+    @clause("rejected-configure")
+    def test_rejected_configure(self, make_harness):
+        name = "rejected-configure"
+        h = make_harness(configure=False)
+        good = list(h.groups)
+        first, last = good[0], good[-1]
+        pool0 = first.pools[0]
+        outside = BufferDesc(0, Role.KEY, 0, pool0.slot_bytes, 1)
+        # The invalid group comes last (a codec that keeps the groups it validated before shows)
+        # or first (one that validates lazily shows).
+        layouts = {
+            "its last hot pool group has a pool with 0-byte slots":
+                good[:-1] + [PoolGroupDesc([PoolDesc(last.pools[0].base, 0, last.pools[0].num_slots),
+                                            *last.pools[1:]], last.lifecycles)],
+            "its last hot pool group repeats a lifecycle of the first":
+                good[:-1] + [PoolGroupDesc(last.pools, [*last.lifecycles,
+                                                        LifeCycleDesc(first.lifecycles[0].lifecycle_id)])],
+            "its first hot pool group has a buffer outside its slot":
+                [PoolGroupDesc(first.pools, [LifeCycleDesc(first.lifecycles[0].lifecycle_id, (outside,)),
+                                             *first.lifecycles[1:]]), *good[1:]],
+        }
+        ids = h.plan.lifecycle_ids
+        page = max(g.page_bytes for g in h.plan.groups)
+        before_hot = h.hot_raw()
+        for what, layout in layouts.items():
+            codec = make_codec(h.spec, h.params, h.device)
+            native = codec._live()
+            try:
+                if native.configure(to_native(layout)):
+                    raise violated("bad-arguments", f"configure() accepted a layout where {what}")
+                for lc in [*ids, *UNKNOWN_IDS]:
+                    size, rep, loc = (int(native.query_cold_page_bytes(lc)), int(native.get_batching_layer_group_id(lc)),
+                                      int(native.query_page_index_location(lc)))
+                    if size != 0 or rep >= 0 or loc != int(PageIndexLocation.BAD):
+                        raise violated(name, f"configure() returned false for a layout where {what}, yet lifecycle {lc} "
+                                             f"then has cold size {size}, batching ID {rep} and page-index location "
+                                             f"{PageIndexLocation(loc).name}; a rejected configuration must leave every "
+                                             "query failing (0 / negative / kBadLocation) as before configure()")
+                cold, pairs = h.scratch_buffer(4 * page + 64), h.scratch_pairs([[0, 0], [1, 1]])
+                stream = 0 if h.stream is None else int(h.stream.cuda_stream)
+                for lc in ids:
+                    for op in ("encode", "decode"):
+                        if getattr(native, op)(lc, cold.address + GUARD_BYTES, pairs.address, 2, stream):
+                            raise violated(name, f"configure() returned false for a layout where {what}, yet "
+                                                 f"{op}(lifecycle {lc}) then returned true")
+                h.sync()
+                if not np.array_equal(cold.read(), cold.snapshot):
+                    raise violated(name, f"after a rejected configure() ({what}), a call wrote into the cold buffer")
+                for g, (x, y) in enumerate(zip(before_hot, h.hot_raw())):
+                    for p, (a, b) in enumerate(zip(x, y)):
+                        if not np.array_equal(a, b):
+                            raise violated(name, f"after a rejected configure() ({what}), a call wrote into pool {p} "
+                                                 f"of hot pool group {g}")
+            finally:
+                codec.close()
+
+    @clause("descriptors-copied")
+    @_blame_round_trip
+    def test_descriptors_copied(self, make_harness):
+        name = "descriptors-copied"
+        h = make_harness(configure=False)
+        decoys = h.configure_then_poison_descriptors(clause=name)
+        reference = make_harness()
+        for lc in h.plan.lifecycle_ids:
+            got = (h.cold_bytes(lc), h.batching(lc), h.location(lc))
+            want = (reference.cold_bytes(lc), reference.batching(lc), reference.location(lc))
+            if got != want:
+                raise violated(name, f"after configure()'s descriptor arrays were overwritten, lifecycle {lc} has cold "
+                                     f"size, batching ID and index location {got[0]}, {got[1]}, {got[2].name} instead of "
+                                     f"{want[0]}, {want[1]}, {want[2].name}: the codec reads the arrays after configure() "
+                                     "returned")
+        for lc in h.plan.lifecycle_ids:
+            h.round_trip(lc, 3, clause=name, context="after configure()'s descriptor arrays were overwritten (pool "
+                                                     "bases pointing at decoy pools, other lifecycle IDs), decode(encode(x))")
+        for i, decoy in enumerate(decoys):
+            if not np.array_equal(decoy.read(), decoy.snapshot):
+                raise violated(name, f"a call wrote into decoy pool {i}, whose address was written into configure()'s "
+                                     "descriptor arrays after configure() returned: the codec keeps using those arrays")
 
 
 class BaseQueryTests(BaseFixtures):
@@ -228,6 +345,7 @@ class BaseRoundTripTests(BaseFixtures):
             h.round_trip(lc, PAGES, clause="round-trip")
 
     @clause("page-counts")
+    @_blame_round_trip
     def test_page_counts(self, make_harness):
         h = make_harness("many-pages")
         lc = h.plan.lifecycle_ids[0]
@@ -247,33 +365,92 @@ class BaseRoundTripTests(BaseFixtures):
             h.restore_hot()
 
     @clause("deterministic")
+    @_blame_round_trip
     def test_deterministic(self, make_harness):
+        name = "deterministic"
         h = make_harness()
         for rep in _classes(h):
+            g = h.plan.group_of(rep)
             src, back = h.pages(rep, PAGES)
             dst = h.spread_blobs(len(src))
-            a = h.cold_buffer(rep, 2 * len(src) + 1, clause="deterministic")
-            b = h.cold_buffer(rep, 2 * len(src) + 1, clause="deterministic")
+            a = h.cold_buffer(rep, 2 * len(src) + 1, clause=name)
+            b = h.cold_buffer(rep, 2 * len(src) + 1, clause=name)
             b.region.write(a.read_all())
-            for cold in (a, b):
-                h.must("encode", rep, cold.base, h.index_array(rep, dst, src), clause="deterministic")
+            # The same page into buffers that held other bytes: blob bytes the codec never writes
+            # (uninitialised padding) keep what was there and show.
+            prefilled = {f"0x{v:02X}": h.cold_buffer(rep, 2 * len(src) + 1, clause=name, fill=v) for v in (0x00, 0xFF)}
+            for cold in (a, b, *prefilled.values()):
+                h.must("encode", rep, cold.base, h.index_array(rep, dst, src), clause=name)
             h.sync()
             blobs_a, blobs_b = a.blobs(), b.blobs()
             for i in dst:
                 if not np.array_equal(blobs_a[i], blobs_b[i]):
-                    raise violated("deterministic", f"lifecycle {rep}: encoding the same hot page twice gave different "
-                                                    f"blobs ({_diff(blobs_a[i], blobs_b[i])})")
+                    raise violated(name, f"lifecycle {rep}: encoding the same hot page twice gave different "
+                                         f"blobs ({_diff(blobs_a[i], blobs_b[i])})")
+            for what, cold in prefilled.items():
+                other = cold.blobs()
+                for i in dst:
+                    end = _meaningful_end(h, blobs_a[i])
+                    if not np.array_equal(blobs_a[i][:end], other[i][:end]):
+                        raise violated(name, f"lifecycle {rep}: encoding the same hot page into a cold buffer pre-filled "
+                                             f"with {what} gave another blob than into one holding random bytes "
+                                             f"({_diff(blobs_a[i][:end], other[i][:end])}{_covered(h, end, a.blob_bytes)})"
+                                             ": blob bytes the codec never writes keep the buffer's old contents")
             decoded = []
-            for _ in range(2):
-                h.fill_hot_slots(h.plan.group_of(rep), back)
-                h.must("decode", rep, a.base, h.index_array(rep, back, dst), clause="deterministic")
+            for fill in (0xEE, 0xEE, 0x00, 0xFF):
+                h.fill_hot_slots(g, back, fill)
+                h.must("decode", rep, a.base, h.index_array(rep, back, dst), clause=name)
                 h.sync()
-                decoded.append(h.hot_raw()[h.plan.group_of(rep)])
-            for p, (x, y) in enumerate(zip(*decoded)):
-                if not np.array_equal(x, y):
-                    raise violated("deterministic", f"lifecycle {rep}: decoding the same blobs twice gave different "
-                                                    f"bytes in pool {p} ({_diff(x, y)})")
+                decoded.append((fill, h.hot_raw()[g]))
+            masks = _restored_bytes(h, rep)
+            (_, first), *others = decoded
+            for k, (fill, other) in enumerate(others):
+                for p, (x, y) in enumerate(zip(first, other)):
+                    x, y = h.hot_slots(x, g, p)[back], h.hot_slots(y, g, p)[back]
+                    if not np.array_equal(x[:, masks[p]], y[:, masks[p]]):
+                        how = "twice gave different bytes" if k == 0 else \
+                            f"into hot slots pre-filled with 0x{fill:02X} instead of 0xEE gave different bytes"
+                        raise violated(name, f"lifecycle {rep}: decoding the same blobs {how} in pool {p} "
+                                             f"({_diff(x[:, masks[p]], y[:, masks[p]])})")
             h.restore_hot()
+
+    @clause("stateful-sequence")
+    @_blame_round_trip
+    def test_stateful_sequence(self, make_harness):
+        from .stateful import run_sequence
+
+        run_sequence(make_harness(), clause="stateful-sequence")
+
+
+def _meaningful_end(h: Harness, blob: np.ndarray) -> int:
+    """Bytes of a blob that carry the page: all of them, except for an enveloped codec, whose
+    envelope declares the bytes after ``headerBytes + payloadBytes`` unused (the ``envelope``
+    clause proves that its decode ignores them)."""
+    if not h.spec.envelope or blob.size < envelope.ENVELOPE_BYTES:
+        return blob.size
+    e = envelope.parse(blob)
+    if e.magic != envelope.MAGIC:
+        return blob.size
+    if e.did_not_fit:
+        return envelope.ENVELOPE_BYTES
+    return min(max(e.covered_end, envelope.ENVELOPE_BYTES), blob.size)
+
+
+def _covered(h: Harness, end: int, blob_bytes: int) -> str:
+    return f" in the {end} bytes the envelope covers" if end < blob_bytes else ""
+
+
+def _restored_bytes(h: Harness, lifecycle: int) -> list[np.ndarray]:
+    """Per pool of the lifecycle's group, the slot bytes a decode must restore: all of them for a
+    lossless codec; those covered by a buffer for a lossy one."""
+    g = h.plan.group_of(lifecycle)
+    pools = h.plan.groups[g].pools
+    if h.spec.lossless:
+        return [np.ones(p.slot_bytes, bool) for p in pools]
+    masks = [np.zeros(p.slot_bytes, bool) for p in pools]
+    for b in h.plan.buffers_of(lifecycle):
+        masks[b.pool_index][b.byte_offset : b.byte_offset + b.bytes] = True
+    return masks
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> str:
@@ -291,6 +468,7 @@ def _flip_bit(cold, blob: int, offset: int, bit: int) -> None:
 
 class BaseCheckedDecodeTests(BaseFixtures):
     @clause("checked-decode")
+    @_blame_round_trip
     def test_checked_decode(self, make_harness, kvcodec_spec):
         h = make_harness()
         if not h.codec.has_checked_decode:
@@ -346,8 +524,71 @@ class BaseCheckedDecodeTests(BaseFixtures):
             h.restore_hot()
 
 
+class BaseEnvelopeTests(BaseFixtures):
+    @clause("envelope")
+    @_blame_round_trip
+    def test_envelope(self, make_harness, kvcodec_spec):
+        name = "envelope"
+        if not kvcodec_spec.envelope:
+            pytest.skip(f"codec {kvcodec_spec.name!r} does not declare the cold-page envelope")
+        for layout in ("mixed", "tiny-odd"):
+            h = make_harness(layout)
+            for rep in _classes(h):
+                g = h.plan.group_of(rep)
+                src, back = h.pages(rep, PAGES)
+                n = len(src)
+                dst = h.spread_blobs(n)
+                cold = h.cold_buffer(rep, 2 * n + 1, clause=name)
+                h.must("encode", rep, cold.base, h.index_array(rep, dst, src), clause=name)
+                h.sync()
+                raw = cold.read_all()
+                blobs = cold.blobs(raw)
+                fits = []
+                for k in range(n):
+                    problem = envelope.field_problems(blobs[dst[k]], kvcodec_spec.format_version,
+                                                      h.plan.groups[g].page_bytes)
+                    if problem:
+                        raise violated(name, f"lifecycle {rep} ({layout}), blob {int(dst[k])} (encoded from hot slot "
+                                             f"{int(src[k])}): {problem}")
+                    if not envelope.parse(blobs[dst[k]]).did_not_fit:
+                        fits.append(k)
+                # Bytes past headerBytes + payloadBytes are covered by neither CRC: damaging them must
+                # not change what decode writes.
+                flipped = []
+                for k in fits:
+                    blob = blobs[dst[k]]
+                    end = envelope.parse(blob).covered_end
+                    for offset in sorted({end, (end + blob.size) // 2, blob.size - 1}):
+                        if end <= offset < blob.size:
+                            blob[offset] ^= np.uint8(0x81)
+                            flipped.append((k, offset))
+                if not flipped:
+                    continue
+                good = np.array(fits)
+                h.must("decode", rep, cold.base, h.index_array(rep, back[good], dst[good]), clause=name)
+                h.sync()
+                expected = h.hot_raw()[g]
+                cold.region.write(raw)  # the damaged copy
+                h.fill_hot_slots(g, back[good])
+                h.must("decode", rep, cold.base, h.index_array(rep, back[good], dst[good]), clause=name)
+                h.sync()
+                for p, (x, y) in enumerate(zip(expected, h.hot_raw()[g])):
+                    x, y = h.hot_slots(x, g, p)[back[good]], h.hot_slots(y, g, p)[back[good]]
+                    for i, k in enumerate(good):
+                        if not np.array_equal(x[i], y[i]):
+                            where = [o for kk, o in flipped if kk == k]
+                            end = envelope.parse(cold.blobs()[dst[k]]).covered_end
+                            raise violated(name, f"lifecycle {rep} ({layout}), blob {int(dst[k])}: bytes {where} lie "
+                                                 f"after headerBytes + payloadBytes ({end}), outside what the CRCs "
+                                                 f"cover, yet damaging them changed the decoded page in pool {p} "
+                                                 f"({_diff(x[i], y[i])}): a damaged blob would pass the envelope check "
+                                                 "and decode to a wrong page")
+                h.restore_hot()
+
+
 class BaseBatchingTests(BaseFixtures):
     @clause("batched-calls")
+    @_blame_round_trip
     def test_batched_calls(self, make_harness):
         h = make_harness()
         classes = {r: m for r, m in _classes(h).items() if len(m) > 1}
@@ -392,6 +633,7 @@ class BaseBatchingTests(BaseFixtures):
                                                     f"than separate calls per lifecycle ({_diff(x, y)})")
 
     @clause("chunked-calls")
+    @_blame_round_trip
     def test_chunked_calls(self, make_harness):
         h = make_harness()
         for rep in _classes(h):
@@ -428,6 +670,7 @@ class BaseBatchingTests(BaseFixtures):
                                                     f"pool {p} than one call ({_diff(x, y)})")
 
     @clause("empty-call")
+    @_blame_round_trip
     def test_empty_call(self, make_harness):
         h = make_harness()
         for lc in h.plan.lifecycle_ids:
@@ -453,23 +696,28 @@ class BaseBatchingTests(BaseFixtures):
 class BaseMemorySafetyTests(BaseFixtures):
     @clause("writes-inside-slots")
     @pytest.mark.parametrize("layout", ["mixed", "tiny-odd"])
+    @_blame_round_trip
     def test_writes_inside_slots(self, make_harness, layout):
         h = make_harness(layout)
         for lc in h.plan.lifecycle_ids:
             g = h.plan.group_of(lc)
             src, back = h.pages(lc, PAGES)
             n = len(src)
-            cold = h.cold_buffer(lc, 2 * n + 1, clause="writes-inside-slots")
             dst = h.spread_blobs(n)
-            before = cold.read_all()
-            h.must("encode", lc, cold.base, h.index_array(lc, dst, src), clause="writes-inside-slots")
-            h.sync()
             allowed = np.zeros(2 * n + 1, bool)
             allowed[dst] = True
-            stray = describe_stray_write("encode", before, cold.read_all(), allowed, cold.blob_bytes, "blob",
-                                         f"cold buffer (lifecycle {lc}, {cold.blob_bytes}-byte blobs)")
-            if stray:
-                raise violated("writes-inside-slots", stray)
+            # Random canary bytes, then all-zero and all-one buffers: a write of any value shows.
+            for fill in (None, 0x00, 0xFF):
+                cold = h.cold_buffer(lc, 2 * n + 1, clause="writes-inside-slots", fill=fill)
+                before = cold.read_all()
+                h.must("encode", lc, cold.base, h.index_array(lc, dst, src), clause="writes-inside-slots")
+                h.sync()
+                filled = "random bytes" if fill is None else f"0x{fill:02X}"
+                stray = describe_stray_write("encode", before, cold.read_all(), allowed, cold.blob_bytes, "blob",
+                                             f"cold buffer (lifecycle {lc}, {cold.blob_bytes}-byte blobs, pre-filled "
+                                             f"with {filled})")
+                if stray:
+                    raise violated("writes-inside-slots", stray)
             before_hot = h.hot_raw()[g]
             h.must("decode", lc, cold.base, h.index_array(lc, back, dst), clause="writes-inside-slots")
             h.sync()
@@ -484,6 +732,7 @@ class BaseMemorySafetyTests(BaseFixtures):
             h.restore_hot()
 
     @clause("source-unmodified")
+    @_blame_round_trip
     def test_source_unmodified(self, make_harness):
         h = make_harness()
         for lc in h.plan.lifecycle_ids:
@@ -509,12 +758,91 @@ class BaseMemorySafetyTests(BaseFixtures):
             del g
 
     @clause("host-indices-after-return")
+    @_blame_round_trip
     def test_host_indices_after_return(self, make_harness):
         h = make_harness()
         lcs = [lc for lc in h.plan.lifecycle_ids if h.location(lc) == PageIndexLocation.HOST]
         if not lcs:
             pytest.skip("no lifecycle takes host page indices on this device")
         _poisoned_sequence(h, lcs, "host-indices-after-return")
+
+    @clause("data-not-retained")
+    @_blame_round_trip
+    def test_data_not_retained(self, make_harness):
+        name = "data-not-retained"
+        h = make_harness()
+        for rep in _classes(h):
+            g = h.plan.group_of(rep)
+            src_all, back_all = h.pages(rep, 2 * PAGES)
+            n = len(src_all) // 2
+            src, src2, back, back2 = src_all[:n], src_all[n : 2 * n], back_all[:n], back_all[n : 2 * n]
+            dst = h.spread_blobs(n)
+            first, second = (h.cold_buffer(rep, 2 * n + 1, clause=name) for _ in range(2))
+            h.must("encode", rep, first.base, h.index_array(rep, dst, src), clause=name)
+            h.sync()
+            # The encode is complete: its hot sources are the caller's again.
+            h.fill_hot_slots(g, src, 0x5A)
+            h.must("decode", rep, first.base, h.index_array(rep, back, dst), clause=name)
+            h.sync()
+            h.check_decoded(rep, src, back, clause=name, context="hot sources overwritten after the encode completed, "
+                                                                "then decode")
+            decoded = h.hot_raw()[g]
+            # The decode is complete: its blobs are the caller's again.
+            first.region.write(np.full(first.region.nbytes, 0xA5, np.uint8))
+            poisoned = first.read_all()
+            # More work on other slots and another cold buffer.
+            h.must("encode", rep, second.base, h.index_array(rep, dst, src2), clause=name)
+            h.must("decode", rep, second.base, h.index_array(rep, back2, dst), clause=name)
+            h.sync()
+            h.check_decoded(rep, src2, back2, clause=name, context="a later encode and decode")
+            if not np.array_equal(poisoned, first.read_all()):
+                raise violated(name, f"lifecycle {rep}: later calls wrote into the cold buffer of an earlier, completed "
+                                     f"encode ({_diff(poisoned, first.read_all())}): the codec keeps using the data "
+                                     "pointers of work that has completed")
+            now = h.hot_raw()[g]
+            for p, (x, y) in enumerate(zip(decoded, now)):
+                x, y = h.hot_slots(x, g, p)[back], h.hot_slots(y, g, p)[back]
+                if not np.array_equal(x, y):
+                    raise violated(name, f"lifecycle {rep}: later calls changed pool {p} in the hot slots {back.tolist()} "
+                                         f"of an earlier, completed decode ({_diff(x, y)}): the codec keeps using the "
+                                         "data pointers of work that has completed")
+            h.restore_hot()
+
+    @clause("cpu-synchronous")
+    @_blame_round_trip
+    def test_cpu_synchronous(self, make_harness):
+        name = "cpu-synchronous"
+        h = make_harness()
+        if h.stream is not None:
+            pytest.skip("a CPU clause: runs on the cpu device")
+        bogus = 0x7E57_0000  # not null and no stream: a CPU reference ignores it
+        for rep in _classes(h):
+            g = h.plan.group_of(rep)
+            src, back = h.pages(rep, PAGES)
+            n = len(src)
+            dst = h.spread_blobs(n)
+            cold, scratch = (h.cold_buffer(rep, 2 * n + 1, clause=name) for _ in range(2))
+            for op, base, idx in (("encode", cold.base, h.index_array(rep, dst, src)),
+                                  ("decode", cold.base, h.index_array(rep, back, dst))):
+                if not h.call(op, rep, base, idx, clause=name, stream=bogus):
+                    raise violated(name, f"{op}(lifecycle {rep}) returned false when given the stream argument "
+                                         f"0x{bogus:x}: a CPU reference ignores the stream "
+                                         f"({h.native.last_error() or 'no reason given'})")
+                if op == "encode":
+                    blobs = cold.read_all()  # as the call returned: nothing is synchronized on the CPU
+            h.check_decoded(rep, src, back, clause=name, context="read as soon as decode() returned (a CPU reference "
+                                                                "completes its work before returning)")
+            decoded = h.hot_raw()[g]
+            h.must("encode", rep, scratch.base, h.index_array(rep, dst, back), clause=name, stream=bogus)
+            if not np.array_equal(blobs, cold.read_all()):
+                raise violated(name, f"lifecycle {rep}: the blobs of encode() changed after it returned "
+                                     f"({_diff(blobs, cold.read_all())}): a CPU reference completes its work before "
+                                     "returning")
+            for p, (x, y) in enumerate(zip(decoded, h.hot_raw()[g])):
+                if not np.array_equal(x, y):
+                    raise violated(name, f"lifecycle {rep}: pool {p} changed after decode() returned ({_diff(x, y)}): "
+                                         "a CPU reference completes its work before returning")
+            h.restore_hot()
 
     @clause("bad-arguments")
     def test_bad_arguments(self, make_harness):
@@ -662,6 +990,7 @@ def _cuda_only(h: Harness) -> None:
 
 class BaseStreamTests(BaseFixtures):
     @clause("stream-no-wait")
+    @_blame_round_trip
     def test_stream_no_wait(self, make_harness):
         h = make_harness()
         _cuda_only(h)
@@ -679,6 +1008,7 @@ class BaseStreamTests(BaseFixtures):
             h.restore_hot()
 
     @clause("stream-ordered")
+    @_blame_round_trip
     def test_stream_ordered(self, make_harness):
         h = make_harness()
         _cuda_only(h)
@@ -706,6 +1036,7 @@ class BaseStreamTests(BaseFixtures):
             h.restore_hot()
 
     @clause("device-indices-on-stream")
+    @_blame_round_trip
     def test_device_indices_on_stream(self, make_harness):
         h = make_harness()
         _cuda_only(h)
@@ -715,6 +1046,7 @@ class BaseStreamTests(BaseFixtures):
         _poisoned_sequence(h, lcs, "device-indices-on-stream")
 
     @clause("cpu-gpu-interchange")
+    @_blame_round_trip
     def test_cpu_gpu_interchange(self, make_harness, kvcodec_spec):
         gpu = make_harness()
         _cuda_only(gpu)
@@ -740,6 +1072,7 @@ class BaseStreamTests(BaseFixtures):
                 dec.restore_hot()
 
 
-class CodecConformanceTests(BaseConfigureTests, BaseQueryTests, BaseRoundTripTests, BaseCheckedDecodeTests,
-                            BaseBatchingTests, BaseMemorySafetyTests, BaseGoldenTests, BaseStreamTests):
+class CodecConformanceTests(BaseConfigureTests, BaseQueryTests, BaseRoundTripTests, BaseEnvelopeTests,
+                            BaseCheckedDecodeTests, BaseBatchingTests, BaseMemorySafetyTests, BaseGoldenTests,
+                            BaseStreamTests):
     """Every conformance test. Subclass it with ``codec_name = "NAME"`` (see the module docstring)."""

@@ -3,14 +3,18 @@
 //
 // The base codec is a correct concatenating codec (CPU reference and a CUDA implementation built
 // on cudaMemcpyAsync with host indices). Blob = the page's slot in every pool, in pool order,
-// each byte XOR key(lifecycle) (key 0 unless a flaw uses keys), then `trailer` spare bytes.
+// each byte XOR key(lifecycle) (key 0 unless a flaw uses keys), then `trailer` spare bytes. The
+// enveloped variants (CPU only) put a ColdPageEnvelope before the page and 16 zero bytes after it.
 // kvcodec_broken_factory(FLAW) returns the factory of the codec named FLAW.
 #include <kvcodec/layout.h>
 #include <kvcodec/plugin.h>
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstring>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +43,18 @@ enum class Flaw
     kSyncStream,              // stream-no-wait (CUDA): synchronizes the stream before returning
     kOtherStream,             // stream-ordered (CUDA): copies on a stream of its own
     kGpuFormatDiffers,        // cpu-gpu-interchange (CUDA): the GPU writes pools in reverse order
+    kUninitPadding,           // deterministic: 8 spare blob bytes that encode never writes
+    kPartialConfigure,        // rejected-configure: keeps the groups validated before a bad one
+    kKeepsDescriptors,        // descriptors-copied: reads pool bases from configure()'s arrays later
+    kStaleCache,              // stateful-sequence: skips a page already encoded from that hot slot there
+    kRetainsSources,          // data-not-retained: the next encode re-copies the previous encode's pages
+    kCpuNeedsNullStream,      // cpu-synchronous: the CPU reference refuses a non-null stream
+    kZeroesFp8,               // round-trip (suite's own bound): zeroes every other fp8 K/V element
+    kChangesOpaque,           // round-trip (exact buffers): flips bit 0 of opaque K/V buffers
+    kEnvelope,                // control of the envelope clause: a correct stored-raw envelope
+    kEnvelopeRawBytes,        // envelope: rawBytes one more than the page
+    kEnvelopeUncovered,       // envelope: payloadBytes one short, the page's last byte outside the CRC
+    kThrowsOnEmpty,           // any clause (noexcept): throws from encode() on an empty call, null pointers
 };
 
 struct Call
@@ -77,8 +93,13 @@ public:
         std::string err = layout_.load(d, n);
         if (!err.empty())
         {
+            if (flaw_ == Flaw::kPartialConfigure && n > 1 && layout_.load(d, n - 1).empty())
+            {
+                configured_ = true; // keeps what it validated before the bad group
+            }
             return fail(err);
         }
+        retained_ = d;
         if (device_ >= 0 && flaw_ == Flaw::kOtherStream && ownStream_ == nullptr
             && cudaStreamCreateWithFlags(&ownStream_, cudaStreamNonBlocking) != cudaSuccess)
         {
@@ -101,7 +122,7 @@ public:
         {
             return -1;
         }
-        if (flaw_ == Flaw::kDecodeIgnoresLifecycle)
+        if (flaw_ == Flaw::kDecodeIgnoresLifecycle || flaw_ == Flaw::kZeroesFp8 || flaw_ == Flaw::kChangesOpaque)
         {
             return id; // its encodings differ per lifecycle: every lifecycle batches alone
         }
@@ -133,7 +154,25 @@ public:
 
     bool encode(LayerGroupId id, void* dst, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept override
     {
-        return call(true, id, reinterpret_cast<uintptr_t>(dst), pairs, n, stream);
+        if (flaw_ == Flaw::kThrowsOnEmpty && n == 0 && dst == nullptr)
+        {
+            raise("encode() of nothing"); // escapes a noexcept function: std::terminate
+        }
+        if (flaw_ == Flaw::kRetainsSources && configured_ && !previousEncode_.empty())
+        {
+            // Re-copies the previous encode's pages from their hot slots: its data pointers are
+            // used long after that work completed.
+            std::vector<PageIndexPair> again = previousEncode_;
+            run(true, previousId_, previousBase_, again.data(), again.size(), stream, false);
+        }
+        bool ok = call(true, id, reinterpret_cast<uintptr_t>(dst), pairs, n, stream);
+        if (ok && flaw_ == Flaw::kRetainsSources && n > 0 && pairs != nullptr)
+        {
+            previousEncode_.assign(pairs, pairs + n);
+            previousId_ = id;
+            previousBase_ = reinterpret_cast<uintptr_t>(dst);
+        }
+        return ok;
     }
 
     bool decode(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept override
@@ -154,13 +193,47 @@ private:
 
     size_t trailer() const noexcept
     {
+        if (enveloped())
+        {
+            return 16;
+        }
+        if (flaw_ == Flaw::kUninitPadding)
+        {
+            return 8;
+        }
         return flaw_ == Flaw::kNondeterministic || flaw_ == Flaw::kCallSizeInBlob ? 1 : 0;
+    }
+
+    bool enveloped() const noexcept
+    {
+        return flaw_ == Flaw::kEnvelope || flaw_ == Flaw::kEnvelopeRawBytes || flaw_ == Flaw::kEnvelopeUncovered;
+    }
+
+    size_t header() const noexcept
+    {
+        return enveloped() ? sizeof(ColdPageEnvelope) : 0;
     }
 
     size_t blobBytes(LifeCycleId id) const noexcept
     {
         auto const* lc = known(id);
-        return lc ? layout_.groups()[lc->group].pageBytes + trailer() : 0;
+        return lc ? header() + layout_.groups()[lc->group].pageBytes + trailer() : 0;
+    }
+
+    [[noreturn]] static void raise(char const* what)
+    {
+        throw std::runtime_error(what);
+    }
+
+    /// Pool q's base of group g: the copy made at configure(), or (kKeepsDescriptors) whatever
+    /// configure()'s descriptor array holds now.
+    uintptr_t poolBase(PoolGroupIndex g, size_t q) const noexcept
+    {
+        if (flaw_ == Flaw::kKeepsDescriptors && retained_ != nullptr)
+        {
+            return reinterpret_cast<uintptr_t>(retained_[g].pools[q].base);
+        }
+        return layout_.groups()[size_t(g)].pools[q].base;
     }
 
     bool keyed() const noexcept
@@ -199,6 +272,10 @@ private:
         {
             return flaw_ == Flaw::kEmptyFails ? fail("no pages") : true;
         }
+        if (flaw_ == Flaw::kCpuNeedsNullStream && device_ < 0 && stream != nullptr)
+        {
+            return fail("a stream was given to the CPU reference");
+        }
         if (base == 0 || pairs == nullptr)
         {
             return fail("null cold base or page indices");
@@ -233,7 +310,7 @@ private:
             return false;
         }
         auto const& group = layout_.groups()[lc->group];
-        size_t const blob = group.pageBytes + trailer();
+        size_t const blob = header() + group.pageBytes + trailer();
         for (size_t i = 0; i < n; ++i)
         {
             int32_t const hotIdx = encode ? pairs[i].src : pairs[i].dst;
@@ -243,8 +320,16 @@ private:
                 continue; // a replay never writes out of bounds, only to the wrong pages
             }
             auto* cold = reinterpret_cast<uint8_t*>(base + uint64_t(coldIdx) * blob);
-            bool ok = device_ < 0 ? pageCpu(encode, id, group, hotIdx, cold, i, n)
-                                  : pageCuda(encode, group, hotIdx, cold, stream);
+            if (encode && flaw_ == Flaw::kStaleCache)
+            {
+                // "Already there": a blob of this hot slot was written to this address before.
+                if (!stale_.insert({hotIdx, reinterpret_cast<uintptr_t>(cold)}).second)
+                {
+                    continue;
+                }
+            }
+            bool ok = device_ < 0 ? pageCpu(encode, id, lc->group, hotIdx, cold, i, n)
+                                  : pageCuda(encode, lc->group, hotIdx, cold, stream);
             if (!ok)
             {
                 return false;
@@ -257,17 +342,20 @@ private:
         return true;
     }
 
-    bool pageCpu(bool encode, LifeCycleId id, HotLayout::Group const& group, int32_t hotIdx, uint8_t* cold, size_t i,
+    bool pageCpu(bool encode, LifeCycleId id, PoolGroupIndex gi, int32_t hotIdx, uint8_t* blobStart, size_t i,
         size_t n)
     {
+        auto const& group = layout_.groups()[size_t(gi)];
+        uint8_t* const cold = blobStart + header();
         LifeCycleId const keyId = (flaw_ == Flaw::kDecodeIgnoresLifecycle && !encode)
             ? layout_.smallestLifeCycle(layout_.find(id)->group)
             : id;
         uint8_t const k = keyed() ? key(keyId) : 0;
         uint64_t off = 0;
-        for (auto const& pool : group.pools)
+        for (size_t q = 0; q < group.pools.size(); ++q)
         {
-            auto* hot = reinterpret_cast<uint8_t*>(pool.base + uint64_t(hotIdx) * pool.slotBytes);
+            auto const& pool = group.pools[q];
+            auto* hot = reinterpret_cast<uint8_t*>(poolBase(gi, q) + uint64_t(hotIdx) * pool.slotBytes);
             for (uint64_t b = 0; b < pool.slotBytes; ++b)
             {
                 if (encode)
@@ -301,6 +389,42 @@ private:
                 }
             }
         }
+        if (encode && (flaw_ == Flaw::kZeroesFp8 || flaw_ == Flaw::kChangesOpaque))
+        {
+            for (BufferDesc const& b : layout_.find(id)->buffers)
+            {
+                bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
+                bool const fp8 = b.dtype == DataType::kFloat8E4M3 || b.dtype == DataType::kFloat8E5M2;
+                if (b.role == BufferRole::kOther || (flaw_ == Flaw::kZeroesFp8 ? !(shaped && fp8) : shaped))
+                {
+                    continue;
+                }
+                uint64_t at = b.byteOffset;
+                for (int32_t q = 0; q < b.poolIndex; ++q)
+                {
+                    at += group.pools[size_t(q)].slotBytes;
+                }
+                for (uint64_t e = 0; e < b.bytes; e += flaw_ == Flaw::kZeroesFp8 ? 2 : 1)
+                {
+                    cold[at + e] = flaw_ == Flaw::kZeroesFp8 ? 0 : uint8_t(cold[at + e] ^ 1);
+                }
+            }
+        }
+        if (encode && enveloped())
+        {
+            // off == pageBytes here; 16 zero bytes follow the page.
+            std::memset(cold + off, 0, trailer());
+            ColdPageEnvelope e{};
+            e.magic = kColdPageEnvelopeMagic;
+            e.formatVersion = 1;
+            e.flags = kEnvelopeStoredRaw;
+            e.headerBytes = uint32_t(sizeof(ColdPageEnvelope));
+            e.payloadBytes = uint32_t(flaw_ == Flaw::kEnvelopeUncovered ? off - 1 : off);
+            e.rawBytes = flaw_ == Flaw::kEnvelopeRawBytes ? off + 1 : off;
+            e.checksum = crc32c(cold, e.payloadBytes);
+            e.headerCrc = crc32c(&e, offsetof(ColdPageEnvelope, headerCrc));
+            std::memcpy(blobStart, &e, sizeof(e));
+        }
         if (encode)
         {
             if (flaw_ == Flaw::kNondeterministic)
@@ -325,16 +449,18 @@ private:
         return true;
     }
 
-    bool pageCuda(bool encode, HotLayout::Group const& group, int32_t hotIdx, uint8_t* cold, cudaStream_t stream)
+    bool pageCuda(bool encode, PoolGroupIndex gi, int32_t hotIdx, uint8_t* cold, cudaStream_t stream)
     {
+        auto const& group = layout_.groups()[size_t(gi)];
         cudaStream_t const s = flaw_ == Flaw::kOtherStream ? ownStream_ : stream;
         size_t const count = group.pools.size();
         uint64_t off = 0;
         for (size_t q = 0; q < count; ++q)
         {
             // kGpuFormatDiffers stores the pools in reverse order on the GPU only.
-            auto const& pool = group.pools[flaw_ == Flaw::kGpuFormatDiffers ? count - 1 - q : q];
-            auto* hot = reinterpret_cast<uint8_t*>(pool.base + uint64_t(hotIdx) * pool.slotBytes);
+            size_t const pq = flaw_ == Flaw::kGpuFormatDiffers ? count - 1 - q : q;
+            auto const& pool = group.pools[pq];
+            auto* hot = reinterpret_cast<uint8_t*>(poolBase(gi, pq) + uint64_t(hotIdx) * pool.slotBytes);
             cudaError_t st = encode ? cudaMemcpyAsync(cold + off, hot, pool.slotBytes, cudaMemcpyDefault, s)
                                     : cudaMemcpyAsync(hot, cold + off, pool.slotBytes, cudaMemcpyDefault, s);
             if (st != cudaSuccess)
@@ -353,6 +479,11 @@ private:
     bool configured_ = false;
     size_t calls_ = 0;
     Call previous_;
+    PoolGroupDesc const* retained_ = nullptr;            // kKeepsDescriptors: configure()'s array, kept
+    std::set<std::pair<int32_t, uintptr_t>> stale_;      // kStaleCache: (hot slot, blob address) written
+    std::vector<PageIndexPair> previousEncode_;          // kRetainsSources: the previous encode
+    LifeCycleId previousId_ = 0;
+    uintptr_t previousBase_ = 0;
     cudaStream_t ownStream_ = nullptr;
     std::string error_;
 };
@@ -382,6 +513,21 @@ Entry const kEntries[] = {
     {"sync_stream", Flaw::kSyncStream},
     {"other_stream", Flaw::kOtherStream},
     {"gpu_format_differs", Flaw::kGpuFormatDiffers},
+    {"uninit_padding", Flaw::kUninitPadding},
+    {"partial_configure", Flaw::kPartialConfigure},
+    {"keeps_descriptors", Flaw::kKeepsDescriptors},
+    {"stale_cache", Flaw::kStaleCache},
+    {"retains_sources", Flaw::kRetainsSources},
+    {"cpu_needs_null_stream", Flaw::kCpuNeedsNullStream},
+    {"zeroes_fp8", Flaw::kZeroesFp8},
+    {"changes_opaque", Flaw::kChangesOpaque},
+    {"envelope", Flaw::kEnvelope},
+    {"envelope_raw_bytes", Flaw::kEnvelopeRawBytes},
+    {"envelope_uncovered", Flaw::kEnvelopeUncovered},
+    {"throws_on_empty", Flaw::kThrowsOnEmpty},
+    // Correct codecs under other names (the registry wants the factory named as the codec).
+    {"cuda_only", Flaw::kNone},
+    {"golden_none", Flaw::kNone},
 };
 
 constexpr size_t kCount = sizeof(kEntries) / sizeof(kEntries[0]);
