@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// kvcodec_fp8._ext: the factory capsule, plus the scalar conversions of the blob format and
-// the blob plan so the tests can check them against independent references. Declarations only.
+// kvcodec_fp8._ext: the factory capsule, plus the scalar conversions of the blob format, the CPU
+// kernels' building blocks (and the choice of their variant) and the blob plan so the tests can
+// check them against independent references. Declarations only.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -13,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include "fp8_codec.h"
+#include "fp8_cpu.h"
 #include "fp8_format.h"
 #include "fp8_plan.h"
 #include "kvcodec/layout.h"
@@ -40,6 +43,35 @@ py::array_t<Out> mapArray(py::array_t<In, py::array::c_style | py::array::forcec
         dst[i] = f(src[i]);
     }
     return out;
+}
+
+cpu::Simd parseSimd(std::string const& name)
+{
+    for (uint32_t s = 0; s < cpu::kNumSimd; ++s)
+    {
+        if (name == cpu::simdName(cpu::Simd(s)))
+        {
+            if (!cpu::simdSupported(cpu::Simd(s)))
+            {
+                throw py::value_error("CPU kernel variant '" + name + "' is not supported on this CPU or build");
+            }
+            return cpu::Simd(s);
+        }
+    }
+    throw py::value_error("CPU kernel variant is '" + name + "'; valid values are 'portable', 'avx2'");
+}
+
+using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+// Element size of a quantized hot dtype (bf16, fp16, fp32).
+size_t quantizedDtypeBytes(int dtype)
+{
+    auto const d = kvcodec::DataType(dtype);
+    if (d != kvcodec::DataType::kBFloat16 && d != kvcodec::DataType::kFloat16 && d != kvcodec::DataType::kFloat32)
+    {
+        throw py::value_error("dtype " + std::to_string(dtype) + " is not quantized (bf16, fp16 or fp32)");
+    }
+    return kvcodec::dataTypeBytes(d);
 }
 
 // The blob plan of every lifecycle of a layout, as the codec makes it at configure time.
@@ -178,6 +210,72 @@ PYBIND11_MODULE(_ext, m)
             return py::make_tuple(s.scale, s.reciprocal);
         },
         py::arg("amax"), py::arg("format"), "(scale, reciprocal) of a block with finite amax `amax`.");
+    m.def("cpu_simd_variants", [] {
+        std::vector<std::string> out;
+        for (uint32_t s = 0; s < cpu::kNumSimd; ++s)
+        {
+            if (cpu::simdSupported(cpu::Simd(s)))
+            {
+                out.emplace_back(cpu::simdName(cpu::Simd(s)));
+            }
+        }
+        return out;
+    }, "The CPU kernel variants this build and CPU can run ('portable' always).");
+    m.def("cpu_simd", [] { return std::string(cpu::simdName(cpu::activeSimd())); },
+        "The CPU kernel variant CPU codecs use now.");
+    m.def(
+        "set_cpu_simd",
+        [](std::optional<std::string> const& name) {
+            cpu::Simd simd{};
+            std::optional<std::string> const previous
+                = cpu::simdOverride(&simd) ? std::optional<std::string>(cpu::simdName(simd)) : std::nullopt;
+            if (name)
+            {
+                simd = parseSimd(*name);
+            }
+            cpu::overrideSimd(name ? &simd : nullptr);
+            return previous;
+        },
+        py::arg("name"),
+        "Makes CPU codecs use a kernel variant (None: the best supported one again); returns the previous "
+        "setting (None: automatic). For tests and comparisons: blobs never depend on it.");
+    m.def(
+        "cpu_finite_amax",
+        [](Bytes const& hot, int dtype, std::string const& simd) {
+            size_t const esize = quantizedDtypeBytes(dtype);
+            cpu::IeeeScope ieee;
+            return cpu::finiteAmax(reinterpret_cast<char const*>(hot.data()), uint64_t(hot.size()) / esize,
+                uint32_t(dtype), parseSimd(simd));
+        },
+        py::arg("hot"), py::arg("dtype"), py::arg("simd"),
+        "The CPU kernels' largest finite |x| of hot elements (bytes of a bf16/fp16/fp32 DType).");
+    m.def(
+        "cpu_quantize",
+        [](Bytes const& hot, int dtype, std::string const& format, float reciprocal, std::string const& simd) {
+            size_t const esize = quantizedDtypeBytes(dtype);
+            uint64_t const n = uint64_t(hot.size()) / esize;
+            py::array_t<uint8_t> codes{py::ssize_t(n)};
+            cpu::IeeeScope ieee;
+            cpu::quantizeRow(reinterpret_cast<char const*>(hot.data()), n, uint32_t(dtype), parseFormat(format),
+                reciprocal, codes.mutable_data(), parseSimd(simd));
+            return codes;
+        },
+        py::arg("hot"), py::arg("dtype"), py::arg("format"), py::arg("reciprocal"), py::arg("simd"),
+        "The CPU kernels' codes of hot elements (bytes) under a block reciprocal.");
+    m.def(
+        "cpu_dequantize",
+        [](Bytes const& codes, int dtype, std::string const& format, float scale, std::string const& simd,
+            size_t offset) {
+            size_t const esize = quantizedDtypeBytes(dtype);
+            py::array_t<uint8_t> hot{py::ssize_t(codes.size() * esize + offset)};
+            cpu::IeeeScope ieee;
+            cpu::dequantizeRow(codes.data(), uint64_t(codes.size()), uint32_t(dtype), parseFormat(format), scale,
+                reinterpret_cast<char*>(hot.mutable_data()) + offset, parseSimd(simd));
+            return hot;
+        },
+        py::arg("codes"), py::arg("dtype"), py::arg("format"), py::arg("scale"), py::arg("simd"), py::arg("offset") = 0,
+        "The CPU kernels' hot bytes of codes under a block scale, written `offset` bytes into the result "
+        "(whose first `offset` bytes are left unspecified).");
     m.def("plan_layout", &planLayout, py::arg("groups"), py::arg("params_json"),
         py::arg("tile_budget") = kDefaultTileBudget,
         "{lifecycle id: blob plan} of a layout given as plain tuples (see kvcodec_fp8.plan).");

@@ -5,7 +5,6 @@
 #include "fp8_codec.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -13,11 +12,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__SSE2__)
-#include <xmmintrin.h>
-#define KVFP8_HAVE_MXCSR 1
-#endif
-
+#include "fp8_cpu.h"
 #include "fp8_format.h"
 #include "fp8_kernel.h"
 #include "fp8_plan.h"
@@ -195,124 +190,8 @@ private:
 };
 
 // ---------------------------------------------------------------------------------------------
-// CPU reference
+// CPU reference (the kernels are in fp8_cpu.cpp)
 // ---------------------------------------------------------------------------------------------
-
-// Clears flush-to-zero / denormals-are-zero and selects round-to-nearest for the scope: the
-// reference must do IEEE arithmetic whatever a library loaded into the process set.
-class IeeeScope
-{
-public:
-    IeeeScope() noexcept
-    {
-#if KVFP8_HAVE_MXCSR
-        saved_ = _mm_getcsr();
-        _mm_setcsr(saved_ & ~0xE040u);
-#endif
-    }
-    ~IeeeScope()
-    {
-#if KVFP8_HAVE_MXCSR
-        _mm_setcsr(saved_);
-#endif
-    }
-
-private:
-    unsigned saved_ = 0;
-};
-
-float loadElem(char const* p, uint32_t dtype)
-{
-    if (dtype == uint32_t(DataType::kFloat32))
-    {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-    }
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return dtype == uint32_t(DataType::kBFloat16) ? bf16ToFp32(h) : fp16ToFp32(h);
-}
-
-void storeElem(char* p, uint32_t dtype, uint8_t code, float value, Format f)
-{
-    bool const nan = fp8IsNan(code, f);
-    uint32_t const neg = code & 0x80u;
-    if (dtype == uint32_t(DataType::kFloat32))
-    {
-        uint32_t const u = nan ? fp32Nan(neg) : floatBits(value);
-        std::memcpy(p, &u, 4);
-        return;
-    }
-    uint16_t const h = dtype == uint32_t(DataType::kBFloat16) ? (nan ? bf16Nan(neg) : fp32ToBf16(value))
-                                                              : (nan ? fp16Nan(neg) : fp32ToFp16(value));
-    std::memcpy(p, &h, 2);
-}
-
-uint64_t elemOffset(BufferPlan const& b, uint64_t block, uint64_t e)
-{
-    uint64_t const row = e / b.rowElems;
-    return row * b.rowStride + block * b.blockStride + (e - row * b.rowElems);
-}
-
-void encodeBuffer(BufferPlan const& b, char const* hot, char* cold, Format f)
-{
-    if (!b.quantized)
-    {
-        std::memcpy(cold + b.dataOffset, hot, b.bytes);
-        std::memset(cold + b.dataEnd, 0, b.regionEnd - b.dataEnd);
-        return;
-    }
-    size_t const esize = dataTypeBytes(DataType(b.dtype));
-    for (uint64_t j = 0; j < b.numBlocks; ++j)
-    {
-        float amax = 0.0f;
-        for (uint64_t e = 0; e < b.blockElems; ++e)
-        {
-            float const x = loadElem(hot + elemOffset(b, j, e) * esize, b.dtype);
-            if (isFiniteBits(floatBits(x)) && std::fabs(x) > amax)
-            {
-                amax = std::fabs(x);
-            }
-        }
-        BlockScale const bs = blockScale(amax, f);
-        uint32_t const sb = floatBits(bs.scale);
-        uint8_t const le[4] = {uint8_t(sb), uint8_t(sb >> 8), uint8_t(sb >> 16), uint8_t(sb >> 24)};
-        std::memcpy(cold + b.scaleOffset + 4 * j, le, 4);
-        for (uint64_t e = 0; e < b.blockElems; ++e)
-        {
-            uint64_t const off = elemOffset(b, j, e);
-            float const x = loadElem(hot + off * esize, b.dtype);
-            uint32_t const bits = floatBits(x);
-            cold[b.dataOffset + off]
-                = char(isFiniteBits(bits) ? fp32ToFp8Sat(x * bs.reciprocal, f) : uint8_t(nonFiniteCode(bits, f)));
-        }
-    }
-    std::memset(cold + b.dataEnd, 0, b.scaleOffset - b.dataEnd);
-    std::memset(cold + b.scaleEnd, 0, b.regionEnd - b.scaleEnd);
-}
-
-void decodeBuffer(BufferPlan const& b, char* hot, char const* cold, Format f)
-{
-    if (!b.quantized)
-    {
-        std::memcpy(hot, cold + b.dataOffset, b.bytes);
-        return;
-    }
-    size_t const esize = dataTypeBytes(DataType(b.dtype));
-    for (uint64_t j = 0; j < b.numBlocks; ++j)
-    {
-        unsigned char le[4];
-        std::memcpy(le, cold + b.scaleOffset + 4 * j, 4);
-        float const s = bitsFloat(uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24);
-        for (uint64_t e = 0; e < b.blockElems; ++e)
-        {
-            uint64_t const off = elemOffset(b, j, e);
-            uint8_t const code = uint8_t(cold[b.dataOffset + off]);
-            storeElem(hot + off * esize, b.dtype, code, fp8ToFp32(code, f) * s, f);
-        }
-    }
-}
 
 class Fp8CodecCpu final : public Fp8CodecBase
 {
@@ -349,7 +228,8 @@ private:
                     + std::to_string(cold) + "; cold slot indices must be >= 0");
             }
         }
-        IeeeScope ieee;
+        cpu::IeeeScope ieee;
+        cpu::Simd const simd = cpu::activeSimd();
         for (size_t i = 0; i < n; ++i)
         {
             uint64_t const hotIdx = uint64_t(encode ? pairs[i].src : pairs[i].dst);
@@ -360,11 +240,11 @@ private:
                 char* hot = reinterpret_cast<char*>(b.poolBase + hotIdx * b.slotBytes + b.hotOffset);
                 if (encode)
                 {
-                    encodeBuffer(b, hot, page, params_.format);
+                    cpu::encodeBuffer(b, hot, page, params_.format, simd);
                 }
                 else
                 {
-                    decodeBuffer(b, hot, page, params_.format);
+                    cpu::decodeBuffer(b, hot, page, params_.format, simd);
                 }
             }
         }
