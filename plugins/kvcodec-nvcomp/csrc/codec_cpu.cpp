@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // CPU reference of the nvCOMP codecs' blob format (format.h): host pointers, synchronous,
-// stream ignored. LZ4 chunks use the plugin's own block coder (lz4_block.h); gdeflate chunks use
+// stream ignored. LZ4 chunks use the LZ4 reference library (lz4_block.h); gdeflate chunks use
 // nvCOMP's CPU library, whose batched gdeflate functions read and write the GPU chunk format.
 // Checksums use the SDK's host CRC-32C (kvcodec/crc32c.h: the CPU's CRC instruction where it has
 // one).
@@ -9,12 +9,17 @@
 // A blob is checked in the order the CUDA kernels check it, so both report the same PageStatus
 // for it: envelope (magic, header CRC, format version, did not fit, sizes), codec header and
 // chunk table, checksum, decompression.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <stdexcept>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kvcodec/crc32c.h"
 
@@ -27,12 +32,175 @@
 namespace kvcodec::nvcomp_plugin {
 namespace {
 
+// Transposes the 8x8 bit matrix whose row r is byte r of x (bit c of that byte is column c): byte
+// c of the result holds bit c of every input byte, input byte r at bit r. Its own inverse.
+uint64_t transpose8x8(uint64_t x)
+{
+    uint64_t t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull;
+    x ^= t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull;
+    x ^= t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
+    return x ^ t ^ (t << 28);
+}
+
+// shuffleGroup / unshuffleGroup of format.h for every group of a chunk, with one 8x8 bit
+// transpose per byte of the element instead of a loop per bit (tests pin them to format.h). The
+// planes of a chunk lie `groups` bytes apart, often a multiple of 4 KiB, so they share cache sets:
+// groups are taken kBlockGroups at a time, staging one cache line per plane.
+constexpr uint64_t kBlockGroups = 64;
+
+void shuffleGroupsScalar(uint8_t const* in, uint8_t* out, uint64_t groups, uint32_t w)
+{
+    alignas(64) uint8_t stage[32][kBlockGroups];
+    for (uint64_t first = 0; first < groups; first += kBlockGroups)
+    {
+        uint64_t const count = std::min(kBlockGroups, groups - first);
+        for (uint64_t k = 0; k < count; ++k)
+        {
+            uint8_t const* e = in + 8ull * w * (first + k);
+            for (uint32_t b = 0; b < w; ++b)
+            {
+                uint64_t x = 0;
+                for (uint32_t j = 0; j < 8; ++j)
+                {
+                    x |= uint64_t(e[j * w + b]) << (8 * j);
+                }
+                x = transpose8x8(x);
+                for (uint32_t bit = 0; bit < 8; ++bit)
+                {
+                    stage[8 * b + bit][k] = uint8_t(x >> (8 * bit));
+                }
+            }
+        }
+        for (uint32_t p = 0; p < 8 * w; ++p)
+        {
+            std::memcpy(out + uint64_t(p) * groups + first, stage[p], count);
+        }
+    }
+}
+
+void unshuffleGroupsScalar(uint8_t const* in, uint8_t* out, uint64_t groups, uint32_t w)
+{
+    alignas(64) uint8_t stage[32][kBlockGroups];
+    for (uint64_t first = 0; first < groups; first += kBlockGroups)
+    {
+        uint64_t const count = std::min(kBlockGroups, groups - first);
+        for (uint32_t p = 0; p < 8 * w; ++p)
+        {
+            std::memcpy(stage[p], in + uint64_t(p) * groups + first, count);
+        }
+        for (uint64_t k = 0; k < count; ++k)
+        {
+            uint8_t* e = out + 8ull * w * (first + k);
+            for (uint32_t b = 0; b < w; ++b)
+            {
+                uint64_t x = 0;
+                for (uint32_t bit = 0; bit < 8; ++bit)
+                {
+                    x |= uint64_t(stage[8 * b + bit][k]) << (8 * bit);
+                }
+                x = transpose8x8(x);
+                for (uint32_t j = 0; j < 8; ++j)
+                {
+                    e[j * w + b] = uint8_t(x >> (8 * j));
+                }
+            }
+        }
+    }
+}
+
+#if defined(__SSE2__)
+// 16-bit elements with SSE2 (baseline on x86-64), two groups (16 elements) at a time: one byte of
+// each element gathered into a vector, and each bit plane's 16 bits read with movemask while the
+// vector is shifted left. The inverse reads the planes of a pair of groups as one vector and
+// takes each element's bits the same way. An odd last group is left to the caller.
+void shuffleGroupPairs16(uint8_t const* in, uint8_t* out, uint64_t groups)
+{
+    __m128i const low = _mm_set1_epi16(0x00FF);
+    alignas(64) uint8_t stage[16][kBlockGroups];
+    for (uint64_t first = 0; first + 1 < groups; first += kBlockGroups)
+    {
+        uint64_t const count = std::min(kBlockGroups, groups - first) & ~uint64_t(1);
+        for (uint64_t k = 0; k < count; k += 2)
+        {
+            __m128i const a = _mm_loadu_si128(reinterpret_cast<__m128i const*>(in + 16 * (first + k)));
+            __m128i const b = _mm_loadu_si128(reinterpret_cast<__m128i const*>(in + 16 * (first + k) + 16));
+            __m128i x[2] = {_mm_packus_epi16(_mm_and_si128(a, low), _mm_and_si128(b, low)),
+                _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8))};
+            for (uint32_t byte = 0; byte < 2; ++byte)
+            {
+                for (int bit = 7; bit >= 0; --bit)
+                {
+                    uint16_t const m = uint16_t(_mm_movemask_epi8(x[byte]));
+                    std::memcpy(&stage[8 * byte + uint32_t(bit)][k], &m, 2);
+                    x[byte] = _mm_add_epi8(x[byte], x[byte]);
+                }
+            }
+        }
+        for (uint32_t p = 0; p < 16; ++p)
+        {
+            std::memcpy(out + uint64_t(p) * groups + first, stage[p], count);
+        }
+    }
+}
+
+void unshuffleGroupPairs16(uint8_t const* in, uint8_t* out, uint64_t groups)
+{
+    __m128i const low = _mm_set1_epi16(0x00FF);
+    alignas(16) uint16_t planes[kBlockGroups / 2][16]; // [pair of groups][plane]
+    for (uint64_t first = 0; first + 1 < groups; first += kBlockGroups)
+    {
+        uint64_t const count = std::min(kBlockGroups, groups - first) & ~uint64_t(1);
+        for (uint32_t p = 0; p < 16; ++p)
+        {
+            uint8_t const* src = in + uint64_t(p) * groups + first;
+            for (uint64_t i = 0; 2 * i < count; ++i)
+            {
+                std::memcpy(&planes[i][p], src + 2 * i, 2);
+            }
+        }
+        for (uint64_t k = 0; k < count; k += 2)
+        {
+            __m128i x[2];
+            for (uint32_t byte = 0; byte < 2; ++byte)
+            {
+                __m128i const v = _mm_load_si128(reinterpret_cast<__m128i const*>(&planes[k / 2][8 * byte]));
+                x[byte] = _mm_packus_epi16(_mm_and_si128(v, low), _mm_srli_epi16(v, 8)); // bytes: planes' first, second group
+            }
+            uint8_t* o = out + 16 * (first + k);
+            for (int j = 7; j >= 0; --j)
+            {
+                unsigned const m0 = unsigned(_mm_movemask_epi8(x[0]));
+                unsigned const m1 = unsigned(_mm_movemask_epi8(x[1]));
+                uint16_t const e0 = uint16_t((m0 & 0xFFu) | ((m1 & 0xFFu) << 8));
+                uint16_t const e1 = uint16_t((m0 >> 8) | (m1 & 0xFF00u));
+                std::memcpy(o + 2 * j, &e0, 2);
+                std::memcpy(o + 2 * (j + 8), &e1, 2);
+                x[0] = _mm_add_epi8(x[0], x[0]);
+                x[1] = _mm_add_epi8(x[1], x[1]);
+            }
+        }
+    }
+}
+#endif
+
 void shuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
 {
     uint64_t const groups = shuffleGroups(bytes, w);
-    for (uint64_t k = 0; k < groups; ++k)
+#if defined(__SSE2__)
+    if (w == 2)
     {
-        shuffleGroup(in, out, groups, k, w);
+        shuffleGroupPairs16(in, out, groups);
+        if (groups % 2 == 1)
+        {
+            shuffleGroup(in, out, groups, groups - 1, w);
+        }
+    }
+    else
+#endif
+    {
+        shuffleGroupsScalar(in, out, groups, w);
     }
     std::memcpy(out + groups * 8 * w, in + groups * 8 * w, bytes - groups * 8 * w);
 }
@@ -40,9 +208,19 @@ void shuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
 void unshuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
 {
     uint64_t const groups = shuffleGroups(bytes, w);
-    for (uint64_t k = 0; k < groups; ++k)
+#if defined(__SSE2__)
+    if (w == 2)
     {
-        unshuffleGroup(in, out, groups, k, w);
+        unshuffleGroupPairs16(in, out, groups);
+        if (groups % 2 == 1)
+        {
+            unshuffleGroup(in, out, groups, groups - 1, w);
+        }
+    }
+    else
+#endif
+    {
+        unshuffleGroupsScalar(in, out, groups, w);
     }
     std::memcpy(out + groups * 8 * w, in + groups * 8 * w, bytes - groups * 8 * w);
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// A small LZ4 block-format encoder and bounds-checked decoder for the CPU reference. The block
-// format is the standard one (sequences of token, literals, 16-bit offset, match length), the
-// same that nvCOMP's batched LZ4 API produces and consumes, so chunks cross between the two.
+// LZ4 block compression and bounds-checked decompression for the CPU reference, through the LZ4
+// reference library (lz4_block.cpp). The block format is the standard one (sequences of token,
+// literals, 16-bit offset, match length), the same that nvCOMP's batched LZ4 API produces and
+// consumes, so chunks cross between the two.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-"""CPU reference of the nvCOMP codecs: registration, the LZ4 block coder against the python
+"""CPU reference of the nvCOMP codecs: registration, the LZ4 blocks against the python
 ``lz4`` package, the blob format read independently, slot_ratio edges and corruption."""
 
 from __future__ import annotations
@@ -189,11 +189,14 @@ def test_cold_size_is_the_worst_case_bound(rng):
     assert codec.cold_page_bytes(0) == header + sum((c[2] + 15) // 16 * 16 for c in plan)
 
 
-def test_blob_layout_read_independently(rng):
-    """Every chunk of a CPU blob decodes with the lz4 package to the bit-shuffled raw chunk."""
-    slot_sizes = (8192, 2064)
+@pytest.mark.parametrize("data_type,width,slot_sizes", [("uint8", 1, (8192, 2061)), ("uint16", 2, (8192, 2064)),
+                                                      ("uint32", 4, (8192, 2084))], ids=["u8", "u16", "u32"])
+def test_blob_layout_read_independently(rng, data_type, width, slot_sizes):
+    """Every chunk of a CPU blob decodes with the lz4 package to the bit-shuffled raw chunk (the
+    shuffle checked against numpy, for every element width; the last chunks have tails shorter
+    than a group of 8 elements, which are stored unshuffled)."""
     layout = numpy_layout(rng, slot_sizes, 3, "kv")
-    params = {"chunk_bytes": 2048, "data_type": "uint16", "bitshuffle": True}
+    params = {"chunk_bytes": 2048, "data_type": data_type, "bitshuffle": True}
     codec = kv.create_codec("nvcomp-lz4", params, device="cpu")
     codec.configure(layout.groups)
     cb = codec.cold_page_bytes(0)
@@ -204,11 +207,11 @@ def test_blob_layout_read_independently(rng):
         blob = cold[slot * cb : (slot + 1) * cb].tobytes()
         b = parse(blob)
         assert (b.magic, b.version, b.raw_bytes) == (blobs.MAGIC, 1, sum(slot_sizes))
-        assert (b.num_chunks, b.chunk_bytes, b.algorithm, b.element_bytes, b.bitshuffle) == (len(plan), 2048, 1, 2, 1)
+        assert (b.num_chunks, b.chunk_bytes, b.algorithm, b.element_bytes, b.bitshuffle) == (len(plan), 2048, 1, width, 1)
         assert b.flags in (blobs.COMPRESSED, blobs.STORED_RAW)
         compressed_any = False
         for (compressed, stored), (pool, off, nbytes) in zip(b.chunks(blob), plan):
-            expect = blobs.bitshuffle(layout.pools[pool][slot, off : off + nbytes].tobytes(), 2)
+            expect = blobs.bitshuffle(layout.pools[pool][slot, off : off + nbytes].tobytes(), width)
             got = lz4_block.decompress(stored, uncompressed_size=nbytes) if compressed else stored
             assert got == expect
             compressed_any |= compressed
