@@ -11,7 +11,10 @@
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
 # Steps: pytest memcheck conformance bench-concat fp8 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
-# workload disk template nvcomp (the build always runs). kvcm-codecs runs every installed codec through
+# workload disk template nvcomp check-plugins stress (the build always runs). check-plugins runs
+# `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
+# multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
+# for KVCODEC_CRASH_ITERATIONS (default 200). kvcm-codecs runs every installed codec through
 # the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
@@ -72,7 +75,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=bench-concat,kvcm-bench,kvcm-codecs,workload,disk bash "$self" "$OUT_DIR" || status=1
+  KVCODEC_GPU_STEPS=check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,workload,disk bash "$self" "$OUT_DIR" || status=1
   KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
   KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
   step "done (status $status)"
@@ -103,6 +106,24 @@ step "kvcodec check concat --device cuda (conformance suite, both CUDA paths)"
   && (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 kvcodec check concat --device cuda --timeout 60 --params '{"path": "sm"}' --golden "$OLDPWD/tests/vectors" \
         --junit-xml conformance-concat-sm.xml); } > "$OUT_DIR/conformance.txt" 2>&1 || status=1
 cat "$OUT_DIR/conformance.txt"
+fi
+
+if want check-plugins; then
+step "kvcodec check --device cuda on every installed plugin codec (conformance suite, timed)"
+for name in $( (cd "$OUT_DIR" && kvcodec list --json 2> /dev/null) | python3 -c 'import json, sys; print(" ".join(c["name"] for c in json.load(sys.stdin)["codecs"] if c["name"] != "concat" and "cuda" in c["devices"]))'); do
+  start=$SECONDS
+  (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 kvcodec check "$name" --device cuda --timeout 60 --quiet \
+     --junit-xml "conformance-$name.xml") > "$OUT_DIR/conformance-$name.txt" 2>&1 || status=1
+  echo "kvcodec check $name --device cuda: $((SECONDS - start)) s"; tail -3 "$OUT_DIR/conformance-$name.txt"
+done
+fi
+
+if want stress; then
+step "stress: the manager under threads for ${KVCODEC_STRESS_SECONDS:-60} s per backend, and its crash loop"
+(cd "$OUT_DIR" && KVCODEC_STRESS_SECONDS=${KVCODEC_STRESS_SECONDS:-60} KVCODEC_CRASH_ITERATIONS=${KVCODEC_CRASH_ITERATIONS:-200} \
+   timeout -k 15 -s ABRT 420 python3 -X faulthandler -m pytest -v -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
+   "$OLDPWD/tests/test_kvcm_threads.py" "$OLDPWD/tests/test_kvcm_crash.py" --junitxml=stress.xml) > "$OUT_DIR/stress.log" 2>&1 || status=1
+grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT_DIR/stress.log" | tail -20
 fi
 
 if want bench-concat; then
