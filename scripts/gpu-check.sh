@@ -14,7 +14,8 @@
 # workload disk template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
-# for KVCODEC_CRASH_ITERATIONS (default 200). kvcm-codecs runs every installed codec through
+# for KVCODEC_CRASH_ITERATIONS (default 200). In "all", KVCODEC_GPU_BENCH_STEPS replaces the
+# benchmark phase's step list and KVCODEC_GPU_PLUGIN_BENCH=0 skips the plugins' own benchmarks. kvcm-codecs runs every installed codec through
 # the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
 # Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
@@ -75,9 +76,12 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,workload,disk bash "$self" "$OUT_DIR" || status=1
-  KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
-  KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
+  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,workload,disk} \
+    bash "$self" "$OUT_DIR" || status=1
+  if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
+    KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
+    KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
+  fi
   step "done (status $status)"
   exit $status
 fi
