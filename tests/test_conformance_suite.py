@@ -84,6 +84,7 @@ CPU_CASES = {
     "late_host_reads": ("test_host_indices_after_return[cpu]", "host-indices-after-return",
                         "overwritten right after its call returned"),
     "accepts_unknown_lifecycle": ("test_bad_arguments[cpu]", "bad-arguments", "unknown lifecycle 99991 returned true"),
+    "wrong_pool_bound": ("test_bad_arguments[cpu]", "bad-arguments", "returned true; invalid arguments must return false"),
 }
 
 
@@ -111,6 +112,8 @@ NEW_CPU_CASES = {
     "envelope_raw_bytes": ("test_envelope[cpu]", "envelope", "rawBytes is 16422, but the decoded page has 16421 bytes"),
     "envelope_uncovered": ("test_envelope[cpu]", "envelope", "outside what the CRCs cover, yet damaging them changed "
                                                              "the decoded page"),
+    "checked_skips_checksum": ("test_checked_decode[cpu]", "checked-decode",
+                               "flipped but decodeChecked() reported status 0 (kPageOk) for it"),
 }
 ALSO = {"retains_sources": {"test_stateful_sequence[cpu]"}}  # a retained source also breaks a long sequence
 
@@ -163,6 +166,9 @@ def test_enveloped_control_passes_everything(pytester, broken_lib):
     failures, outcomes = run_suite(pytester, "envelope", "-k", "cpu and not golden")
     assert failures == {}
     assert outcomes.get("passed", 0) >= 20
+    # It implements checked decode correctly, so that clause runs and passes (it can pass).
+    failures, outcomes = run_suite(pytester, "envelope", "-k", "checked_decode and cpu")
+    assert failures == {} and outcomes.get("passed", 0) == 1 and not outcomes.get("skipped"), outcomes
 
 
 def test_write_past_slot_message_locates_the_byte(pytester, broken_lib):
@@ -233,6 +239,7 @@ GPU_CASES = {
     "gpu_format_differs": ("test_cpu_gpu_interchange[cuda]", "cpu-gpu-interchange", "decoded on cpu"),
     "late_host_reads": ("test_host_indices_after_return[cuda]", "host-indices-after-return",
                         "overwritten right after its call returned"),
+    "wrong_pool_bound": ("test_bad_arguments[cuda]", "bad-arguments", "returned true; invalid arguments must return false"),
 }
 
 

@@ -31,7 +31,7 @@ def factory(flaw: str):
 
 
 #: Flaws whose blobs start with the cold-page envelope (CPU reference only).
-ENVELOPED = {"envelope", "envelope_raw_bytes", "envelope_uncovered"}
+ENVELOPED = {"envelope", "envelope_raw_bytes", "envelope_uncovered", "checked_skips_checksum"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <set>
@@ -55,6 +56,8 @@ enum class Flaw
     kEnvelopeRawBytes,        // envelope: rawBytes one more than the page
     kEnvelopeUncovered,       // envelope: payloadBytes one short, the page's last byte outside the CRC
     kThrowsOnEmpty,           // any clause (noexcept): throws from encode() on an empty call, null pointers
+    kWrongPoolBound,          // bad-arguments: bounds hot slots by the largest pool group's slot count (CPU, CUDA)
+    kCheckedSkipsChecksum,    // checked-decode: decodeChecked() reports a payload failing its CRC as kPageOk
 };
 
 struct Call
@@ -185,6 +188,45 @@ public:
         return error_.c_str();
     }
 
+    // The envelope control and kCheckedSkipsChecksum implement checked decode (CPU only): each
+    // page's envelope is checked, and a good page is decoded alone.
+    bool hasCheckedDecode() const noexcept override
+    {
+        return device_ < 0 && (flaw_ == Flaw::kEnvelope || flaw_ == Flaw::kCheckedSkipsChecksum);
+    }
+
+    bool decodeChecked(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, uint8_t* status,
+        cudaStream_t stream) noexcept override
+    {
+        auto const* lc = known(id);
+        if (!hasCheckedDecode() || lc == nullptr || (n > 0 && (src == nullptr || pairs == nullptr || status == nullptr)))
+        {
+            return fail("decodeChecked(): bad arguments");
+        }
+        auto const& group = layout_.groups()[lc->group];
+        size_t const blob = header() + group.pageBytes + trailer();
+        for (size_t i = 0; i < n; ++i)
+        {
+            if (pairs[i].dst < 0 || uint64_t(pairs[i].dst) >= group.numSlots || pairs[i].src < 0)
+            {
+                status[i] = kPageBadIndex;
+                continue;
+            }
+            auto const* b = static_cast<uint8_t const*>(src) + uint64_t(pairs[i].src) * blob;
+            auto e = checkColdPageEnvelope(b, blob, 1);
+            if (flaw_ == Flaw::kCheckedSkipsChecksum && e == EnvelopeStatus::kBadChecksum)
+            {
+                e = EnvelopeStatus::kOk;
+            }
+            status[i] = uint8_t(e);
+            if (e == EnvelopeStatus::kOk && !call(false, id, reinterpret_cast<uintptr_t>(src), &pairs[i], 1, stream))
+            {
+                status[i] = kPageDecodeFailed;
+            }
+        }
+        return true;
+    }
+
 private:
     HotLayout::LifeCycle const* known(LifeCycleId id) const noexcept
     {
@@ -206,7 +248,8 @@ private:
 
     bool enveloped() const noexcept
     {
-        return flaw_ == Flaw::kEnvelope || flaw_ == Flaw::kEnvelopeRawBytes || flaw_ == Flaw::kEnvelopeUncovered;
+        return flaw_ == Flaw::kEnvelope || flaw_ == Flaw::kEnvelopeRawBytes || flaw_ == Flaw::kEnvelopeUncovered
+            || flaw_ == Flaw::kCheckedSkipsChecksum;
     }
 
     size_t header() const noexcept
@@ -281,11 +324,19 @@ private:
             return fail("null cold base or page indices");
         }
         auto const& group = layout_.groups()[lc->group];
+        uint64_t bound = group.numSlots;
+        if (flaw_ == Flaw::kWrongPoolBound)
+        {
+            for (auto const& g : layout_.groups())
+            {
+                bound = std::max(bound, g.numSlots);
+            }
+        }
         for (size_t i = 0; i < n; ++i)
         {
             int32_t hot = encode ? pairs[i].src : pairs[i].dst;
             int32_t cold = encode ? pairs[i].dst : pairs[i].src;
-            if (hot < 0 || uint64_t(hot) >= group.numSlots || cold < 0)
+            if (hot < 0 || uint64_t(hot) >= bound || cold < 0)
             {
                 return fail("page index " + std::to_string(i) + " out of range");
             }
@@ -315,9 +366,10 @@ private:
         {
             int32_t const hotIdx = encode ? pairs[i].src : pairs[i].dst;
             int32_t const coldIdx = encode ? pairs[i].dst : pairs[i].src;
-            if (!checked && (hotIdx < 0 || uint64_t(hotIdx) >= group.numSlots || coldIdx < 0))
+            if ((!checked || flaw_ == Flaw::kWrongPoolBound) && (hotIdx < 0 || uint64_t(hotIdx) >= group.numSlots || coldIdx < 0))
             {
-                continue; // a replay never writes out of bounds, only to the wrong pages
+                continue; // a replay never writes out of bounds, only to the wrong pages; nor does the
+                          // wrong bound, whose flaw is returning true (writing would end the test run)
             }
             auto* cold = reinterpret_cast<uint8_t*>(base + uint64_t(coldIdx) * blob);
             if (encode && flaw_ == Flaw::kStaleCache)
@@ -525,6 +577,8 @@ Entry const kEntries[] = {
     {"envelope_raw_bytes", Flaw::kEnvelopeRawBytes},
     {"envelope_uncovered", Flaw::kEnvelopeUncovered},
     {"throws_on_empty", Flaw::kThrowsOnEmpty},
+    {"wrong_pool_bound", Flaw::kWrongPoolBound},
+    {"checked_skips_checksum", Flaw::kCheckedSkipsChecksum},
     // Correct codecs under other names (the registry wants the factory named as the codec).
     {"cuda_only", Flaw::kNone},
     {"golden_none", Flaw::kNone},
