@@ -10,7 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import _native
+try:
+    from . import _native
+except ImportError as _exc:  # the source tree on sys.path (e.g. Python started in the repository)
+    if not any(Path(__path__[0]).glob("_native*")):
+        raise ImportError(
+            f"kvcodec_sdk is imported from its source tree ({__path__[0]}), which holds no compiled "
+            "kvcodec_sdk._native: install the package (`pip install .` in the repository) and import it "
+            "from outside the source folder"
+        ) from None
+    raise _exc
 from .codec import Codec
 from .errors import (
     CodecCallError,

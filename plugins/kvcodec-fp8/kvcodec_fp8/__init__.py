@@ -8,10 +8,12 @@ the blob; other buffers are copied losslessly into the same blob. Select it with
 
 from __future__ import annotations
 
-from ._ext import FORMAT_VERSION
-from .bound import check_error, error_bound_of
-from .plugin import SPEC
+from importlib.metadata import version as _version
 
-__version__ = "0.1.0"
+__version__ = _version("kvcodec-fp8")  # one source: the distribution's metadata (pyproject.toml)
+
+from ._ext import FORMAT_VERSION  # noqa: E402
+from .bound import check_error, error_bound_of  # noqa: E402
+from .plugin import SPEC  # noqa: E402
 
 __all__ = ["FORMAT_VERSION", "SPEC", "check_error", "error_bound_of", "__version__"]

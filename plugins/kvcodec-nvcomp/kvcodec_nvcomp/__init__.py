@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from importlib.metadata import version as _version
 
-__version__ = "0.1.0"
+__version__ = _version("kvcodec-nvcomp")  # one source: the distribution's metadata (pyproject.toml)
 
 
 def _preload_nvcomp() -> None:
