@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -84,6 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (`kvcodec list | head`): stop quietly, as other command-line tools do.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        except OSError:
+            pass
+        return 1
     except (ValueError, RuntimeError, LookupError, OSError, MemoryError) as exc:
         print(f"kvcodec {args.command}: error: {exc}", file=sys.stderr)
         return 1
