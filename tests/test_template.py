@@ -119,3 +119,23 @@ def test_answers_are_never_executed_by_the_template_hook(tmp_path):
                               str(tmp_path / "cli"), answer], capture_output=True, text=True)
         assert out.returncode == 2 and f"error: {field} is" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not marker.exists() and not (tmp_path / "cli").exists()
+
+
+def test_a_new_plugin_holds_no_build_artefacts(tmp_path, monkeypatch, capsys):
+    """A template copy with byte-compiled files in it (an installed one whose hooks or modules
+    were imported) still gives a plugin of sources only."""
+    from kvcodec_sdk.cli import main
+
+    template = tmp_path / "template"
+    shutil.copytree(new.template_dir(), template)
+    package = next(p for p in (template / "{{cookiecutter.distribution_name}}").iterdir()
+                   if p.is_dir() and (p / "plugin.py").exists())
+    for folder in (template / "hooks" / "__pycache__", package / "__pycache__"):
+        folder.mkdir(exist_ok=True)
+        (folder / "plugin.cpython-311.pyc").write_bytes(b"\x00\x01compiled")
+    monkeypatch.setattr(new, "template_dir", lambda: template)
+    assert main(["new", "--no-input", "--output-dir", str(tmp_path / "out")]) == 0
+    created = Path(capsys.readouterr().out.splitlines()[0].removeprefix("created "))
+    assert (created / "pyproject.toml").exists()
+    leftovers = [p for p in created.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
+    assert leftovers == [], leftovers

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -120,12 +121,22 @@ def run(args: argparse.Namespace) -> int:
     except OutputDirExistsException as exc:
         print(f"kvcodec new: error: {exc}; pass --overwrite to replace it", file=sys.stderr)
         return 1
+    _remove_build_artefacts(out)
     codec = _codec_name(out)
     print(f"created {out}")
     print("next:")
     print(f"  pip install --no-build-isolation {out}")
     print(f"  kvcodec check {codec}")
     return 0
+
+
+def _remove_build_artefacts(plugin_dir: Path) -> None:
+    """Deletes byte-compiled files a template copy may carry (``__pycache__``, ``*.pyc``): a new
+    plugin holds sources only."""
+    for cache in sorted(plugin_dir.rglob("__pycache__"), reverse=True):
+        shutil.rmtree(cache, ignore_errors=True)
+    for compiled in plugin_dir.rglob("*.py[co]"):
+        compiled.unlink(missing_ok=True)
 
 
 def _codec_name(plugin_dir: Path) -> str:
