@@ -104,6 +104,22 @@ def test_broken_codec_fails_with_the_clause_and_reason(installed_broken_codec):
     assert report_lines(result.stdout)["round-trip"] == "PASS  round-trip"
 
 
+def test_json_report_has_every_clause_with_status_message_and_place(installed_broken_codec):
+    import json
+
+    result = check("write_past_slot", "--device", "cpu", "--json", "--quiet", env=installed_broken_codec)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["codec"] == "write_past_slot" and report["device"] == "cpu"
+    by_clause = {c["clause"]: c for c in report["clauses"]}
+    assert list(by_clause) == list(CLAUSES)
+    bad = by_clause["writes-inside-slots"]
+    assert bad["status"] == "FAIL" and bad["where"] == "cpu-mixed" and "byte(s) after destination blob" in bad["message"]
+    assert by_clause["round-trip"]["status"] == "PASS"
+    assert report["failed"] == sum(c["status"] == "FAIL" for c in report["clauses"]) >= 1
+    assert report["passed"] + report["failed"] + report["skipped"] == len(CLAUSES)
+
+
 def test_a_failure_is_listed_under_the_clause_it_breaks(installed_broken_codec, tmp_path):
     """The cold-size-fixed test round-trips a page; the round trip that fails there is listed under
     round-trip, and cold-size-fixed says it was not fully checked (it is not a FAIL of its own)."""

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="a test running longer than this dumps every thread's stack and fails its clause (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-test progress on stderr")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as one JSON object (clauses with status, message and where)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output and full tracebacks")
 
 
@@ -208,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if junit is not None:
             _merge_junit(junit_parts, junit, state)
-    print(_report(spec, args.device, params, state.tests, CLAUSES))
+    print((_report_json if args.json else _report)(spec, args.device, params, state.tests, CLAUSES))
     if junit is not None and not junit.is_file():
         print(f"kvcodec check: error: the JUnit XML report was not written to {junit}", file=sys.stderr)
         return 1
@@ -275,23 +277,21 @@ def _merge_junit(parts: list[Path], target: Path, state: _Run) -> None:
     ET.ElementTree(root).write(target, encoding="utf-8", xml_declaration=True)
 
 
-def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+def _clause_results(spec, tests: dict[str, dict], clauses: dict[str, str]) -> list[dict]:
+    """One entry per clause: its status (PASS, FAIL, SKIP), the message and where it happened."""
     from ..testing.events import param_label
 
-    kind = "lossless" if spec.lossless else f"lossy: {spec.error_bound}"
-    lines = [f"kvcodec check {spec.name} (format {spec.format_version}, {kind}) on {device} devices"
-             + (f", params {json.dumps(params)}" if params else "")]
-    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    out = []
     for name in clauses:
         mine = [(nodeid, t) for nodeid, t in tests.items() if t["clause"] == name]
         # A failure found by the clause's own test first, then those found by other tests.
         failed = sorted(((n, t) for n, t in mine if t["outcome"] == "failed"), key=lambda nt: nt[1].get("own") != name)
         passed = [(n, t) for n, t in mine if t["outcome"] == "passed"]
         stopped = [(n, t) for n, t in mine if t["outcome"] == "interrupted"]
+        where, more = "", 0
         if failed:
             nodeid, t = failed[0]
-            more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-            status, text = "FAIL", f"{t['message']} [{param_label(nodeid, spec.name)}]{more}"
+            status, text, where, more = "FAIL", t["message"], param_label(nodeid, spec.name), len(failed) - 1
         elif stopped:
             status, text = "SKIP", stopped[0][1]["message"]
         elif passed:
@@ -302,8 +302,31 @@ def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: di
             status, text = "SKIP", reasons[0]
         else:
             status, text = "SKIP", "no test collected"
-        counts[status] += 1
-        lines.append(f"{status}  {name}" + (f": {text}" if text else ""))
+        out.append({"clause": name, "status": status, "message": text, "where": where, "more_failures": more,
+                    "tests": {nodeid: t["outcome"] for nodeid, t in mine}})
+    return out
+
+
+def _report_json(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+    results = _clause_results(spec, tests, clauses)
+    counts = {k: sum(r["status"] == k for r in results) for k in ("PASS", "FAIL", "SKIP")}
+    return json.dumps({"codec": spec.name, "format_version": spec.format_version, "lossless": spec.lossless,
+                       "error_bound": spec.error_bound, "device": device, "params": params,
+                       "passed": counts["PASS"], "failed": counts["FAIL"], "skipped": counts["SKIP"],
+                       "clauses": results}, indent=2)
+
+
+def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+    kind = "lossless" if spec.lossless else f"lossy: {spec.error_bound}"
+    lines = [f"kvcodec check {spec.name} (format {spec.format_version}, {kind}) on {device} devices"
+             + (f", params {json.dumps(params)}" if params else "")]
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+    for r in _clause_results(spec, tests, clauses):
+        text = r["message"]
+        if r["status"] == "FAIL":
+            text += f" [{r['where']}]" + (f" (+{r['more_failures']} more)" if r["more_failures"] else "")
+        counts[r["status"]] += 1
+        lines.append(f"{r['status']}  {r['clause']}" + (f": {text}" if text else ""))
     lines.append(f"-- {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
                  f"({len(clauses)} clauses)")
     return "\n".join(lines)
