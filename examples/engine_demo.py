@@ -1,15 +1,18 @@
-"""An engine-like use of the KV-cache manager: allocate pages, write K/V from torch, evict them to
+"""An engine-like use of the KV-cache manager: allocate pages, write K/V into them, evict them to
 the host tier, bring them back and verify them. Runs on the CPU backend and on a GPU.
 
-    python examples/engine_demo.py --device cpu
-    python examples/engine_demo.py --device cuda:0
+    python examples/engine_demo.py --device cpu                      # numpy, or torch when installed
+    python examples/engine_demo.py --device cpu --framework numpy    # nothing beyond the SDK's install
+    python examples/engine_demo.py --device cuda:0                   # torch with CUDA
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 
-import torch
+import numpy as np
 
 from kvcodec_sdk import BufferConfig, CacheLevel, DType, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role
 
@@ -22,10 +25,30 @@ def kv_buffers(layers):
     return [BufferConfig(layer, role, nbytes, **shape) for layer in layers for role in (Role.KEY, Role.VALUE)]
 
 
+def random_kv(framework, shape, device, rng):
+    """Random bf16 K/V values, as an attention kernel would write them."""
+    if framework == "torch":
+        import torch
+
+        return torch.randn(shape, dtype=torch.bfloat16, device=device)
+    # numpy has no bf16: the views hold its bit patterns (uint16), the upper half of fp32 values.
+    return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def equal(framework, a, b) -> bool:
+    if framework == "torch":
+        import torch
+
+        return bool(torch.equal(a, b))
+    return bool(np.array_equal(a, b))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--pages", type=int, default=64)
+    parser.add_argument("--framework", choices=("auto", "torch", "numpy"), default="auto",
+                        help="what writes and reads the pages: torch when installed (needed on a GPU), else numpy")
     args = parser.parse_args()
 
     config = KVCacheConfig(
@@ -35,19 +58,29 @@ def main() -> None:
         gpu_quota=256 << 20, host_quota=512 << 20, pool_ratio=[3, 1], device=args.device)
     manager = KVCacheManager(config)  # the default lossless concat codec
     print(manager)
-    device = "cpu" if manager.device == "cpu" else manager.device
-    stream = torch.cuda.Stream() if device != "cpu" else None
+    device = manager.device
+    framework = args.framework
+    if framework == "auto":
+        framework = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+    if framework == "numpy" and device != "cpu":
+        parser.error(f"--device {device} writes pages from the GPU: it needs torch with CUDA (pip install torch)")
+    if framework == "torch":
+        import torch
+
+        stream = torch.cuda.Stream() if device != "cpu" else None
+        on_stream = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    else:
+        stream, on_stream = None, contextlib.nullcontext()
+    rng = np.random.default_rng(0)
 
     pages = manager.allocate(0, args.pages, stream=stream)
     expected = []
-    import contextlib
-
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        for i, page in enumerate(pages):
-            views = manager.buffer_views(page, framework="torch")  # one [token][head][dim] view per K/V buffer
-            values = [torch.randn(v.shape, dtype=torch.bfloat16, device=device) for v in views]
+    with on_stream:
+        for page in pages:
+            views = manager.buffer_views(page, framework=framework)  # one [token][head][dim] view per K/V buffer
+            values = [random_kv(framework, tuple(v.shape), device, rng) for v in views]
             for v, x in zip(views, values):
-                v.copy_(x)  # what an attention kernel would write
+                v[...] = x  # what an attention kernel would write
             expected.append(values)
 
     manager.evict(pages, stream=stream)  # hot -> host, ordered after the writes on the same stream
@@ -58,10 +91,10 @@ def main() -> None:
         stream.synchronize()
 
     for page, values in zip(pages, expected):
-        for v, x in zip(manager.buffer_views(page, framework="torch"), values):
-            assert torch.equal(v, x), f"page {page.id:#x} differs after the round trip"
+        for v, x in zip(manager.buffer_views(page, framework=framework), values):
+            assert equal(framework, v, x), f"page {page.id:#x} differs after the round trip"
     stats = manager.stats(CacheLevel.HOST)[0]
-    print(f"{len(pages)} pages evicted and onboarded byte-exact on {manager.device}: "
+    print(f"{len(pages)} pages evicted and onboarded byte-exact on {manager.device} ({framework}): "
           f"{stats.pages_offloaded} offloaded ({stats.bytes_offloaded >> 20} MiB), {stats.pages_onboarded} onboarded")
     manager.free(pages)
 

@@ -13,19 +13,25 @@ from kvcodec_sdk import _native
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "engine_demo.py"
 
 
-def run_demo(device: str) -> str:
-    pytest.importorskip("torch")
-    out = subprocess.run([sys.executable, str(DEMO), "--device", device, "--pages", "16"], capture_output=True,
+def run_demo(device: str, *extra: str) -> str:
+    out = subprocess.run([sys.executable, str(DEMO), "--device", device, "--pages", "16", *extra], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
-def test_engine_demo_on_the_cpu():
-    assert "16 pages evicted and onboarded byte-exact on cpu" in run_demo("cpu")
+def test_engine_demo_on_the_cpu_with_numpy_alone():
+    """The CPU path needs nothing beyond the SDK's install."""
+    assert "16 pages evicted and onboarded byte-exact on cpu (numpy)" in run_demo("cpu", "--framework", "numpy")
+
+
+def test_engine_demo_on_the_cpu_with_torch():
+    pytest.importorskip("torch")
+    assert "16 pages evicted and onboarded byte-exact on cpu (torch)" in run_demo("cpu", "--framework", "torch")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_native.driver_info()["device_count"] == 0, reason="needs a CUDA device")
 def test_engine_demo_on_the_gpu():
-    assert "byte-exact on cuda:0" in run_demo("cuda:0")
+    pytest.importorskip("torch")
+    assert "byte-exact on cuda:0 (torch)" in run_demo("cuda:0")
