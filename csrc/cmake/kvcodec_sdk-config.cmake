@@ -6,7 +6,15 @@
 # Provides kvcodec_sdk::headers (the public contract headers: codec.h, plugin.h, layout.h,
 # params.h) and kvcodec_sdk_INCLUDE_DIR. Plugins link nothing of the SDK: the contract is
 # header-only and crosses into the SDK as a PyCapsule.
-get_filename_component(_kvcodec_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+#
+# The same file serves an installed SDK (<package>/share/cmake/kvcodec_sdk/) and the SDK's source
+# tree (csrc/cmake/): a plugin inside the repository finds the headers there when it is built in
+# an isolated environment where the SDK is not installed yet.
+if(EXISTS "${CMAKE_CURRENT_LIST_DIR}/../include/kvcodec/codec.h")
+  get_filename_component(_kvcodec_prefix "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+else()
+  get_filename_component(_kvcodec_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+endif()
 set(kvcodec_sdk_INCLUDE_DIR "${_kvcodec_prefix}/include")
 if(NOT EXISTS "${kvcodec_sdk_INCLUDE_DIR}/kvcodec/codec.h")
   set(kvcodec_sdk_FOUND FALSE)
