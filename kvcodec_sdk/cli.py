@@ -67,10 +67,18 @@ def seconds(text: str) -> float:
     return value
 
 
+class CliParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line on stderr (the command, the problem and
+    where to read more), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .commands import COMMANDS
 
-    parser = argparse.ArgumentParser(prog="kvcodec", description="KV-cache cold-page codec tools")
+    parser = CliParser(prog="kvcodec", description="KV-cache cold-page codec tools")
     parser.add_argument("--version", action="version", version=f"kvcodec_sdk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -82,7 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:
+        # Named after the (sub)command that got them, e.g. an option of another benchmark.
+        prog = " ".join(["kvcodec", args.command, *([args.benchmark] if getattr(args, "benchmark", None) else [])])
+        print(f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:

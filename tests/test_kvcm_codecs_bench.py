@@ -108,8 +108,29 @@ def test_options_that_do_not_combine_are_usage_errors(capsys):
     assert cli.main(["bench", "kvcm", "--codec", "all", "--params", "{}", *TINY]) == 2
     assert "--params applies to one codec" in capsys.readouterr().err
     assert cli.main(["bench", "concat", "--codec", "concat", "--quiet"]) == 2
-    assert "--codec is an option of `kvcodec bench kvcm`" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == "kvcodec bench concat: error: unrecognized arguments: --codec concat (see kvcodec bench concat --help)\n"
     assert cli.main(["bench", "kvcm", "--codec", "concat", "--overhead", "--quiet"]) == 2
+    assert cli.main(["bench", "disk", "--sessions", "4"]) == 2  # a workload option
+    assert "kvcodec bench disk: error: unrecognized arguments: --sessions 4" in capsys.readouterr().err
+
+
+def test_bench_codec_name_is_kvcm_codec(tmp_path, capsys):
+    """`kvcodec bench codec NAME` runs the same benchmark as `kvcodec bench kvcm --codec NAME`."""
+    out = tmp_path / "report.json"
+    assert cli.main(["bench", "codec", "concat", *TINY, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {row["codec"] for row in report["rows"]} == {"concat"}
+    assert [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.startswith("concat ")][:2] == \
+        [["concat", "evict"], ["concat", "onboard"]]
+
+
+def test_an_unknown_benchmark_is_one_usage_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "fp8"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice: 'fp8'" in err and "(see kvcodec bench --help)" in err
 
 
 def test_dropped_pages_are_counted_by_reason_and_left_out_of_the_timing(monkeypatch):

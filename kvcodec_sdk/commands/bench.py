@@ -1,4 +1,9 @@
-"""``kvcodec bench``: codec throughput against the physical ceiling and a baseline."""
+"""``kvcodec bench BENCHMARK``: throughput against the physical ceiling and a baseline.
+
+One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
+``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
+``workload`` and ``disk``. An option of another benchmark is a usage error (exit status 2).
+"""
 
 from __future__ import annotations
 
@@ -13,55 +18,94 @@ DEFAULT_CODEC_PAGES = "2048 on a GPU, 64 on the CPU backend"
 NAME = "bench"
 HELP = "benchmark a codec against the copy ceiling and a baseline"
 
+#: The benchmarks, each a subcommand with its own options.
+BENCHMARKS = {
+    "concat": "the concat codec bare: encode and decode against the copy ceiling",
+    "kvcm": "the KV-cache manager hot -> host -> hot with concat (with --codec NAME: any codec through it and bare)",
+    "codec": "a registered codec (plugins included) through the manager and bare, against concat",
+    "workload": "the manager under a prefix-reuse engine workload, host tier against hot only",
+    "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
+}
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("codec", help="what to benchmark: concat (the codec), kvcm (the KV-cache manager; with --codec NAME any "
-                        "registered codec through it and bare), workload (the manager under a prefix-reuse engine "
-                        "workload) or disk (the disk tier)")
+
+def _common(p: argparse.ArgumentParser, iters_help: str | None) -> None:
     p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
+    if iters_help is not None:
+        p.add_argument("--iters", type=count(1, 10_000), default=None, help=iters_help)
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _pieces(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pools", type=count(1, 64), default=3, help="hot pools per page (default 3)")
     p.add_argument("--sizes", type=lambda t: [parse_size(x) for x in t.split(",")],
-                   default=None, help="piece sizes, comma-separated (default 4K,16K,64K,256K,1M)")
+                   default=None, help="piece sizes, comma-separated (default 4K,16K,64K,256K,1M; kvcm 4K,16K,64K)")
     p.add_argument("--bytes", type=parse_size, default=None,
                    help="bytes moved per direction and size (default 512M on GPU, 64M on CPU)")
-    p.add_argument("--iters", type=count(1, 10_000), default=None,
-                   help="timed repetitions (median reported; default 5, kvcm --codec on the CPU backend 3)")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--pages", type=count(1, 10_000_000), default=None,
-                   help=f"kvcm: scattered pages per migrate call (default 10000; with --codec {DEFAULT_CODEC_PAGES})")
-    p.add_argument("--overhead", action="store_true",
-                   help="kvcm: the manager's own host CPU per page only (64-byte pieces, 100000 resident pages; "
-                        "--device defaults to cpu); exits 1 when it misses its 0.1 us/page target")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    kc = p.add_argument_group("kvcm --codec", "options of `kvcodec bench kvcm --codec NAME`: a registered codec "
-                              "through the manager and bare, against concat through the manager. Exit status 0 when "
-                              "it ran (missed targets are reported), 1 when a check or call failed (or, with --strict, "
-                              "a target was missed), 2 for an unknown codec or bad --params")
+
+
+def _codec_options(p: argparse.ArgumentParser, *, prefix: str) -> None:
+    p.add_argument("--params", default=None, metavar="JSON", help=f"{prefix}codec parameters as a JSON object")
+    p.add_argument("--strict", action="store_true", help=f"{prefix}exit 1 when a target is missed")
+    p.add_argument("--layers", type=count(1, 1024), default=6, help=f"{prefix}layers per page, each a K and a V "
+                                                                     "buffer (default 6)")
+    p.add_argument("--tokens", type=count(1, 1 << 20), default=16, help=f"{prefix}tokens per page (default 16)")
+    p.add_argument("--heads", type=count(1, 4096), default=12, help=f"{prefix}KV heads (default 12)")
+    p.add_argument("--head-dim", type=count(1, 1 << 16), default=128, help=f"{prefix}head dim (default 128; bf16: "
+                                                                            "576 KiB pages by default)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, help_text in BENCHMARKS.items():
+        sub.add_parser(name, help=help_text, description=help_text)
+    c = sub.choices["concat"]
+    _common(c, "timed repetitions (median reported; default 5)")
+    _pieces(c)
+
+    k = sub.choices["kvcm"]
+    _common(k, "timed repetitions (median reported; default 5, with --codec on the CPU backend 3)")
+    _pieces(k)
+    k.add_argument("--pages", type=count(1, 10_000_000), default=None,
+                   help=f"scattered pages per migrate call (default 10000; with --codec {DEFAULT_CODEC_PAGES})")
+    k.add_argument("--overhead", action="store_true",
+                   help="the manager's own host CPU per page only (64-byte pieces, 100000 resident pages; --device "
+                        "defaults to cpu); exits 1 when it misses its 0.1 us/page target")
+    kc = k.add_argument_group("--codec", "a registered codec through the manager and bare, against concat through the "
+                              "manager (the same as `kvcodec bench codec NAME`). Exit status 0 when it ran (missed "
+                              "targets are reported), 1 when a check or call failed (or, with --strict, a target was "
+                              "missed), 2 for an unknown codec or bad --params")
     kc.add_argument("--codec", dest="codec_name", metavar="NAME", default=None,
-                    help="kvcm: run this registered codec (plugins included), or 'all' for every codec that can run "
-                         "on the device")
-    kc.add_argument("--params", default=None, metavar="JSON", help="kvcm --codec: codec parameters as a JSON object")
-    kc.add_argument("--strict", action="store_true", help="kvcm --codec: exit 1 when a target is missed")
-    kc.add_argument("--layers", type=count(1, 1024), default=6, help="kvcm --codec: layers per page, each a K and a V buffer "
-                                                          "(default 6)")
-    kc.add_argument("--tokens", type=count(1, 1 << 20), default=16, help="kvcm --codec: tokens per page (default 16)")
-    kc.add_argument("--heads", type=count(1, 4096), default=12, help="kvcm --codec: KV heads (default 12)")
-    kc.add_argument("--head-dim", type=count(1, 1 << 16), default=128, help="kvcm --codec: head dim (default 128; bf16: "
-                                                              "576 KiB pages by default)")
-    wl = p.add_argument_group("workload", "options of `kvcodec bench workload`")
-    wl.add_argument("--sessions", type=count(1, 1_000_000), default=64, help="sessions (default 64)")
-    wl.add_argument("--turns", type=count(1, 100_000), default=4, help="turns per session (default 4)")
-    wl.add_argument("--prefix-pages", type=count(1, 1_000_000), default=32, help="pages of each shared prefix (default 32)")
-    wl.add_argument("--prefixes", type=count(1, 1_000_000), default=4, help="distinct shared prefixes (default 4)")
-    wl.add_argument("--new-pages", type=count(1, 1_000_000), default=4, help="new pages per turn (default 4)")
-    wl.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
-    wl.add_argument("--disk-dir", default=None, help="also give both runs a disk tier in a temp dir under this path")
-    disk = p.add_argument_group("disk", "options of `kvcodec bench disk`")
-    disk.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
-    disk.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
-    disk.add_argument("--io-threads", type=count(1, 4096), default=32, help="store I/O threads (default 32, as a disk tier)")
-    disk.add_argument("--depth", type=count(1, 1 << 20), default=256, help="pages in flight (default 256)")
-    disk.add_argument("--recovery-slots", type=count(1, 1 << 30), default=1 << 20, help="slots of the recovery test (default 1M)")
+                    help="run this registered codec (plugins included), or 'all' for every codec that can run on the "
+                         "device")
+    _codec_options(kc, prefix="with --codec: ")
+
+    cd = sub.choices["codec"]
+    cd.add_argument("codec_name", metavar="NAME", help="a registered codec (see kvcodec list), or 'all'")
+    _common(cd, "timed repetitions (default 5, on the CPU backend 3)")
+    cd.add_argument("--pages", type=count(1, 10_000_000), default=None,
+                    help=f"scattered pages per migrate call (default {DEFAULT_CODEC_PAGES})")
+    _codec_options(cd, prefix="")
+
+    w = sub.choices["workload"]
+    _common(w, None)  # one deterministic run
+    w.add_argument("--sessions", type=count(1, 1_000_000), default=64, help="sessions (default 64)")
+    w.add_argument("--turns", type=count(1, 100_000), default=4, help="turns per session (default 4)")
+    w.add_argument("--prefix-pages", type=count(1, 1_000_000), default=32, help="pages of each shared prefix (default 32)")
+    w.add_argument("--prefixes", type=count(1, 1_000_000), default=4, help="distinct shared prefixes (default 4)")
+    w.add_argument("--new-pages", type=count(1, 1_000_000), default=4, help="new pages per turn (default 4)")
+    w.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
+    w.add_argument("--disk-dir", default=None, help="also give both runs a disk tier in a temp dir under this path")
+
+    d = sub.choices["disk"]
+    d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    d.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    d.add_argument("--bytes", type=parse_size, default=None, help="bytes written and read (default 512M)")
+    d.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
+    d.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
+    d.add_argument("--io-threads", type=count(1, 4096), default=32, help="store I/O threads (default 32, as a disk tier)")
+    d.add_argument("--depth", type=count(1, 1 << 20), default=256, help="pages in flight (default 256)")
+    d.add_argument("--recovery-slots", type=count(1, 1 << 30), default=1 << 20, help="slots of the recovery test (default 1M)")
 
 
 def _usage_error(message: str) -> int:
@@ -70,57 +114,54 @@ def _usage_error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    codec_mode = args.codec_name is not None
-    if args.params is not None and not codec_mode:
-        return _usage_error("--params needs --codec NAME (kvcodec bench kvcm --codec NAME --params JSON)")
-    if codec_mode and args.codec != "kvcm":
-        return _usage_error(f"--codec is an option of `kvcodec bench kvcm`, not of `kvcodec bench {args.codec}`")
-    if args.codec == "kvcm" and codec_mode:
-        if args.overhead:
-            return _usage_error("--overhead measures concat only; leave out --codec")
+    if args.benchmark == "codec":
         return _run_kvcm_codecs(args)
-    pages = 10_000 if args.pages is None else args.pages
-    args.iters = 5 if args.iters is None else args.iters
-    if args.codec == "kvcm":
-        from ..bench import kvcm
-
-        if args.overhead:
-            report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
-                                       pages=pages, iters=max(args.iters, 15), progress=not args.quiet)
-            print(kvcm.format_table(report))
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(report.to_json(), f, indent=2)
-            return 0 if kvcm.overhead_ok(report) else 1
-        sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
-        kw = {"max_bytes": args.bytes} if args.bytes else {}
-        report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=pages, iters=args.iters,
-                          progress=not args.quiet, **kw)
-        print(kvcm.format_table(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report.to_json(), f, indent=2)
-        return 0
-    if args.codec == "workload":
+    if args.benchmark == "workload":
         return _run_workload(args)
-    if args.sizes is None:
-        from ..bench.concat import DEFAULT_SIZES
-
-        args.sizes = list(DEFAULT_SIZES)
-    if args.codec == "disk":
+    if args.benchmark == "disk":
         return _run_disk(args)
-    if args.codec != "concat":
-        print(f"kvcodec bench: no benchmark for {args.codec!r}; available: concat, kvcm, workload, disk", file=sys.stderr)
-        return 2
+    args.iters = 5 if args.iters is None else args.iters
+    if args.benchmark == "kvcm":
+        if args.codec_name is None and args.params is not None:
+            return _usage_error("--params needs --codec NAME (kvcodec bench kvcm --codec NAME --params JSON)")
+        if args.codec_name is not None:
+            if args.overhead:
+                return _usage_error("--overhead measures concat only; leave out --codec")
+            return _run_kvcm_codecs(args)
+        return _run_kvcm(args)
     from ..bench import concat
 
-    report = concat.run(device=args.device, pools=args.pools, sizes=args.sizes, total_bytes=args.bytes,
+    sizes = args.sizes or list(concat.DEFAULT_SIZES)
+    report = concat.run(device=args.device, pools=args.pools, sizes=sizes, total_bytes=args.bytes,
                         iters=args.iters, progress=not args.quiet)
     print(concat.format_table(report))
+    _write_json(args, report)
+    return 0
+
+
+def _write_json(args: argparse.Namespace, report) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_json(), f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+def _run_kvcm(args: argparse.Namespace) -> int:
+    from ..bench import kvcm
+
+    pages = 10_000 if args.pages is None else args.pages
+    if args.overhead:
+        report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
+                                   pages=pages, iters=max(args.iters, 15), progress=not args.quiet)
+        print(kvcm.format_table(report))
+        _write_json(args, report)
+        return 0 if kvcm.overhead_ok(report) else 1
+    sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
+    kw = {"max_bytes": args.bytes} if args.bytes else {}
+    report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=pages, iters=args.iters,
+                      progress=not args.quiet, **kw)
+    print(kvcm.format_table(report))
+    _write_json(args, report)
     return 0
 
 
@@ -154,10 +195,7 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
     except (UnknownCodecError, CodecParamError) as exc:
         return _usage_error(str(exc))
     print(kvcm_codecs.format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+    _write_json(args, report)
     if report.failed:
         return 1
     return 1 if args.strict and kvcm_codecs.misses(report) else 0
@@ -170,10 +208,7 @@ def _run_disk(args: argparse.Namespace) -> int:
                       io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
                       progress=not args.quiet)
     print(disk.format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+    _write_json(args, report)
     return 0
 
 
@@ -184,8 +219,5 @@ def _run_workload(args: argparse.Namespace) -> int:
                           prefix_pages=args.prefix_pages, new_pages=args.new_pages, piece_bytes=args.piece_bytes)
     report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet)
     print(workload.format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
+    _write_json(args, report)
     return 0
