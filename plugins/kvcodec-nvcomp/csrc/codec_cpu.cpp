@@ -185,44 +185,38 @@ void unshuffleGroupPairs16(uint8_t const* in, uint8_t* out, uint64_t groups)
 }
 #endif
 
-void shuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
+// One chunk, shuffled (kShuffle) or unshuffled: the SSE2 pairs of groups for 16-bit elements (an
+// odd last group by format.h's function), the staged scalar transposes otherwise, and the tail
+// past the last whole group copied as it is.
+template <bool kShuffle>
+void transformChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
 {
     uint64_t const groups = shuffleGroups(bytes, w);
 #if defined(__SSE2__)
     if (w == 2)
     {
-        shuffleGroupPairs16(in, out, groups);
+        (kShuffle ? shuffleGroupPairs16 : unshuffleGroupPairs16)(in, out, groups);
         if (groups % 2 == 1)
         {
-            shuffleGroup(in, out, groups, groups - 1, w);
+            (kShuffle ? shuffleGroup : unshuffleGroup)(in, out, groups, groups - 1, w);
         }
     }
     else
 #endif
     {
-        shuffleGroupsScalar(in, out, groups, w);
+        (kShuffle ? shuffleGroupsScalar : unshuffleGroupsScalar)(in, out, groups, w);
     }
     std::memcpy(out + groups * 8 * w, in + groups * 8 * w, bytes - groups * 8 * w);
 }
 
+void shuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
+{
+    transformChunk<true>(in, out, bytes, w);
+}
+
 void unshuffleChunk(uint8_t const* in, uint8_t* out, uint64_t bytes, uint32_t w)
 {
-    uint64_t const groups = shuffleGroups(bytes, w);
-#if defined(__SSE2__)
-    if (w == 2)
-    {
-        unshuffleGroupPairs16(in, out, groups);
-        if (groups % 2 == 1)
-        {
-            unshuffleGroup(in, out, groups, groups - 1, w);
-        }
-    }
-    else
-#endif
-    {
-        unshuffleGroupsScalar(in, out, groups, w);
-    }
-    std::memcpy(out + groups * 8 * w, in + groups * 8 * w, bytes - groups * 8 * w);
+    transformChunk<false>(in, out, bytes, w);
 }
 
 void put32(uint8_t* p, uint32_t v)
