@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _native
 
-__all__ = ["ENVELOPE_BYTES", "MAGIC", "Envelope", "parse", "field_problems"]
+__all__ = ["ENVELOPE_BYTES", "MAGIC", "STORED_RAW", "COMPRESSED", "DID_NOT_FIT", "Envelope", "parse", "field_problems"]
 
 ENVELOPE_BYTES = 32
 MAGIC = 0x5043564B

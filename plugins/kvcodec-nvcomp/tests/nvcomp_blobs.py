@@ -16,6 +16,7 @@ import pytest
 
 import kvcodec_sdk as kv
 from kvcodec_sdk.registry import _reset_default_registry
+from kvcodec_sdk.testing.envelope import COMPRESSED, DID_NOT_FIT, MAGIC, STORED_RAW  # noqa: F401 (the SDK's envelope)
 
 
 def plugin_ext():
@@ -39,8 +40,6 @@ def fresh_default_registry(monkeypatch):
     yield
     _reset_default_registry()
 
-MAGIC = 0x5043564B
-STORED_RAW, COMPRESSED, DID_NOT_FIT = 1, 2, 4
 CHUNK_COMPRESSED = 0x80000000
 ALGORITHM_IDS = {"nvcomp-lz4": 1, "nvcomp-gdeflate": 2, "nvcomp-ans": 3}
 
