@@ -649,7 +649,7 @@ def test_native_properties_and_release(rng):
         ("[]", "malformed codec parameters: parameters must be a JSON object"),
         ('{"path": "auto"} trailing', "unexpected text after the object"),
         ('{"path": {"nested": 1}}', "value of 'path' must be a string, number, boolean or null"),
-        ('{"bogus": 1}', "unknown concat parameter 'bogus'; valid parameters are 'path', 'sm_path_below_bytes'"),
+        ('{"bogus": 1}', "unknown concat parameter 'bogus'; valid parameters are 'path', 'sm_path_below_bytes', 'copy_api'"),
         ('{"path": "fast"}', "concat parameter 'path' is fast; valid values are 'auto', 'copy_engine', 'sm'"),
         ('{"path": 3}', "concat parameter 'path' is 3"),
         ('{"copy_api": "x"}', "concat parameter 'copy_api' is x; valid values are 'auto', 'batch', 'per_copy'"),

@@ -7,10 +7,18 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kvcodec {
 
@@ -224,6 +232,163 @@ private:
 
     std::map<std::string, Value> values_;
     char const* p_ = "";
+};
+
+/// A codec parameter refused by ParamReader; the message names the codec, the key and the value.
+struct ParamError : std::invalid_argument
+{
+    using std::invalid_argument::invalid_argument;
+};
+
+/// Typed reading of a codec's parameters, for a factory (see makeCodecFactory in codec_base.h).
+///
+/// The parameter schema (types, defaults, ranges, choices, documentation) has one source: the
+/// codec's Python spec, which validates user input and sends every parameter, defaults filled in.
+/// A native caller may omit keys; the field then keeps its initial value. The reader refuses what
+/// would make a typed value meaningless (malformed JSON, a wrong type, a fraction for an integer,
+/// a value outside the C++ type, a string outside an enum's mapping, an unknown key) and leaves
+/// semantic checks the schema cannot express (a multiple of 16, one field smaller than another)
+/// to the codec, through refuse().
+class ParamReader
+{
+public:
+    /// Parses `json` (null reads as "{}"); throws ParamError when it is malformed.
+    ParamReader(char const* codec, char const* json)
+        : codec_(codec == nullptr ? "codec" : codec)
+    {
+        std::string error;
+        if (!params_.parse(json, error))
+        {
+            throw ParamError(error);
+        }
+    }
+
+    /// Reads `key` into `value` when present: bool, an integer type, a floating type or
+    /// std::string. Throws ParamError on a wrong type or a value `T` cannot hold.
+    template <class T>
+    void read(char const* key, T& value)
+    {
+        if (std::find(known_.begin(), known_.end(), key) == known_.end())
+        {
+            known_.emplace_back(key);
+        }
+        auto it = params_.values().find(key);
+        if (it == params_.values().end() || it->second.kind == CodecParams::Value::Kind::kNull)
+        {
+            return;
+        }
+        auto const& v = it->second;
+        if constexpr (std::is_same_v<T, bool>)
+        {
+            if (v.kind != CodecParams::Value::Kind::kBool)
+            {
+                refuse(key, "it must be true or false");
+            }
+            value = v.boolean;
+        }
+        else if constexpr (std::is_integral_v<T>)
+        {
+            double const n = v.number;
+            if (v.kind != CodecParams::Value::Kind::kNumber || n != std::floor(n)
+                || n < double(std::numeric_limits<T>::lowest())
+                || n >= std::ldexp(1.0, std::numeric_limits<T>::digits))
+            {
+                refuse(key,
+                    std::is_unsigned_v<T> && sizeof(T) == 8 ? std::string("it must be an integer >= 0")
+                        : "it must be an integer in [" + std::to_string(std::numeric_limits<T>::lowest()) + ", "
+                            + std::to_string(std::numeric_limits<T>::max()) + "]");
+            }
+            value = T(n);
+        }
+        else if constexpr (std::is_floating_point_v<T>)
+        {
+            if (v.kind != CodecParams::Value::Kind::kNumber || !std::isfinite(v.number))
+            {
+                refuse(key, "it must be a finite number");
+            }
+            value = T(v.number);
+        }
+        else
+        {
+            static_assert(std::is_same_v<T, std::string>, "ParamReader::read: bool, integer, floating or std::string");
+            if (v.kind != CodecParams::Value::Kind::kString)
+            {
+                refuse(key, "it must be a string");
+            }
+            value = v.text;
+        }
+    }
+
+    /// Reads the string `key` into the enum (or any) `value` through `options` (text -> value)
+    /// when present; throws ParamError naming the valid texts otherwise.
+    template <class E>
+    void choice(char const* key, E& value, std::initializer_list<std::pair<char const*, E>> options)
+    {
+        std::string text;
+        bool const present = has(key);
+        read(key, text);
+        if (!present)
+        {
+            return;
+        }
+        std::string valid;
+        for (auto const& [name, option] : options)
+        {
+            if (text == name)
+            {
+                value = option;
+                return;
+            }
+            valid += (valid.empty() ? "'" : ", '") + std::string(name) + "'";
+        }
+        refuse(key, "valid values are " + valid);
+    }
+
+    /// True when `key` is present (and not null).
+    [[nodiscard]] bool has(char const* key) const
+    {
+        auto it = params_.values().find(key);
+        return it != params_.values().end() && it->second.kind != CodecParams::Value::Kind::kNull;
+    }
+
+    /// Throws ParamError "<codec> parameter '<key>' is <value>; <why>" (strings shown unquoted).
+    [[noreturn]] void refuse(char const* key, std::string const& why) const
+    {
+        auto it = params_.values().find(key);
+        std::string shown = "absent";
+        if (it != params_.values().end())
+        {
+            auto const& v = it->second;
+            shown = v.kind == CodecParams::Value::Kind::kBool ? std::string(v.boolean ? "true" : "false")
+                : v.kind == CodecParams::Value::Kind::kNull   ? std::string("null")
+                                                              : v.text;
+        }
+        throw ParamError(codec_ + " parameter '" + key + "' is " + shown + "; " + why);
+    }
+
+    /// Throws ParamError for the first key no read()/choice() asked for, listing the known ones
+    /// in the order they were read.
+    void finish() const
+    {
+        for (auto const& [key, value] : params_.values())
+        {
+            if (std::find(known_.begin(), known_.end(), key) == known_.end())
+            {
+                std::string valid;
+                for (auto const& k : known_)
+                {
+                    valid += (valid.empty() ? "'" : ", '") + k + "'";
+                }
+                throw ParamError("unknown " + codec_ + " parameter '" + key + "'; valid parameters are "
+                    + (valid.empty() ? std::string("none") : valid));
+            }
+        }
+    }
+
+private:
+    std::string codec_;
+    CodecParams params_;
+    std::vector<std::string> known_; ///< In the order the codec reads them.
 };
 
 } // namespace kvcodec

@@ -22,10 +22,7 @@
 #include <vector>
 
 #include "concat_gather.h"
-#include "kvcodec/device_scope.h"
-#include "kvcodec/layout.h"
-#include "kvcodec/params.h"
-#include "kvcodec/plugin.h"
+#include "kvcodec/codec_base.h"
 #include "runtime/driver_api.h"
 
 namespace kvcodec::concat {
@@ -34,151 +31,30 @@ namespace {
 enum class Path { kAuto, kCopyEngine, kSm };
 enum class CopyApi { kAuto, kBatch, kPerCopy };
 
+// The values the registry's schema validated (kvcodec_sdk/codecs/concat.py holds the schema).
 struct ConcatParams
 {
     Path path = Path::kAuto;
     uint64_t smPathBelowBytes = 1024 * 1024;
     CopyApi copyApi = CopyApi::kAuto;
+
+    void read(ParamReader& r)
+    {
+        r.choice("path", path, {{"auto", Path::kAuto}, {"copy_engine", Path::kCopyEngine}, {"sm", Path::kSm}});
+        r.read("sm_path_below_bytes", smPathBelowBytes);
+        r.choice("copy_api", copyApi,
+            {{"auto", CopyApi::kAuto}, {"batch", CopyApi::kBatch}, {"per_copy", CopyApi::kPerCopy}});
+    }
 };
 
-// Reads the parameters; the Python registry validated them already, this repeats the checks so
-// a native caller gets the same errors.
-bool parseParams(char const* json, ConcatParams& out, std::string& error)
-{
-    CodecParams params;
-    if (!params.parse(json, error))
-    {
-        return false;
-    }
-    for (auto const& [key, value] : params.values())
-    {
-        if (key == "path")
-        {
-            auto v = params.getString(key);
-            if (v == std::string("auto")) out.path = Path::kAuto;
-            else if (v == std::string("copy_engine")) out.path = Path::kCopyEngine;
-            else if (v == std::string("sm")) out.path = Path::kSm;
-            else
-            {
-                error = "concat parameter 'path' is " + value.text + "; valid values are 'auto', 'copy_engine', 'sm'";
-                return false;
-            }
-        }
-        else if (key == "sm_path_below_bytes")
-        {
-            auto v = params.getNumber(key);
-            if (!v || *v < 0 || *v != double(uint64_t(*v)))
-            {
-                error = "concat parameter 'sm_path_below_bytes' is " + value.text + "; it must be an integer >= 0";
-                return false;
-            }
-            out.smPathBelowBytes = uint64_t(*v);
-        }
-        else if (key == "copy_api")
-        {
-            auto v = params.getString(key);
-            if (v == std::string("auto")) out.copyApi = CopyApi::kAuto;
-            else if (v == std::string("batch")) out.copyApi = CopyApi::kBatch;
-            else if (v == std::string("per_copy")) out.copyApi = CopyApi::kPerCopy;
-            else
-            {
-                error = "concat parameter 'copy_api' is " + value.text + "; valid values are 'auto', 'batch', 'per_copy'";
-                return false;
-            }
-        }
-        else
-        {
-            error = "unknown concat parameter '" + key + "'; valid parameters are 'path', 'sm_path_below_bytes', 'copy_api'";
-            return false;
-        }
-    }
-    return true;
-}
-
-// Shared by both implementations: layout, blob offsets, queries and argument validation.
-class ConcatCodecBase : public IKvCacheColdPageCodec
+// Shared by both implementations: the blob offset of every pool of a hot pool group.
+class ConcatCodec : public CodecBase
 {
 public:
-    explicit ConcatCodecBase(ConcatParams params)
-        : params_(params)
+    ConcatCodec(ConcatParams params, int32_t device)
+        : CodecBase(device)
+        , params_(params)
     {
-    }
-
-    bool configure(PoolGroupDesc const* gpuDescs, PoolGroupIndex numGpuDescs) noexcept override
-    {
-        try
-        {
-            if (configureCalled_)
-            {
-                return fail("configure() was already called; a codec is configured exactly once");
-            }
-            configureCalled_ = true; // Even a rejected configuration is final: KVCM calls configure once.
-            std::string err = layout_.load(gpuDescs, numGpuDescs);
-            if (!err.empty())
-            {
-                return fail(err);
-            }
-            offsets_.clear();
-            for (auto const& group : layout_.groups())
-            {
-                std::vector<uint64_t> offs;
-                uint64_t off = 0;
-                for (auto const& pool : group.pools)
-                {
-                    offs.push_back(off);
-                    off += pool.slotBytes;
-                }
-                offsets_.push_back(std::move(offs));
-            }
-            if (!configureBackend())
-            {
-                return false;
-            }
-            configured_ = true;
-            error_.clear();
-            return true;
-        }
-        catch (std::exception const& e)
-        {
-            return fail(std::string("configure() failed: ") + e.what());
-        }
-    }
-
-    size_t queryColdPageBytes(LayerGroupId id) const noexcept override
-    {
-        auto const* lc = configured_ ? layout_.find(id) : nullptr;
-        return lc ? layout_.groups()[lc->group].pageBytes : 0;
-    }
-
-    LayerGroupId getBatchingLayerGroupId(LayerGroupId id) const noexcept override
-    {
-        // Every lifecycle of a hot pool group encodes identically: the representative is the
-        // smallest lifecycle ID of the group.
-        auto const* lc = configured_ ? layout_.find(id) : nullptr;
-        return lc ? layout_.smallestLifeCycle(lc->group) : -1;
-    }
-
-    PageIndexLocation queryPageIndexLocation(LayerGroupId id) const noexcept override
-    {
-        auto const* lc = configured_ ? layout_.find(id) : nullptr;
-        return lc ? groupLocation(lc->group) : PageIndexLocation::kBadLocation;
-    }
-
-    bool encode(LayerGroupId id, void* dstBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
-        cudaStream_t stream) noexcept override
-    {
-        return transform(id, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, numBasePages, stream, true);
-    }
-
-    bool decode(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
-        cudaStream_t stream) noexcept override
-    {
-        return transform(id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages, stream, false);
-    }
-
-    char const* lastError() const noexcept override
-    {
-        return error_.c_str();
     }
 
 protected:
@@ -190,117 +66,65 @@ protected:
         uint64_t bytes;
     };
 
-    virtual bool configureBackend() = 0;
-    virtual PageIndexLocation groupLocation(PoolGroupIndex group) const noexcept = 0;
-    virtual bool submit(PoolGroupIndex group, uintptr_t blob, PageIndexPair const* pairs, size_t n,
-        cudaStream_t stream, bool encode)
-        = 0;
-
-    bool fail(std::string message) const noexcept
+    bool plan(HotLayout const& layout) override
     {
-        try
+        offsets_.clear();
+        for (auto const& group : layout.groups())
         {
-            error_ = std::move(message);
+            std::vector<uint64_t> offs;
+            uint64_t off = 0;
+            for (auto const& pool : group.pools)
+            {
+                offs.push_back(off);
+                off += pool.slotBytes;
+            }
+            offsets_.push_back(std::move(offs));
         }
-        catch (...)
-        {
-        }
-        return false;
+        return planBackend();
     }
 
-    // Checks host-visible indices of one call; returns the largest cold index through maxCold.
-    bool checkHostIndices(HotLayout::Group const& group, PageIndexPair const* pairs, size_t n, bool encode,
-        int64_t& maxCold) const
-    {
-        maxCold = -1;
-        for (size_t i = 0; i < n; ++i)
-        {
-            int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
-            int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
-            if (hot < 0 || uint64_t(hot) >= group.numSlots)
-            {
-                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "src" : "dst") + " is "
-                    + std::to_string(hot) + "; hot slot indices are 0.." + std::to_string(group.numSlots - 1));
-            }
-            if (cold < 0)
-            {
-                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "dst" : "src") + " is "
-                    + std::to_string(cold) + "; cold slot indices must be >= 0");
-            }
-            maxCold = std::max<int64_t>(maxCold, cold);
-        }
-        return true;
-    }
+    virtual bool planBackend() = 0;
 
-    HotLayout layout_;
     std::vector<std::vector<uint64_t>> offsets_; // per group, per pool: offset inside the blob
     ConcatParams params_;
-    bool configured_ = false;
-    bool configureCalled_ = false;
-    mutable std::string error_;
-
-private:
-    bool transform(LayerGroupId id, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
-        bool encode) noexcept
-    {
-        try
-        {
-            std::string error;
-            auto const* lc = layout_.checkCall(encode ? "encode" : "decode", configured_, id,
-                reinterpret_cast<void const*>(blob), pairs, n, error);
-            if (lc == nullptr)
-            {
-                return error.empty() ? true : fail(error); // no pages: nothing to do
-            }
-            return submit(lc->group, blob, pairs, n, stream, encode);
-        }
-        catch (std::exception const& e)
-        {
-            return fail(std::string("transform failed: ") + e.what());
-        }
-    }
 };
 
 // ---------------------------------------------------------------------------------------------
 // CPU reference
 // ---------------------------------------------------------------------------------------------
 
-class ConcatCodecCpu final : public ConcatCodecBase
+class ConcatCodecCpu final : public ConcatCodec
 {
 public:
-    using ConcatCodecBase::ConcatCodecBase;
+    explicit ConcatCodecCpu(ConcatParams const& params)
+        : ConcatCodec(params, KVCODEC_DEVICE_CPU)
+    {
+    }
 
 private:
-    bool configureBackend() override
+    bool planBackend() override
     {
         return true;
     }
 
-    PageIndexLocation groupLocation(PoolGroupIndex) const noexcept override
+    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
     {
         return PageIndexLocation::kHost;
     }
 
-    bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t,
-        bool encode) override
+    bool submit(CodecCall const& call) override
     {
-        auto const& group = layout_.groups()[g];
-        int64_t maxCold = 0;
-        if (!checkHostIndices(group, pairs, n, encode, maxCold))
+        auto const& group = call.group;
+        auto const& offs = offsets_[call.groupIndex];
+        for (size_t i = 0; i < call.numPages; ++i)
         {
-            return false;
-        }
-        auto const& offs = offsets_[g];
-        for (size_t i = 0; i < n; ++i)
-        {
-            uint64_t const hotIdx = uint64_t(encode ? pairs[i].src : pairs[i].dst);
-            uint64_t const coldIdx = uint64_t(encode ? pairs[i].dst : pairs[i].src);
-            auto* cold = reinterpret_cast<char*>(blob + coldIdx * group.pageBytes);
+            uint64_t const hotIdx = uint64_t(call.hot(i));
+            auto* cold = reinterpret_cast<char*>(call.coldBase + uint64_t(call.cold(i)) * group.pageBytes);
             for (size_t p = 0; p < group.pools.size(); ++p)
             {
                 auto const& pool = group.pools[p];
                 auto* hot = reinterpret_cast<char*>(pool.base + hotIdx * pool.slotBytes);
-                if (encode)
+                if (call.encoding)
                 {
                     std::memcpy(cold + offs[p], hot, pool.slotBytes);
                 }
@@ -313,6 +137,7 @@ private:
         return true;
     }
 };
+
 
 // ---------------------------------------------------------------------------------------------
 // CUDA
@@ -361,19 +186,24 @@ struct DescriptorScratch
 
 thread_local DescriptorScratch tScratch;
 
-class ConcatCodecCuda final : public ConcatCodecBase
+class ConcatCodecCuda final : public ConcatCodec
 {
 public:
-    ConcatCodecCuda(ConcatParams params, int device, int numSms)
-        : ConcatCodecBase(params)
-        , device_(device)
-        , numSms_(numSms)
+    ConcatCodecCuda(ConcatParams const& params, CudaDevice device)
+        : ConcatCodec(params, device.ordinal)
+        , numSms_(device.numSms)
     {
+        if (params.copyApi == CopyApi::kBatch && !runtime::driverApi().hasMemcpyBatch())
+        {
+            throw CodecCreateError(
+                "concat parameter copy_api='batch' needs cuMemcpyBatchAsync (CUDA 12.8+), but the driver reports version "
+                + std::to_string(runtime::driverApi().driverVersion));
+        }
     }
 
     ~ConcatCodecCuda() override
     {
-        DeviceScope scope(device_);
+        DeviceScope scope(device());
         for (auto& plan : plans_)
         {
             if (plan.devicePools != nullptr)
@@ -394,21 +224,16 @@ private:
 
     static constexpr uint64_t kGatherChunkBytes = 16 * 1024;
 
-    bool configureBackend() override
+    bool planBackend() override
     {
-        DeviceScope scope(device_);
-        if (!scope.ok())
+        if (!cudaCheck(preloadGather(), "loading the gather kernel"))
         {
-            return fail("cannot make CUDA device " + std::to_string(device_) + " current");
+            return false;
         }
-        if (cudaError_t st = preloadGather(); st != cudaSuccess)
-        {
-            return fail("loading the gather kernel failed: " + runtime::runtimeErrorText(st));
-        }
-        plans_.resize(layout_.groups().size());
+        plans_.resize(layout().groups().size());
         for (size_t g = 0; g < plans_.size(); ++g)
         {
-            auto const& group = layout_.groups()[g];
+            auto const& group = layout().groups()[g];
             GroupPlan& plan = plans_[g];
             uint64_t smallest = UINT64_MAX;
             for (auto const& pool : group.pools)
@@ -441,52 +266,39 @@ private:
             if (st != cudaSuccess)
             {
                 return fail("allocating the SM-path pool table of hot pool group " + std::to_string(g)
-                    + " failed: " + runtime::runtimeErrorText(st));
+                    + " failed: " + cudaErrorText(st));
             }
         }
         return true;
     }
 
-    PageIndexLocation groupLocation(PoolGroupIndex g) const noexcept override
+    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const& lc) const override
     {
-        return plans_[g].smPath ? PageIndexLocation::kDevice : PageIndexLocation::kHost;
+        return plans_[lc.group].smPath ? PageIndexLocation::kDevice : PageIndexLocation::kHost;
     }
 
-    bool submit(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n, cudaStream_t stream,
-        bool encode) override
+    bool submit(CodecCall const& call) override
     {
-        if (stream == nullptr || stream == cudaStreamLegacy)
-        {
-            return fail(std::string(encode ? "encode" : "decode")
-                + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
-        }
-        DeviceScope scope(device_);
-        if (!scope.ok())
-        {
-            return fail("cannot make CUDA device " + std::to_string(device_) + " current");
-        }
-        auto const& group = layout_.groups()[g];
-        GroupPlan const& plan = plans_[g];
+        GroupPlan const& plan = plans_[call.groupIndex];
         if (plan.smPath)
         {
-            GatherArgs args{plan.devicePools, uint32_t(group.pools.size()), encode ? 1u : 0u, kGatherChunkBytes,
-                plan.chunksPerPage, group.pageBytes, group.numSlots, pairs, n, blob};
-            cudaError_t st = launchGather(args, numSms_, stream);
-            return st == cudaSuccess ? true : fail("gather kernel launch failed: " + runtime::runtimeErrorText(st));
+            auto const& group = call.group;
+            GatherArgs args{plan.devicePools, uint32_t(group.pools.size()), call.encoding ? 1u : 0u, kGatherChunkBytes,
+                plan.chunksPerPage, group.pageBytes, group.numSlots, call.pages, call.numPages, call.coldBase};
+            return cudaCheck(launchGather(args, numSms_, call.stream), "gather kernel launch");
         }
-        return submitCopyEngine(g, blob, pairs, n, stream, encode);
+        return submitCopyEngine(call);
     }
 
-    bool submitCopyEngine(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t n,
-        cudaStream_t stream, bool encode)
+    bool submitCopyEngine(CodecCall const& call)
     {
-        auto const& group = layout_.groups()[g];
-        GroupPlan const& plan = plans_[g];
-        int64_t maxCold = 0;
-        if (!checkHostIndices(group, pairs, n, encode, maxCold))
-        {
-            return false;
-        }
+        auto const& group = call.group;
+        GroupPlan const& plan = plans_[call.groupIndex];
+        uintptr_t const blob = call.coldBase;
+        PageIndexPair const* pairs = call.pages;
+        size_t const n = call.numPages;
+        bool const encode = call.encoding;
+        int64_t const maxCold = call.maxColdIndex;
         // Queried on every call: the cold base may be reallocated between calls.
         std::vector<uintptr_t>& blobBounds = tScratch.blobBounds;
         blobBounds.clear();
@@ -504,7 +316,7 @@ private:
         {
             anyBounds = anyBounds || !b.empty();
         }
-        uint64_t const* offs = offsets_[g].data();
+        uint64_t const* offs = offsets_[call.groupIndex].data();
         size_t k = 0;
         if (!anyBounds)
         {
@@ -536,7 +348,7 @@ private:
                 }
             }
         }
-        return submitDescriptors(k, stream);
+        return submitDescriptors(k, call.stream);
     }
 
     // Appends a piece, cut at every registration boundary inside it on either side.
@@ -628,73 +440,20 @@ private:
         return true;
     }
 
-    int device_;
     int numSms_;
     std::vector<GroupPlan> plans_;
 };
 
-IKvCacheColdPageCodec* createConcat(char const* paramsJson, int32_t device, char* errorMessage, size_t errorCapacity)
+struct ConcatTraits
 {
-    try
-    {
-        ConcatParams params;
-        std::string error;
-        if (!parseParams(paramsJson, params, error))
-        {
-            writeFactoryError(errorMessage, errorCapacity, error.c_str());
-            return nullptr;
-        }
-        if (device == KVCODEC_DEVICE_CPU)
-        {
-            return new ConcatCodecCpu(params);
-        }
-        if (device < 0)
-        {
-            writeFactoryError(errorMessage, errorCapacity,
-                ("device is " + std::to_string(device) + "; use -1 for the CPU reference or a CUDA device ordinal").c_str());
-            return nullptr;
-        }
-        int count = 0;
-        cudaError_t st = cudaGetDeviceCount(&count);
-        if (st != cudaSuccess || device >= count)
-        {
-            cudaGetLastError();
-            writeFactoryError(errorMessage, errorCapacity,
-                ("CUDA device " + std::to_string(device) + " is not available ("
-                    + (st == cudaSuccess ? std::to_string(count) + " devices" : runtime::runtimeErrorText(st)) + ")")
-                    .c_str());
-            return nullptr;
-        }
-        if (params.copyApi == CopyApi::kBatch && !runtime::driverApi().hasMemcpyBatch())
-        {
-            writeFactoryError(errorMessage, errorCapacity,
-                ("concat parameter copy_api='batch' needs cuMemcpyBatchAsync (CUDA 12.8+), but the driver reports version "
-                    + std::to_string(runtime::driverApi().driverVersion))
-                    .c_str());
-            return nullptr;
-        }
-        int numSms = 0;
-        {
-            DeviceScope scope(device);
-            cudaFree(nullptr); // Creates the primary context so driver queries work.
-            cudaDeviceGetAttribute(&numSms, cudaDevAttrMultiProcessorCount, device);
-        }
-        return new ConcatCodecCuda(params, device, numSms);
-    }
-    catch (std::exception const& e)
-    {
-        writeFactoryError(errorMessage, errorCapacity, e.what());
-        return nullptr;
-    }
-}
+    static constexpr char const* kName = "concat";
+    static constexpr uint32_t kFormatVersion = kConcatFormatVersion;
+    using Params = ConcatParams;
+    using Cpu = ConcatCodecCpu;
+    using Cuda = ConcatCodecCuda;
+};
 
-void destroyConcat(IKvCacheColdPageCodec* codec)
-{
-    delete codec;
-}
-
-KvcodecCodecFactory const kFactory{
-    KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), "concat", kConcatFormatVersion, 0, &createConcat, &destroyConcat};
+KvcodecCodecFactory const kFactory = makeCodecFactory<ConcatTraits>();
 
 } // namespace
 
@@ -706,7 +465,7 @@ KvcodecCodecFactory const* concatCodecFactory() noexcept
 std::unique_ptr<IKvCacheColdPageCodec> createDefaultKvCacheColdPageCodec(int32_t device)
 {
     char error[512] = {};
-    IKvCacheColdPageCodec* codec = createConcat("{}", device, error, sizeof(error));
+    IKvCacheColdPageCodec* codec = kFactory.create("{}", device, error, sizeof(error));
     if (codec == nullptr)
     {
         throw std::runtime_error(error);

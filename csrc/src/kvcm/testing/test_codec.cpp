@@ -8,8 +8,7 @@
 #include <mutex>
 #include <set>
 
-#include "kvcodec/layout.h"
-#include "kvcodec/params.h"
+#include "kvcodec/codec_base.h"
 
 namespace kvcodec::kvcm::testing {
 namespace {
@@ -43,117 +42,184 @@ bool parseMap(std::string const& text, std::map<int32_t, std::string>& out, std:
     return true;
 }
 
-class TestCodec final : public IKvCacheColdPageCodec
+// A CPU codec the manager's tests steer through its parameters: per-lifecycle padding, batching
+// representatives, index locations and zero sizes, an optional envelope and checked decode, and
+// injected failures. Payload bytes are the hot bytes XOR a per-batching-class key.
+struct TestParams
 {
-public:
-    std::map<int32_t, std::string> pad, batching, location, zeroSize;
+    std::string pad, batching, location, zeroSize;
     bool envelope = false;
     bool checkedDecode = false;
     bool rejectConfigure = false;
     int64_t marker = -1;
 
-    bool configure(PoolGroupDesc const* descs, PoolGroupIndex num) noexcept override
+    void read(ParamReader& r)
     {
-        if (configured_)
+        r.read("pad", pad);
+        r.read("batching", batching);
+        r.read("location", location);
+        r.read("zero_size", zeroSize);
+        r.read("envelope", envelope);
+        r.read("checked_decode", checkedDecode);
+        r.read("reject_configure", rejectConfigure);
+        r.read("did_not_fit_marker", marker);
+    }
+};
+
+class TestCodec final : public CodecBase
+{
+public:
+    explicit TestCodec(TestParams const& params)
+        : CodecBase(KVCODEC_DEVICE_CPU)
+        , params_(params)
+    {
+        std::string error;
+        if (!parseMap(params.pad, pad_, error, "pad") || !parseMap(params.batching, batching_, error, "batching")
+            || !parseMap(params.location, location_, error, "location")
+            || !parseMap(params.zeroSize, zeroSize_, error, "zero_size"))
         {
-            return fail("configure() was already called");
+            throw CodecCreateError(error);
         }
-        if (rejectConfigure)
+    }
+
+    bool hasCheckedDecode() const noexcept override
+    {
+        return params_.checkedDecode;
+    }
+
+private:
+    bool plan(HotLayout const&) override
+    {
+        if (params_.rejectConfigure)
         {
             return fail("kvcm-test rejects every configuration (reject_configure=true)");
         }
-        std::string err = layout_.load(descs, num);
-        if (!err.empty())
-        {
-            return fail(err);
-        }
-        configured_ = true;
         return true;
     }
 
-    size_t queryColdPageBytes(LayerGroupId id) const noexcept override
+    uint64_t coldPageBytes(HotLayout::LifeCycle const& lc) const override
     {
-        auto const* lc = configured_ ? layout_.find(id) : nullptr;
-        if (lc == nullptr || zeroSize.count(id))
+        if (zeroSize_.count(lc.id))
         {
             return 0;
         }
-        return (envelope ? kEnvelopeBytes : 0) + layout_.groups()[lc->group].pageBytes + padOf(id);
+        auto it = pad_.find(lc.id);
+        uint64_t const pad = it == pad_.end() ? 0 : std::stoull(it->second);
+        return (params_.envelope ? kEnvelopeBytes : 0) + layout().groups()[lc.group].pageBytes + pad;
     }
 
-    LayerGroupId getBatchingLayerGroupId(LayerGroupId id) const noexcept override
+    LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
     {
-        if (!configured_ || layout_.find(id) == nullptr)
-        {
-            return -1;
-        }
-        auto it = batching.find(id);
-        return it == batching.end() ? id : std::atoi(it->second.c_str());
+        auto it = batching_.find(lc.id);
+        return it == batching_.end() ? lc.id : std::atoi(it->second.c_str());
     }
 
-    PageIndexLocation queryPageIndexLocation(LayerGroupId id) const noexcept override
+    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const& lc) const override
     {
-        if (!configured_ || layout_.find(id) == nullptr)
-        {
-            return PageIndexLocation::kBadLocation;
-        }
-        auto it = location.find(id);
-        if (it == location.end() || it->second == "host")
+        auto it = location_.find(lc.id);
+        if (it == location_.end() || it->second == "host")
         {
             return PageIndexLocation::kHost;
         }
         return it->second == "device" ? PageIndexLocation::kDevice : PageIndexLocation::kBadLocation;
     }
 
-    bool encode(LayerGroupId id, void* dst, PageIndexPair const* pairs, size_t n, cudaStream_t) noexcept override
+    bool submit(kvcodec::CodecCall const& call) override
     {
-        return transform(true, id, static_cast<unsigned char*>(dst), pairs, n);
-    }
-
-    bool decode(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, cudaStream_t) noexcept override
-    {
-        return transform(false, id, static_cast<unsigned char*>(const_cast<void*>(src)), pairs, n);
-    }
-
-    char const* lastError() const noexcept override
-    {
-        return error_.c_str();
-    }
-
-    bool hasCheckedDecode() const noexcept override
-    {
-        return checkedDecode;
-    }
-
-    // Checks each blob's envelope (when declared) and decodes the good pages only.
-    bool decodeChecked(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, uint8_t* status,
-        cudaStream_t) noexcept override
-    {
-        if (!checkedDecode)
+        if (call.pageStatus != nullptr)
         {
-            return fail("kvcm-test: decodeChecked() called although hasCheckedDecode() is false");
+            return submitChecked(call);
         }
-        auto const* lc = configured_ ? layout_.find(id) : nullptr;
-        if (lc == nullptr)
         {
-            return fail("unknown lifecycle " + std::to_string(id));
+            std::lock_guard<std::mutex> lock(gCallsMutex);
+            gCalls.push_back({call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages)});
         }
+        int64_t left = gFailAfter.load();
+        if (left == 0)
+        {
+            gFailAfter.store(-1);
+            return fail("injected submission failure");
+        }
+        if (left > 0)
+        {
+            gFailAfter.store(left - 1);
+        }
+        auto const id = call.lifeCycle.id;
+        auto const& group = call.group;
         size_t const blobBytes = queryColdPageBytes(id);
-        uint64_t const numSlots = layout_.groups()[lc->group].numSlots;
-        auto const* cold = static_cast<unsigned char const*>(src);
-        for (size_t i = 0; i < n; ++i)
+        size_t const head = params_.envelope ? kEnvelopeBytes : 0;
+        auto* cold = reinterpret_cast<unsigned char*>(call.coldBase);
+        auto const key = static_cast<unsigned char>((getBatchingLayerGroupId(id) + 1) * 0x3B + 0x11);
+        for (size_t i = 0; i < call.numPages; ++i)
         {
+            uint64_t const hot = uint64_t(call.hot(i));
+            uint64_t const slot = uint64_t(call.cold(i));
+            if (hot >= group.numSlots)
+            {
+                return fail("hot slot " + std::to_string(hot) + " out of range");
+            }
+            unsigned char* blob = cold + slot * blobBytes;
+            unsigned char* payload = blob + head;
+            size_t off = 0;
+            for (auto const& pool : group.pools)
+            {
+                auto* h = reinterpret_cast<unsigned char*>(pool.base + hot * pool.slotBytes);
+                for (size_t b = 0; b < pool.slotBytes; ++b)
+                {
+                    if (call.encoding)
+                    {
+                        payload[off + b] = h[b] ^ key;
+                    }
+                    else
+                    {
+                        h[b] = payload[off + b] ^ key;
+                    }
+                }
+                off += pool.slotBytes;
+            }
+            if (call.encoding)
+            {
+                std::memset(payload + off, 0xA5, blobBytes - head - off);
+                if (params_.envelope)
+                {
+                    auto const* first
+                        = reinterpret_cast<unsigned char const*>(group.pools[0].base + hot * group.pools[0].slotBytes);
+                    bool const didNotFit = params_.marker >= 0 && *first == uint8_t(params_.marker);
+                    ColdPageEnvelope h{};
+                    h.magic = kColdPageEnvelopeMagic;
+                    h.formatVersion = kFormat;
+                    h.flags = uint16_t(didNotFit ? kEnvelopeDidNotFit : kEnvelopeStoredRaw);
+                    h.headerBytes = uint32_t(head);
+                    h.payloadBytes = uint32_t(blobBytes - head);
+                    h.rawBytes = group.pageBytes;
+                    h.checksum = crc32c(payload, blobBytes - head);
+                    h.headerCrc = crc32c(&h, offsetof(ColdPageEnvelope, headerCrc));
+                    std::memcpy(blob, &h, sizeof(h));
+                }
+            }
+        }
+        return true;
+    }
+
+    // Checks each blob's envelope (when declared) and decodes the good pages one by one.
+    bool submitChecked(kvcodec::CodecCall const& call)
+    {
+        size_t const blobBytes = queryColdPageBytes(call.lifeCycle.id);
+        auto const* cold = reinterpret_cast<unsigned char const*>(call.coldBase);
+        for (size_t i = 0; i < call.numPages; ++i)
+        {
+            PageIndexPair const& pair = call.pages[i];
             uint8_t st = kPageOk;
-            if (pairs[i].src < 0 || pairs[i].dst < 0 || uint64_t(pairs[i].dst) >= numSlots)
+            if (pair.src < 0 || pair.dst < 0 || uint64_t(pair.dst) >= call.group.numSlots)
             {
                 st = kPageBadIndex;
             }
-            else if (envelope)
+            else if (params_.envelope)
             {
-                st = uint8_t(checkColdPageEnvelope(cold + uint64_t(pairs[i].src) * blobBytes, blobBytes, kFormat));
+                st = uint8_t(checkColdPageEnvelope(cold + uint64_t(pair.src) * blobBytes, blobBytes, kFormat));
             }
-            status[i] = st;
-            if (st == kPageOk && !decode(id, src, pairs + i, 1, nullptr))
+            call.pageStatus[i] = st;
+            if (st == kPageOk && !decode(call.lifeCycle.id, cold, &pair, 1, nullptr))
             {
                 return false;
             }
@@ -161,178 +227,23 @@ public:
         return true;
     }
 
-private:
-    uint64_t padOf(LayerGroupId id) const
-    {
-        auto it = pad.find(id);
-        return it == pad.end() ? 0 : std::stoull(it->second);
-    }
-
-    bool fail(std::string message) noexcept
-    {
-        error_ = std::move(message);
-        return false;
-    }
-
-    bool transform(bool enc, LayerGroupId id, unsigned char* cold, PageIndexPair const* pairs, size_t n) noexcept
-    {
-        try
-        {
-            {
-                std::lock_guard<std::mutex> lock(gCallsMutex);
-                gCalls.push_back({enc, id, n, reinterpret_cast<uintptr_t>(pairs)});
-            }
-            int64_t left = gFailAfter.load();
-            if (left == 0)
-            {
-                gFailAfter.store(-1);
-                return fail("injected submission failure");
-            }
-            if (left > 0)
-            {
-                gFailAfter.store(left - 1);
-            }
-            auto const* lc = configured_ ? layout_.find(id) : nullptr;
-            if (lc == nullptr)
-            {
-                return fail("unknown lifecycle " + std::to_string(id));
-            }
-            auto const& group = layout_.groups()[lc->group];
-            size_t const blobBytes = queryColdPageBytes(id);
-            size_t const head = envelope ? kEnvelopeBytes : 0;
-            auto const key = static_cast<unsigned char>((getBatchingLayerGroupId(id) + 1) * 0x3B + 0x11);
-            for (size_t i = 0; i < n; ++i)
-            {
-                uint64_t const hot = uint64_t(enc ? pairs[i].src : pairs[i].dst);
-                uint64_t const slot = uint64_t(enc ? pairs[i].dst : pairs[i].src);
-                if (hot >= group.numSlots)
-                {
-                    return fail("hot slot " + std::to_string(hot) + " out of range");
-                }
-                unsigned char* blob = cold + slot * blobBytes;
-                unsigned char* payload = blob + head;
-                size_t off = 0;
-                for (auto const& pool : group.pools)
-                {
-                    auto* h = reinterpret_cast<unsigned char*>(pool.base + hot * pool.slotBytes);
-                    for (size_t b = 0; b < pool.slotBytes; ++b)
-                    {
-                        if (enc)
-                        {
-                            payload[off + b] = h[b] ^ key;
-                        }
-                        else
-                        {
-                            h[b] = payload[off + b] ^ key;
-                        }
-                    }
-                    off += pool.slotBytes;
-                }
-                if (enc)
-                {
-                    std::memset(payload + off, 0xA5, blobBytes - head - off);
-                    if (envelope)
-                    {
-                        auto const* first = reinterpret_cast<unsigned char const*>(group.pools[0].base + hot * group.pools[0].slotBytes);
-                        bool const didNotFit = marker >= 0 && *first == uint8_t(marker);
-                        ColdPageEnvelope h{};
-                        h.magic = kColdPageEnvelopeMagic;
-                        h.formatVersion = kFormat;
-                        h.flags = uint16_t(didNotFit ? kEnvelopeDidNotFit : kEnvelopeStoredRaw);
-                        h.headerBytes = uint32_t(head);
-                        h.payloadBytes = uint32_t(blobBytes - head);
-                        h.rawBytes = group.pageBytes;
-                        h.checksum = crc32c(payload, blobBytes - head);
-                        h.headerCrc = crc32c(&h, offsetof(ColdPageEnvelope, headerCrc));
-                        std::memcpy(blob, &h, sizeof(h));
-                    }
-                }
-            }
-            return true;
-        }
-        catch (std::exception const& e)
-        {
-            return fail(e.what());
-        }
-    }
-
-    HotLayout layout_;
-    bool configured_ = false;
-    std::string error_;
+    TestParams params_;
+    std::map<int32_t, std::string> pad_, batching_, location_, zeroSize_;
 };
 
-IKvCacheColdPageCodec* create(char const* json, int32_t device, char* errorMessage, size_t capacity)
+struct TestTraits
 {
-    try
-    {
-        if (device != KVCODEC_DEVICE_CPU)
-        {
-            writeFactoryError(errorMessage, capacity, "kvcm-test has only a CPU implementation");
-            return nullptr;
-        }
-        CodecParams params;
-        std::string error;
-        if (!params.parse(json, error))
-        {
-            writeFactoryError(errorMessage, capacity, error.c_str());
-            return nullptr;
-        }
-        auto codec = std::make_unique<TestCodec>();
-        for (auto const& [key, value] : params.values())
-        {
-            std::map<int32_t, std::string>* target = key == "pad" ? &codec->pad
-                : key == "batching"                           ? &codec->batching
-                : key == "location"                           ? &codec->location
-                : key == "zero_size"                          ? &codec->zeroSize
-                                                              : nullptr;
-            if (target != nullptr)
-            {
-                if (!parseMap(value.text, *target, error, key.c_str()))
-                {
-                    writeFactoryError(errorMessage, capacity, error.c_str());
-                    return nullptr;
-                }
-            }
-            else if (key == "envelope")
-            {
-                codec->envelope = value.boolean;
-            }
-            else if (key == "checked_decode")
-            {
-                codec->checkedDecode = value.boolean;
-            }
-            else if (key == "reject_configure")
-            {
-                codec->rejectConfigure = value.boolean;
-            }
-            else if (key == "did_not_fit_marker")
-            {
-                codec->marker = int64_t(value.number);
-            }
-            else
-            {
-                writeFactoryError(errorMessage, capacity, ("unknown kvcm-test parameter '" + key + "'").c_str());
-                return nullptr;
-            }
-        }
-        return codec.release();
-    }
-    catch (std::exception const& e)
-    {
-        writeFactoryError(errorMessage, capacity, e.what());
-        return nullptr;
-    }
-}
+    static constexpr char const* kName = "kvcm-test";
+    static constexpr uint32_t kFormatVersion = kFormat;
+    using Params = TestParams;
+    using Cpu = TestCodec;
+    using Cuda = void;
+};
 
-void destroy(IKvCacheColdPageCodec* codec)
-{
-    delete codec;
-}
-
-KvcodecCodecFactory const kFactory{
-    KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, &create, &destroy};
+KvcodecCodecFactory const kFactory = makeCodecFactory<TestTraits>();
 // The same codec declared as built for plugin ABI 1: the SDK must never call its ABI-2 methods.
-KvcodecCodecFactory const kFactoryAbi1{1, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, &create, &destroy};
+KvcodecCodecFactory const kFactoryAbi1{
+    1, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, kFactory.create, kFactory.destroy};
 
 } // namespace
 

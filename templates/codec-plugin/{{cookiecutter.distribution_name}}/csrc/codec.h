@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <kvcodec/codec.h>
+#include <kvcodec/params.h>
 #include <kvcodec/plugin.h>
 
 namespace {{ cookiecutter.codec_name | replace('-', '_') }}_codec {
@@ -30,6 +31,8 @@ struct Params
 {
     uint32_t wordBytes = 2;
     uint32_t dropBits = {% if cookiecutter.lossless == "no" %}4{% else %}0{% endif %};
+
+    void read(kvcodec::ParamReader& r); ///< Reads the values plugin.py's schema validated.
 };
 
 /// One hot pool as the kernel sees it.
