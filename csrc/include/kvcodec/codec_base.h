@@ -34,18 +34,13 @@
 #include <cuda_runtime_api.h>
 
 #include "kvcodec/codec.h"
+#include "kvcodec/cuda_error.h"
 #include "kvcodec/device_scope.h"
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
 #include "kvcodec/plugin.h"
 
 namespace kvcodec {
-
-/// "cudaErrorName: description" for a CUDA runtime status: the one error text every codec uses.
-inline std::string cudaErrorText(cudaError_t status)
-{
-    return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
-}
 
 /// One checked, non-empty encode() / decode() / decodeChecked() call, as submit() receives it.
 struct CodecCall
@@ -345,6 +340,108 @@ private:
     mutable std::string error_;
 };
 
+/// A device array a codec plans at configure() (pool tables, per-lifecycle constants): owns the
+/// allocation, frees it on its device, and reports CUDA errors as a status.
+template <class T>
+class DeviceArray
+{
+    static_assert(std::is_trivially_copyable_v<T>, "DeviceArray holds trivially copyable elements");
+
+public:
+    DeviceArray() = default;
+    DeviceArray(DeviceArray const&) = delete;
+    DeviceArray& operator=(DeviceArray const&) = delete;
+    DeviceArray(DeviceArray&& other) noexcept
+    {
+        *this = std::move(other);
+    }
+    DeviceArray& operator=(DeviceArray&& other) noexcept
+    {
+        std::swap(data_, other.data_);
+        std::swap(size_, other.size_);
+        std::swap(device_, other.device_);
+        return *this;
+    }
+    ~DeviceArray()
+    {
+        reset();
+    }
+
+    /// Replaces the contents with a copy of `items` on the current device (synchronous copy;
+    /// nothing is allocated for an empty vector and get() is then null).
+    cudaError_t upload(std::vector<T> const& items) noexcept
+    {
+        reset();
+        if (items.empty())
+        {
+            return cudaSuccess;
+        }
+        cudaError_t st = cudaGetDevice(&device_);
+        if (st == cudaSuccess)
+        {
+            st = cudaMalloc(reinterpret_cast<void**>(&data_), items.size() * sizeof(T));
+        }
+        if (st == cudaSuccess)
+        {
+            size_ = items.size();
+            st = cudaMemcpy(data_, items.data(), items.size() * sizeof(T), cudaMemcpyHostToDevice);
+        }
+        return st;
+    }
+
+    [[nodiscard]] T* get() const noexcept
+    {
+        return data_;
+    }
+
+    [[nodiscard]] size_t size() const noexcept
+    {
+        return size_;
+    }
+
+private:
+    void reset() noexcept
+    {
+        if (data_ != nullptr)
+        {
+            DeviceScope scope(device_);
+            cudaFree(data_);
+        }
+        data_ = nullptr;
+        size_ = 0;
+    }
+
+    T* data_ = nullptr;
+    size_t size_ = 0;
+    int device_ = 0;
+};
+
+/// One pool of a hot pool group as a gather/scatter kernel sees it: the pools' slots follow each
+/// other in the blob in pool order, and each slot is cut into chunks of `chunkBytes` (the last one
+/// may be shorter) numbered across the page.
+struct ChunkedPool
+{
+    uint64_t base;       ///< Address of the pool's slot 0.
+    uint64_t slotBytes;  ///< Bytes of one slot.
+    uint64_t blobOffset; ///< Where the slot's bytes start inside the page's blob.
+    uint64_t firstChunk; ///< Index of the slot's first chunk among the page's chunks.
+};
+
+/// The ChunkedPool table of `group`; `chunksPerPage` receives the page's number of chunks.
+inline std::vector<ChunkedPool> chunkedPools(HotLayout::Group const& group, uint64_t chunkBytes, uint64_t& chunksPerPage)
+{
+    std::vector<ChunkedPool> table;
+    uint64_t offset = 0;
+    chunksPerPage = 0;
+    for (auto const& pool : group.pools)
+    {
+        table.push_back({pool.base, pool.slotBytes, offset, chunksPerPage});
+        offset += pool.slotBytes;
+        chunksPerPage += (pool.slotBytes + chunkBytes - 1) / chunkBytes;
+    }
+    return table;
+}
+
 /// What the CUDA implementation's constructor receives from the factory.
 struct CudaDevice
 {
@@ -361,6 +458,28 @@ struct CodecCreateError : std::runtime_error
 
 namespace detail {
 
+// Traits::Cpu / Traits::Cuda when declared, else Traits itself (one class for both).
+template <class Traits, class = void>
+struct CpuOf
+{
+    using type = Traits;
+};
+template <class Traits>
+struct CpuOf<Traits, std::void_t<typename Traits::Cpu>>
+{
+    using type = typename Traits::Cpu;
+};
+template <class Traits, class = void>
+struct CudaOf
+{
+    using type = Traits;
+};
+template <class Traits>
+struct CudaOf<Traits, std::void_t<typename Traits::Cuda>>
+{
+    using type = typename Traits::Cuda;
+};
+
 template <class Traits>
 IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char* error, size_t capacity) noexcept
 {
@@ -372,9 +491,10 @@ IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char*
         reader.finish();
         if (device == KVCODEC_DEVICE_CPU)
         {
-            return new typename Traits::Cpu(params);
+            return new typename CpuOf<Traits>::type(params);
         }
-        if constexpr (std::is_void_v<typename Traits::Cuda>)
+        using Cuda = typename CudaOf<Traits>::type;
+        if constexpr (std::is_void_v<Cuda>)
         {
             throw CodecCreateError(std::string("codec '") + Traits::kName
                 + "' has only a CPU implementation; create it with device -1 (KVCODEC_DEVICE_CPU)");
@@ -400,7 +520,7 @@ IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char*
                 cudaFree(nullptr); // Creates the primary context so driver queries work.
                 cudaDeviceGetAttribute(&numSms, cudaDevAttrMultiProcessorCount, device);
             }
-            return new typename Traits::Cuda(params, CudaDevice{device, numSms});
+            return new Cuda(params, CudaDevice{device, numSms});
         }
     }
     catch (std::exception const& e)
@@ -424,10 +544,12 @@ inline void destroyCodec(IKvCacheColdPageCodec* codec) noexcept
 ///       static constexpr uint32_t kFormatVersion = 1;      // the blob format's version
 ///       using Params = MyParams;  // default-constructible, with void read(kvcodec::ParamReader&)
 ///       using Cpu = MyCodecCpu;   // constructible from Params const&
-///       using Cuda = MyCodecCuda; // constructible from (Params const&, CudaDevice); or void
+///       using Cuda = MyCodecCuda; // constructible from (Params const&, CudaDevice); void: CPU only
 ///   };
 ///   KvcodecCodecFactory const kFactory = kvcodec::makeCodecFactory<Traits>();
 ///
+/// Without `Cpu` / `Cuda` the Traits class itself is the codec for that device (a codec class can
+/// be its own Traits: one class with both constructors that branches on isCpu()).
 /// The factory reads the parameters (unknown keys and wrong types are refused with the key named),
 /// creates the CPU implementation for KVCODEC_DEVICE_CPU and the CUDA one for an available device,
 /// and turns any exception into its error message.

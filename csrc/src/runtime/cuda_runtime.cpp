@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "runtime/cuda_runtime.h"
+#include "kvcodec/cuda_error.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -30,7 +31,7 @@ public:
         if (st != cudaSuccess)
         {
             cudaGetLastError();
-            throw std::runtime_error(std::string(what) + " failed: " + runtimeErrorText(st));
+            throw std::runtime_error(std::string(what) + " failed: " + cudaErrorText(st));
         }
     }
 
@@ -99,7 +100,7 @@ CudaRuntime::CudaRuntime(int32_t ordinal)
     {
         cudaGetLastError();
         throw std::runtime_error("CUDA device " + std::to_string(ordinal) + " is not available ("
-            + (st == cudaSuccess ? std::to_string(count) + " devices" : runtimeErrorText(st)) + ")");
+            + (st == cudaSuccess ? std::to_string(count) + " devices" : cudaErrorText(st)) + ")");
     }
     DeviceGuard guard(ordinal_);
     DeviceGuard::check(cudaFree(nullptr), "creating the primary context");
@@ -140,7 +141,7 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
                 cudaFree(p);
             }
             throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of device memory on "
-                + name() + ": " + runtimeErrorText(st));
+                + name() + ": " + cudaErrorText(st));
         }
         return p;
     }
@@ -149,7 +150,7 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
     {
         cudaGetLastError();
         throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of pinned mapped host memory: "
-            + runtimeErrorText(st));
+            + cudaErrorText(st));
     }
     void* devicePtr = nullptr;
     st = cudaHostGetDevicePointer(&devicePtr, p, 0);
@@ -301,7 +302,7 @@ bool CudaRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t byte
     }
     if (st != cudaSuccess)
     {
-        error = "index upload (kernel parameters, " + std::to_string(bytes) + " bytes) failed: " + runtimeErrorText(st);
+        error = "index upload (kernel parameters, " + std::to_string(bytes) + " bytes) failed: " + cudaErrorText(st);
         return false;
     }
     return true;

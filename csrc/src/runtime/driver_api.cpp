@@ -65,9 +65,4 @@ std::string driverErrorText(CUresult result)
     return "CUresult " + std::to_string(int(result)) + (text ? std::string(": ") + text : std::string());
 }
 
-std::string runtimeErrorText(cudaError_t result)
-{
-    return std::string(cudaGetErrorName(result)) + ": " + cudaGetErrorString(result);
-}
-
 } // namespace kvcodec::runtime

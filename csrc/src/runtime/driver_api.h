@@ -39,7 +39,4 @@ DriverApi const& driverApi() noexcept;
 /// "CUDA_ERROR_X: description" for a driver result.
 std::string driverErrorText(CUresult result);
 
-/// "cudaErrorX: description" for a runtime result.
-std::string runtimeErrorText(cudaError_t result);
-
 } // namespace kvcodec::runtime

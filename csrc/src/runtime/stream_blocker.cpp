@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "stream_blocker.h"
+#include "kvcodec/cuda_error.h"
 
 #include <chrono>
 #include <mutex>
@@ -18,7 +19,7 @@ void check(cudaError_t st, char const* call)
     if (st != cudaSuccess)
     {
         cudaGetLastError();
-        throw std::runtime_error(std::string("StreamBlocker: ") + call + " failed: " + runtimeErrorText(st));
+        throw std::runtime_error(std::string("StreamBlocker: ") + call + " failed: " + cudaErrorText(st));
     }
 }
 

@@ -201,24 +201,12 @@ public:
         }
     }
 
-    ~ConcatCodecCuda() override
-    {
-        DeviceScope scope(device());
-        for (auto& plan : plans_)
-        {
-            if (plan.devicePools != nullptr)
-            {
-                cudaFree(plan.devicePools);
-            }
-        }
-    }
-
 private:
     struct GroupPlan
     {
         bool smPath = false;
         std::vector<std::vector<uintptr_t>> poolBoundaries; // registration boundaries per hot pool
-        GatherPool* devicePools = nullptr;
+        DeviceArray<GatherPool> devicePools;
         uint64_t chunksPerPage = 0;
     };
 
@@ -249,24 +237,11 @@ private:
             {
                 continue;
             }
-            std::vector<GatherPool> table;
-            uint64_t chunk = 0;
-            for (size_t p = 0; p < group.pools.size(); ++p)
+            auto const table = chunkedPools(group, kGatherChunkBytes, plan.chunksPerPage);
+            if (!cudaCheck(plan.devicePools.upload(table),
+                    "allocating the SM-path pool table of hot pool group " + std::to_string(g)))
             {
-                auto const& pool = group.pools[p];
-                table.push_back({pool.base, pool.slotBytes, offsets_[g][p], chunk});
-                chunk += (pool.slotBytes + kGatherChunkBytes - 1) / kGatherChunkBytes;
-            }
-            plan.chunksPerPage = chunk;
-            cudaError_t st = cudaMalloc(reinterpret_cast<void**>(&plan.devicePools), table.size() * sizeof(GatherPool));
-            if (st == cudaSuccess)
-            {
-                st = cudaMemcpy(plan.devicePools, table.data(), table.size() * sizeof(GatherPool), cudaMemcpyHostToDevice);
-            }
-            if (st != cudaSuccess)
-            {
-                return fail("allocating the SM-path pool table of hot pool group " + std::to_string(g)
-                    + " failed: " + cudaErrorText(st));
+                return false;
             }
         }
         return true;
@@ -283,7 +258,7 @@ private:
         if (plan.smPath)
         {
             auto const& group = call.group;
-            GatherArgs args{plan.devicePools, uint32_t(group.pools.size()), call.encoding ? 1u : 0u, kGatherChunkBytes,
+            GatherArgs args{plan.devicePools.get(), uint32_t(group.pools.size()), call.encoding ? 1u : 0u, kGatherChunkBytes,
                 plan.chunksPerPage, group.pageBytes, group.numSlots, call.pages, call.numPages, call.coldBase};
             return cudaCheck(launchGather(args, numSms_, call.stream), "gather kernel launch");
         }

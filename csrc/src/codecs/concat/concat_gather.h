@@ -9,19 +9,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvcodec/codec.h"
+#include "kvcodec/codec_base.h"
 
 namespace kvcodec::concat {
 
-/// One hot pool as the kernel sees it. `firstChunk` is the index of the pool's first chunk
-/// inside a page's chunk sequence.
-struct GatherPool
-{
-    uint64_t base;
-    uint64_t slotBytes;
-    uint64_t blobOffset;
-    uint64_t firstChunk;
-};
+/// One hot pool as the kernel sees it (blob offset, first chunk of the page's chunk sequence).
+using GatherPool = ChunkedPool;
 
 struct GatherArgs
 {

@@ -1,4 +1,4 @@
-// {{ cookiecutter.codec_name }}: the parameters, the CPU reference, the CUDA implementation and the
+// {{ cookiecutter.codec_name }}: the parameters, the codec (CPU reference and CUDA) and the
 // factory. The blob format is described in codec.h. kvcodec::CodecBase (kvcodec/codec_base.h) does
 // everything around them: configure-once, layout validation, errors, queries, argument and host
 // index checks, the CUDA device and stream rules.
@@ -34,15 +34,25 @@ using kvcodec::HotLayout;
 using kvcodec::LayerGroupId;
 using kvcodec::PageIndexLocation;
 
-// Shared by both implementations: which bytes of a lifecycle's pages drop_bits applies to.
-class Codec : public kvcodec::CodecBase
+// One class for both implementations: the CPU reference (device() == KVCODEC_DEVICE_CPU: host
+// pointers, synchronous, stream ignored) and the CUDA one (one kernel per call).
+class Codec final : public kvcodec::CodecBase
 {
 public:
-    Codec(Params params, int32_t device) : CodecBase(device), params_(params) {}
+    // What makeCodecFactory<Codec>() needs: the registry name, the format version, the parameters.
+    static constexpr char const* kName = "{{ cookiecutter.codec_name }}";
+    static constexpr uint32_t kFormatVersion = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::kFormatVersion;
+    using Params = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::Params;
 
-protected:
+    explicit Codec(Params const& params, kvcodec::CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
+        : CodecBase(cuda.ordinal), params_(params), numSms_(cuda.numSms)
+    {
+    }
+
+private:
     bool plan(HotLayout const& layout) override
     {
+{%- if cookiecutter.lossless == "no" %}
         for (auto const& lc : layout.lifeCycles())
         {
             // K/V buffers of 16-bit floats, word-aligned: where drop_bits applies.
@@ -56,10 +66,28 @@ protected:
                     ranges.push_back({uint64_t(b.poolIndex), b.byteOffset, b.byteOffset + b.bytes});
                 }
             }
+            if (!isCpu() && !cudaCheck(deviceRanges_[lc.id].upload(ranges), "uploading the lossy ranges"))
+            {
+                return false;
+            }
         }
-        return planBackend(layout);
+{%- endif %}
+        if (isCpu())
+        {
+            return true;
+        }
+        for (auto const& group : layout.groups()) // CUDA: the kernel's pool table of every group
+        {
+            auto table = kvcodec::chunkedPools(group, kChunkBytes, chunksPerPage_.emplace_back());
+            if (!cudaCheck(tables_.emplace_back().upload(table), "uploading a pool table"))
+            {
+                return false;
+            }
+        }
+        return cudaCheck(preloadKernel(), "loading the kernel");
     }
 
+{%- if cookiecutter.lossless == "no" %}
     // Lifecycles of one hot pool group with identical lossy ranges encode identically.
     LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
     {
@@ -73,29 +101,25 @@ protected:
         }
         return best;
     }
+{%- endif %}
 
-    virtual bool planBackend(HotLayout const& layout) = 0;
-
-    Params params_;
-    std::map<LayerGroupId, std::vector<KernelRange>> ranges_;
-};
-
-// CPU reference: host pointers, synchronous, stream ignored.
-class CpuCodec final : public Codec
-{
-public:
-    explicit CpuCodec(Params const& params) : Codec(params, KVCODEC_DEVICE_CPU) {}
-
-private:
-    bool planBackend(HotLayout const&) override { return true; }
-
-    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override { return PageIndexLocation::kHost; }
+    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
+    {
+        return isCpu() ? PageIndexLocation::kHost : PageIndexLocation::{% if cookiecutter.page_index_location == "device" %}kDevice{% else %}kHost{% endif %};
+    }
 
     bool submit(CodecCall const& call) override
     {
+        return isCpu() ? submitCpu(call) : submitCuda(call);
+    }
+
+    bool submitCpu(CodecCall const& call)
+    {
         uint32_t const w = params_.wordBytes;
-        uint64_t const keep = params_.dropBits == 0 ? ~0ull : ~((1ull << params_.dropBits) - 1);
+{%- if cookiecutter.lossless == "no" %}
+        uint64_t const keep = ~((1ull << params_.dropBits) - 1);
         auto const& ranges = ranges_.at(call.lifeCycle.id);
+{%- endif %}
         for (size_t i = 0; i < call.numPages; ++i)
         {
             auto* page = reinterpret_cast<uint8_t*>(call.coldBase + uint64_t(call.cold(i)) * call.group.pageBytes);
@@ -107,11 +131,12 @@ private:
                 for (uint64_t k = 0; k < words; ++k)
                 {
                     uint64_t word = 0;
-                    bool const lossy = params_.dropBits != 0 && inRanges(ranges, p, k * w, k * w + w);
                     if (call.encoding)
                     {
                         std::memcpy(&word, slot + k * w, w);
-                        word &= lossy ? keep : ~0ull;
+{%- if cookiecutter.lossless == "no" %}
+                        word &= inRanges(ranges, p, k * w, k * w + w) ? keep : ~0ull;
+{%- endif %}
                         for (uint32_t j = 0; j < w; ++j) page[j * words + k] = uint8_t(word >> (8 * j));
                     }
                     else
@@ -129,67 +154,26 @@ private:
         return true;
     }
 
+{%- if cookiecutter.lossless == "no" %}
     static bool inRanges(std::vector<KernelRange> const& ranges, uint64_t pool, uint64_t begin, uint64_t end)
     {
         return std::any_of(ranges.begin(), ranges.end(),
             [&](KernelRange const& r) { return r.pool == pool && begin >= r.begin && end <= r.end; });
     }
-};
+{%- endif %}
 
-// CUDA: one kernel; indices {% if cookiecutter.page_index_location == "device" %}read from device memory on the stream{% else %}consumed on the host and passed by value{% endif %}.
-class CudaCodec final : public Codec
-{
-public:
-    CudaCodec(Params const& params, kvcodec::CudaDevice device) : Codec(params, device.ordinal), numSms_(device.numSms) {}
-
-    ~CudaCodec() override
-    {
-        kvcodec::DeviceScope scope(device());
-        for (void* p : allocations_) cudaFree(p);
-    }
-
-private:
-    bool planBackend(HotLayout const& layout) override
-    {
-        if (!cudaCheck(preloadKernel(), "loading the kernel"))
-        {
-            return false;
-        }
-        for (auto const& group : layout.groups())
-        {
-            std::vector<KernelPool> table;
-            uint64_t off = 0, chunk = 0;
-            for (auto const& pool : group.pools)
-            {
-                table.push_back({pool.base, pool.slotBytes, off, chunk});
-                off += pool.slotBytes;
-                chunk += (pool.slotBytes + kChunkBytes - 1) / kChunkBytes;
-            }
-            chunksPerPage_.push_back(chunk);
-            tables_.push_back(upload(table));
-        }
-        for (auto const& [id, ranges] : ranges_)
-        {
-            deviceRanges_[id] = upload(ranges);
-        }
-        return cudaCheck(status_, "uploading the pool tables");
-    }
-
-    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
-    {
-        return PageIndexLocation::{% if cookiecutter.page_index_location == "device" %}kDevice{% else %}kHost{% endif %};
-    }
-
-    bool submit(CodecCall const& call) override
+    bool submitCuda(CodecCall const& call)
     {
         KernelArgs args{};
-        args.pools = tables_[call.groupIndex];
+        args.pools = tables_[call.groupIndex].get();
         args.numPools = uint32_t(call.group.pools.size());
         args.encode = call.encoding ? 1 : 0;
         args.wordBytes = params_.wordBytes;
+{%- if cookiecutter.lossless == "no" %}
         args.dropBits = params_.dropBits;
-        args.ranges = deviceRanges_.at(call.lifeCycle.id);
-        args.numRanges = uint32_t(ranges_.at(call.lifeCycle.id).size());
+        args.ranges = deviceRanges_.at(call.lifeCycle.id).get();
+        args.numRanges = uint32_t(deviceRanges_.at(call.lifeCycle.id).size());
+{%- endif %}
         args.chunksPerPage = chunksPerPage_[call.groupIndex];
         args.pageBytes = call.group.pageBytes;
         args.numHotSlots = call.group.numSlots;
@@ -214,37 +198,17 @@ private:
 {%- endif %}
     }
 
-    // Copies `items` to a new device array (null when empty); the first error is kept in status_.
-    template <class T>
-    T* upload(std::vector<T> const& items)
-    {
-        void* device = nullptr;
-        if (!items.empty() && status_ == cudaSuccess && (status_ = cudaMalloc(&device, items.size() * sizeof(T))) == cudaSuccess)
-        {
-            allocations_.push_back(device);
-            status_ = cudaMemcpy(device, items.data(), items.size() * sizeof(T), cudaMemcpyHostToDevice);
-        }
-        return static_cast<T*>(device);
-    }
-
+    Params params_;
     int numSms_;
-    cudaError_t status_ = cudaSuccess;
-    std::vector<void*> allocations_;
-    std::vector<KernelPool*> tables_;
-    std::map<LayerGroupId, KernelRange*> deviceRanges_;
+{%- if cookiecutter.lossless == "no" %}
+    std::map<LayerGroupId, std::vector<KernelRange>> ranges_;
+    std::map<LayerGroupId, kvcodec::DeviceArray<KernelRange>> deviceRanges_;
+{%- endif %}
+    std::vector<kvcodec::DeviceArray<kvcodec::ChunkedPool>> tables_;
     std::vector<uint64_t> chunksPerPage_;
 };
 
-struct Traits
-{
-    static constexpr char const* kName = "{{ cookiecutter.codec_name }}";
-    static constexpr uint32_t kFormatVersion = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::kFormatVersion;
-    using Params = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::Params;
-    using Cpu = CpuCodec;
-    using Cuda = CudaCodec;
-};
-
-KvcodecCodecFactory const kFactory = kvcodec::makeCodecFactory<Traits>();
+KvcodecCodecFactory const kFactory = kvcodec::makeCodecFactory<Codec>();
 
 } // namespace
 

@@ -19,9 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <kvcodec/codec.h>
-#include <kvcodec/params.h>
-#include <kvcodec/plugin.h>
+#include <kvcodec/codec_base.h>
 
 namespace {{ cookiecutter.codec_name | replace('-', '_') }}_codec {
 
@@ -33,15 +31,6 @@ struct Params
     uint32_t dropBits = {% if cookiecutter.lossless == "no" %}4{% else %}0{% endif %};
 
     void read(kvcodec::ParamReader& r); ///< Reads the values plugin.py's schema validated.
-};
-
-/// One hot pool as the kernel sees it.
-struct KernelPool
-{
-    uint64_t base;
-    uint64_t slotBytes;
-    uint64_t blobOffset;
-    uint64_t firstChunk; ///< Index of the pool's first chunk in a page's chunk sequence.
 };
 
 /// Bytes [begin, end) of pool `pool` holding 16-bit K/V data, where drop_bits applies.
@@ -62,7 +51,7 @@ inline constexpr uint32_t kPairsPerLaunch = 512;
 
 struct KernelArgs
 {
-    KernelPool const* pools; ///< Device array.
+    kvcodec::ChunkedPool const* pools; ///< Device array: the hot pool group's pools.
     uint32_t numPools;
     uint32_t encode;
     uint32_t wordBytes;

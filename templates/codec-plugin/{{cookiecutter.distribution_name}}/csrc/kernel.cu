@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads) transformKernel(__grid_constant__ Ke
         {
             ++p;
         }
-        KernelPool const pool = a.pools[p];
+        kvcodec::ChunkedPool const pool = a.pools[p];
         kvcodec::PageIndexPair const pair = a.devicePairs != nullptr ? a.devicePairs[page] : a.hostPairs[page];
         int32_t const hot = a.encode ? pair.src : pair.dst;
         int32_t const cold = a.encode ? pair.dst : pair.src;
