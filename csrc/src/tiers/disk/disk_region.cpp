@@ -8,6 +8,7 @@
 #include "tiers/disk/disk_region.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <unistd.h>
 

@@ -120,6 +120,13 @@ int writeFileSynced(FileIo& io, std::string const& path, std::string const& text
     return rc;
 }
 
+void removeContainersFrom(std::string const& cdir, uint32_t first)
+{
+    for (uint32_t c = first; c < 10000; ++c)
+        if (::unlink(containerFile(cdir, c).c_str()) != 0)
+            break;
+}
+
 void syncDirectory(std::string const& dir)
 {
     int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

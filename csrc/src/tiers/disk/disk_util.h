@@ -67,6 +67,10 @@ void mkdirs(std::string const& dir);
 /// closed again. Returns 0 or -errno.
 int writeFileSynced(FileIo& io, std::string const& path, std::string const& text);
 
+/// Deletes the container files numbered `first` and up in the containers directory `cdir`,
+/// stopping at the first that is absent.
+void removeContainersFrom(std::string const& cdir, uint32_t first);
+
 /// fsyncs directory `dir` (its entries: created, renamed and removed files); best effort.
 void syncDirectory(std::string const& dir);
 

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <sys/types.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -49,14 +48,6 @@ inline std::string containerFile(std::string const& cdir, uint32_t c)
     char leaf[32];
     std::snprintf(leaf, sizeof(leaf), "/%04u.bin", c);
     return cdir + leaf;
-}
-
-/// Deletes the container files numbered `first` and up, stopping at the first that is absent.
-inline void removeContainersFrom(std::string const& cdir, uint32_t first)
-{
-    for (uint32_t c = first; c < 10000; ++c)
-        if (::unlink(containerFile(cdir, c).c_str()) != 0)
-            break;
 }
 
 } // namespace kvcodec::disk::detail
