@@ -17,6 +17,12 @@
 // pwrite/pread and checksums; one committer thread does the data and journal fdatasyncs, the
 // journal appends and the snapshots. The store never touches CUDA: it moves host buffers (the
 // manager hands it slices of its pinned page ring).
+//
+// Where the parts live: disk_region.cpp (opening, submission, tickets, closing),
+// region_recovery.cpp (region.json reconciliation, containers, index recovery) with
+// journal_replay.* and region_file.*, region_workers.cpp (I/O workers), region_commit.cpp
+// (group commit, snapshots), region_resize.cpp (resize, defragmentation), region_layout.h (slot
+// layout), free_slots.* (free-slot bitset), disk_util.* (shared file helpers).
 #pragma once
 
 #include <atomic>
@@ -34,7 +40,9 @@
 #include <vector>
 
 #include "tiers/disk/file_io.h"
+#include "tiers/disk/free_slots.h"
 #include "tiers/disk/journal.h"
+#include "tiers/disk/region_layout.h"
 
 namespace kvcodec::disk {
 
@@ -265,15 +273,15 @@ public:
     }
     [[nodiscard]] uint64_t slotStride() const noexcept
     {
-        return stride_;
+        return geo_.stride;
     }
     [[nodiscard]] uint32_t slotsPerContainer() const noexcept
     {
-        return slotsPerContainer_;
+        return geo_.slotsPerContainer;
     }
     [[nodiscard]] uint32_t numContainers() const noexcept
     {
-        return numContainers_;
+        return geo_.containers;
     }
     [[nodiscard]] RegionConfig const& config() const noexcept
     {
@@ -353,17 +361,15 @@ private:
     bool writeSnapshotLocked(); // commitMu_ held; false when the snapshot or the rotation failed
     FlatJson regionRecord() const;
     int writeRegionRecord(); // 0 or -errno
-    void setLimitLocked(uint32_t limit); // mu_ held
+    void setLimitLocked(uint32_t limit); // mu_ held; rebuilds the free-slot bitset below `limit`
     void relocateBelow(uint32_t limit, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages,
         ResizeReport& report);
     void setGeometry(uint32_t containers); // commitMu_ held, quiescent
     void beginExclusive();
     void endExclusive() noexcept;
     void checkWritable(char const* what) const;
-    bool generationCovered(std::string const& file, std::string const& header, uint64_t lastSeq) const;
     void applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t tag, uint64_t seq);
     void applyRecord(JournalRecord&& r);
-    int64_t allocateSlotLocked();
     void freeSlotLocked(uint32_t slot);
     void maybeReleaseLocked(uint32_t slot);
     Ticket newTicketLocked();
@@ -372,17 +378,13 @@ private:
     void enqueueCommit(CommitItem item);
     std::string identityLine() const;
     std::string path(std::string const& leaf) const;
-    void syncDir();
     void failRegion(std::string const& why);
 
     std::string dir_;
     RegionConfig cfg_;
     std::shared_ptr<FileIo> io_;
-    uint64_t stride_ = 0;
-    uint32_t slotsPerContainer_ = 0;
-    uint32_t numContainers_ = 0;
-    uint32_t numSlots_ = 0;
-    uint32_t limit_ = 0;          ///< Slots at or above it are never allocated (a shrink in progress).
+    /// Slot layout; the container count (and so the slot count) changes under mu_ (a resize).
+    detail::SlotGeometry geo_;
     uint32_t openTarget_ = 0;     ///< resizeOnOpen: the configured container count to reach.
     bool direct_ = false;
     std::vector<int> containerFds_;
@@ -398,9 +400,7 @@ private:
     std::unordered_map<std::string, uint32_t> index_;
     std::vector<Slot> slots_;
     std::vector<std::string> slotKeys_;
-    std::vector<uint64_t> freeBits_;
-    uint32_t freeCount_ = 0;
-    uint32_t cursor_ = 0;
+    detail::FreeSlots free_; ///< Slots at or above its limit are never allocated (a shrink in progress).
     std::deque<std::pair<uint64_t, uint32_t>> fifo_; ///< (seq, slot) in publish order; stale pairs skipped.
     std::unordered_map<Ticket, Status> done_;
     Ticket nextTicket_ = 1;

@@ -214,12 +214,15 @@ std::shared_ptr<FileIo> faultyFileIo(std::vector<FaultRule> rules)
     return std::make_shared<FaultyFileIo>(std::move(rules));
 }
 
-int writeFully(FileIo& io, int fd, void const* buf, size_t bytes, off_t offset)
+namespace {
+/// Calls `op(p, bytes, offset)` (pwrite or pread) until all bytes moved: 0, or -errno (-EIO when
+/// a call moves nothing).
+template <class Byte, class Op>
+int transferFully(Byte* p, size_t bytes, off_t offset, Op&& op)
 {
-    auto const* p = static_cast<char const*>(buf);
     while (bytes > 0)
     {
-        ssize_t n = io.pwrite(fd, p, bytes, offset);
+        ssize_t n = op(p, bytes, offset);
         if (n < 0)
         {
             return int(n);
@@ -234,26 +237,18 @@ int writeFully(FileIo& io, int fd, void const* buf, size_t bytes, off_t offset)
     }
     return 0;
 }
+} // namespace
+
+int writeFully(FileIo& io, int fd, void const* buf, size_t bytes, off_t offset)
+{
+    return transferFully(static_cast<char const*>(buf), bytes, offset,
+        [&](char const* p, size_t n, off_t off) { return io.pwrite(fd, p, n, off); });
+}
 
 int readFully(FileIo& io, int fd, void* buf, size_t bytes, off_t offset)
 {
-    auto* p = static_cast<char*>(buf);
-    while (bytes > 0)
-    {
-        ssize_t n = io.pread(fd, p, bytes, offset);
-        if (n < 0)
-        {
-            return int(n);
-        }
-        if (n == 0)
-        {
-            return -EIO;
-        }
-        p += n;
-        bytes -= size_t(n);
-        offset += n;
-    }
-    return 0;
+    return transferFully(static_cast<char*>(buf), bytes, offset,
+        [&](char* p, size_t n, off_t off) { return io.pread(fd, p, n, off); });
 }
 
 } // namespace kvcodec::disk
