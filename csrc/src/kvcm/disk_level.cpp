@@ -51,9 +51,10 @@ uint64_t pageRingBytes(uint64_t maxColdPageBytes)
     return std::max(kMinPageRingBytes, 3 * maxColdPageBytes);
 }
 
-DiskColdLevel::DiskColdLevel(
-    runtime::DeviceRuntime& runtime, DiskTierConfig const& config, std::vector<GroupSpec> const& specs)
+DiskColdLevel::DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig const& config,
+    std::vector<GroupSpec> const& specs, StagingManager& ring)
     : runtime_(runtime)
+    , ring_(ring)
     , path_(config.path)
     , configured_(config.maxBytes)
 {
@@ -212,83 +213,235 @@ void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const
     g.tags[size_t(slot)] = uint32_t(lifeCycle);
 }
 
-bool DiskColdLevel::write(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
-    std::string& error) noexcept
+std::optional<StagingBuffer> DiskColdLevel::stage(
+    PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
+{
+    uint64_t const pageBytes = groups_[size_t(group)].pageBytes;
+    size_t const bytes = size_t(count * pageBytes);
+    size_t const alignment = std::min<size_t>(size_t(pageBytes & (~pageBytes + 1)), 4096);
+    std::optional<StagingBuffer> lease = ring_.acquire(bytes, bytes, size_t(pageBytes), alignment, owner);
+    if (!lease)
+    {
+        error = "the pinned page ring (" + std::to_string(ring_.capacity()) + " bytes) has no free range of "
+            + std::to_string(bytes) + " bytes";
+    }
+    return lease;
+}
+
+size_t DiskColdLevel::maxStagedPages(PoolGroupIndex group) const noexcept
+{
+    // One slice per transfer, at most half the ring: with no lease live between transfers a
+    // slice this size always fits (the ring holds at least three of the largest cold pages).
+    return size_t(ring_.capacity() / groups_[size_t(group)].pageBytes / 2);
+}
+
+DiskColdLevel::Pending* DiskColdLevel::pending(BlobIo io) noexcept
+{
+    for (Pending& p : pending_)
+    {
+        if (p.id == io.id)
+        {
+            return &p;
+        }
+    }
+    return nullptr;
+}
+
+BlobIo DiskColdLevel::submitRead(
+    PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, BlobStatus* status) noexcept
 {
     Group& g = groups_[size_t(group)];
-    waitErases(g); // Retired blobs give their region slots back once durable.
-    thread_local std::vector<disk::Ticket> tickets;
-    tickets.clear();
-    bool ok = true;
-    size_t submitted = 0;
     try
     {
-        for (; submitted < count; ++submitted)
+        pending_.emplace_back();
+    }
+    catch (...)
+    {
+        for (size_t i = 0; i < count; ++i)
         {
-            int32_t const s = slots[submitted];
-            tickets.push_back(g.region->submitWrite(g.keys[size_t(s)], srcs[submitted], g.pageBytes, g.tags[size_t(s)]));
+            status[i] = BlobStatus::kFailed;
+        }
+        return BlobIo{0};
+    }
+    Pending& p = pending_.back();
+    p.id = nextIo_++;
+    p.group = group;
+    p.count = count;
+    p.status = status;
+    try
+    {
+        p.tickets.assign(count, 0);
+        p.messages.assign(count, std::string());
+    }
+    catch (std::exception const& e)
+    {
+        p.submitError = e.what();
+        p.count = 0;
+        return BlobIo{p.id};
+    }
+    for (size_t i = 0; i < count; ++i)
+    {
+        try
+        {
+            p.tickets[i] = g.region->submitRead(g.keys[size_t(slots[i])], dsts[i], g.pageBytes);
+        }
+        catch (std::exception const& e)
+        {
+            p.messages[i] = e.what();
+        }
+    }
+    return BlobIo{p.id};
+}
+
+void DiskColdLevel::finishRead(
+    Pending& p, std::vector<disk::StatusCode>& codes, std::vector<std::string>& messages) noexcept
+{
+    Group& g = groups_[size_t(p.group)];
+    codes.assign(p.count, disk::StatusCode::kIoError);
+    messages = std::move(p.messages);
+    for (size_t i = 0; i < p.count; ++i)
+    {
+        if (p.tickets[i] != 0)
+        {
+            disk::Status const s = g.region->wait(p.tickets[i]);
+            codes[i] = s.code;
+            messages[i] = s.message;
+        }
+    }
+}
+
+BlobIo DiskColdLevel::submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
+    BlobName const* names, size_t count) noexcept
+{
+    try
+    {
+        for (size_t i = 0; i < count; ++i)
+        {
+            assign(group, slots[i], *names[i].contentKey, names[i].lifeCycle);
         }
     }
     catch (std::exception const& e)
     {
-        ok = false;
-        error = e.what();
+        BlobIo const io = submitAssigned(group, slots, srcs, 0);
+        if (Pending* p = pending(io))
+        {
+            p->submitError = e.what();
+        }
+        return io;
     }
-    std::vector<bool> written(submitted, false);
-    for (size_t i = 0; i < submitted; ++i)
+    return submitAssigned(group, slots, srcs, count);
+}
+
+BlobIo DiskColdLevel::submitAssigned(
+    PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count) noexcept
+{
+    Group& g = groups_[size_t(group)];
+    waitErases(g); // Retired blobs give their region slots back once durable.
+    try
     {
-        disk::Status const s = g.region->wait(tickets[i]);
+        pending_.emplace_back();
+    }
+    catch (...)
+    {
+        return BlobIo{0};
+    }
+    Pending& p = pending_.back();
+    p.id = nextIo_++;
+    p.group = group;
+    p.write = true;
+    try
+    {
+        p.tickets.reserve(count);
+        p.keys.reserve(count);
+        for (; p.count < count; ++p.count)
+        {
+            std::string const& key = g.keys[size_t(slots[p.count])];
+            p.keys.push_back(key);
+            p.tickets.push_back(g.region->submitWrite(key, srcs[p.count], g.pageBytes, g.tags[size_t(slots[p.count])]));
+        }
+    }
+    catch (std::exception const& e)
+    {
+        p.submitError = e.what();
+        p.keys.resize(p.tickets.size());
+        p.count = p.tickets.size();
+    }
+    return BlobIo{p.id};
+}
+
+bool DiskColdLevel::finishWrite(Pending& p, std::string& error) noexcept
+{
+    Group& g = groups_[size_t(p.group)];
+    bool ok = p.submitError.empty();
+    if (!ok)
+    {
+        error = p.submitError;
+    }
+    std::vector<bool> written(p.count, false);
+    for (size_t i = 0; i < p.count; ++i)
+    {
+        disk::Status const s = g.region->wait(p.tickets[i]);
         written[i] = s.code == disk::StatusCode::kOk;
         if (!written[i] && ok)
         {
             ok = false;
-            error = "disk write of cold pool group " + std::to_string(group) + " failed ("
+            error = "disk write of cold pool group " + std::to_string(p.group) + " failed ("
                 + disk::statusName(s.code) + "): " + s.message;
         }
     }
     if (!ok)
     {
         // All or nothing: the pages stay at their source, so their blobs must not stay here.
-        for (size_t i = 0; i < submitted; ++i)
+        for (size_t i = 0; i < p.count; ++i)
         {
             if (written[i])
             {
                 std::string ignored;
-                eraseNow(g, g.keys[size_t(slots[i])], ignored);
+                eraseNow(g, p.keys[i], ignored);
             }
         }
     }
     return ok;
 }
 
-void DiskColdLevel::read(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
-    std::vector<disk::StatusCode>& status, std::vector<std::string>& messages) noexcept
+bool DiskColdLevel::complete(BlobIo io, std::string& error) noexcept
 {
-    Group& g = groups_[size_t(group)];
-    thread_local std::vector<disk::Ticket> tickets;
-    tickets.assign(count, 0);
-    status.assign(count, disk::StatusCode::kIoError);
-    messages.assign(count, std::string());
-    for (size_t i = 0; i < count; ++i)
+    Pending* found = pending(io);
+    if (found == nullptr)
     {
-        try
+        error = "the disk level could not take the batch (out of memory) or completed it already";
+        return false;
+    }
+    Pending p = std::move(*found);
+    pending_.erase(pending_.begin() + (found - pending_.data()));
+    if (p.write)
+    {
+        return finishWrite(p, error);
+    }
+    if (!p.submitError.empty())
+    {
+        error = p.submitError;
+        return false;
+    }
+    thread_local std::vector<disk::StatusCode> codes;
+    thread_local std::vector<std::string> messages;
+    finishRead(p, codes, messages);
+    bool ok = true;
+    for (size_t i = 0; i < p.count; ++i)
+    {
+        disk::StatusCode const c = codes[i];
+        p.status[i] = c == disk::StatusCode::kOk ? BlobStatus::kOk
+            : c == disk::StatusCode::kNotFound   ? BlobStatus::kMissing
+            : c == disk::StatusCode::kChecksumMismatch ? BlobStatus::kCorrupt
+                                                       : BlobStatus::kFailed;
+        if (p.status[i] == BlobStatus::kFailed && ok)
         {
-            tickets[i] = g.region->submitRead(g.keys[size_t(slots[i])], dsts[i], g.pageBytes);
-        }
-        catch (std::exception const& e)
-        {
-            messages[i] = e.what();
+            ok = false;
+            error = "disk read of cold pool group " + std::to_string(p.group) + " failed (" + disk::statusName(c)
+                + "): " + messages[i];
         }
     }
-    for (size_t i = 0; i < count; ++i)
-    {
-        if (tickets[i] != 0)
-        {
-            disk::Status const s = g.region->wait(tickets[i]);
-            status[i] = s.code;
-            messages[i] = s.message;
-        }
-    }
+    return ok;
 }
 
 void DiskColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
@@ -343,15 +496,30 @@ bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byt
         error = e.what();
         return false;
     }
-    std::vector<disk::StatusCode> status;
+    thread_local std::vector<BlobStatus> status;
+    status.resize(count);
+    Pending* p = pending(submitRead(group, slots, dsts, count, status.data()));
+    if (p == nullptr)
+    {
+        error = "the disk level could not take the batch (out of memory)";
+        return false;
+    }
+    Pending batch = std::move(*p);
+    pending_.erase(pending_.begin() + (p - pending_.data()));
+    if (!batch.submitError.empty())
+    {
+        error = batch.submitError;
+        return false;
+    }
+    std::vector<disk::StatusCode> codes;
     std::vector<std::string> messages;
-    read(group, slots, dsts, count, status, messages);
+    finishRead(batch, codes, messages);
     for (size_t i = 0; i < count; ++i)
     {
-        if (status[i] != disk::StatusCode::kOk)
+        if (codes[i] != disk::StatusCode::kOk)
         {
             error = "disk read of cold pool group " + std::to_string(group) + " failed ("
-                + disk::statusName(status[i]) + "): " + messages[i];
+                + disk::statusName(codes[i]) + "): " + messages[i];
             return false;
         }
     }
@@ -370,7 +538,7 @@ bool DiskColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte
         error = e.what();
         return false;
     }
-    return write(group, slots, srcs, count, error);
+    return complete(submitAssigned(group, slots, srcs, count), error);
 }
 
 } // namespace kvcodec::kvcm
@@ -558,6 +726,12 @@ void DiskColdLevel::resize(uint64_t quota)
         g.slots.setNumSlots(n);
     }
     quota_ = quota;
+}
+
+void DiskColdLevel::applyQuota(std::vector<uint64_t> const& slots, uint64_t quota)
+{
+    (void)slots; // slotsFor(quota): resize() derives the same geometry.
+    resize(quota);
 }
 
 uint64_t DiskColdLevel::defragment()

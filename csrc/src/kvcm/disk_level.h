@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The disk cold level: one DiskRegion (tiers/disk) per cold pool group, with the host tier's
-// cold pool groups and cold-page sizes. Its bytes are not GPU-accessible, so the manager moves
-// blobs through host buffers (the pinned page ring, or host-tier slots for raw copies). Every
-// operation here is synchronous: it returns when the region's tickets completed, so a failure is
-// known before the migration commits (the transaction rolls back instead of losing pages).
+// cold pool groups and cold-page sizes. It is a staged level (ColdAccess::kStaged): its bytes are
+// not GPU-accessible, so migrations move blobs through host buffers (slices of the pinned page
+// ring it stages into, or host-tier slots for raw copies). Reads and writes are submitted to the
+// regions' I/O workers and completed by complete(); the manager completes every batch before the
+// migration commits, so a failure is known in time (the transaction rolls back instead of
+// losing pages).
 //
 // Region keys: a page with a content key K is stored under "k" + K, so it can be found again
 // after a restart; a page without one under "a" + a number unique in this level's lifetime
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "kvcm/levels.h"
+#include "kvcm/staging.h"
 #include "tiers/disk/disk_region.h"
 
 namespace kvcodec::kvcm {
@@ -44,20 +47,22 @@ public:
     };
 
     /// A content-keyed page found in a region when it opened, not yet claimed by a page.
-    struct Found
-    {
-        PoolGroupIndex group;
-        int32_t slot;
-        LifeCycleId lifeCycle;
-    };
+    using Found = ClaimedBlob;
 
     /// Opens (creating, recovering or invalidating) one region per group under `config.path`.
-    DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig const& config, std::vector<GroupSpec> const& groups);
+    /// `ring` (kept by the caller, destroyed after this level) is the pinned page ring that
+    /// codec transfers stage blobs in.
+    DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig const& config, std::vector<GroupSpec> const& groups,
+        StagingManager& ring);
     ~DiskColdLevel() override;
 
     [[nodiscard]] CacheLevel level() const noexcept override
     {
         return CacheLevel::kDisk;
+    }
+    [[nodiscard]] ColdAccess access() const noexcept override
+    {
+        return ColdAccess::kStaged;
     }
     [[nodiscard]] size_t numPoolGroups() const noexcept override
     {
@@ -90,27 +95,40 @@ public:
     /// lifecycle (the region tag). An unclaimed found page with the same key is retired first.
     void assign(PoolGroupIndex group, int32_t slot, std::string const& contentKey, LifeCycleId lifeCycle);
 
-    /// Writes `count` blobs (host-readable `srcs`) into the assigned slots and waits until they
-    /// are durable. All or nothing: on failure the blobs already written are erased again.
-    bool write(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
-        std::string& error) noexcept;
+    /// A slice of the pinned page ring for `count` blobs of `group`.
+    std::optional<StagingBuffer> stage(
+        PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error) override;
+    /// Half the ring's blobs of `group`: with no slice live, a slice this size always fits.
+    [[nodiscard]] size_t maxStagedPages(PoolGroupIndex group) const noexcept override;
+    /// Submits region reads; complete() maps kNotFound to kMissing, kChecksumMismatch to kCorrupt
+    /// and anything else to kFailed (the error names the region's status).
+    BlobIo submitRead(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
+        BlobStatus* status) noexcept override;
+    /// Assigns the names, waits for pending retirements, and submits region writes; complete()
+    /// waits until they are durable (all or nothing: on failure the blobs written are erased again).
+    BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
+        BlobName const* names, size_t count) noexcept override;
+    bool complete(BlobIo io, std::string& error) noexcept override;
 
-    /// Reads `count` blobs into host-writable `dsts` and waits. `status[i]` is the outcome per
-    /// page (kOk, kNotFound, kChecksumMismatch: a miss; anything else: an I/O failure).
-    void read(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
-        std::vector<disk::StatusCode>& status, std::vector<std::string>& messages) noexcept;
-
+    [[nodiscard]] bool tracksBlobs() const noexcept override
+    {
+        return true;
+    }
     /// The page left `slot`: its blob is retired (asynchronously; the next write waits for it).
-    void release(PoolGroupIndex group, int32_t slot) noexcept;
+    void release(PoolGroupIndex group, int32_t slot) noexcept override;
 
+    [[nodiscard]] bool keepsKeys() const noexcept override
+    {
+        return true;
+    }
     /// Claims the unclaimed found page with content key `key`, or nullopt.
-    std::optional<Found> claim(std::string const& key);
-    [[nodiscard]] size_t numUnclaimed() const noexcept
+    std::optional<Found> claim(std::string const& key) override;
+    [[nodiscard]] size_t numUnclaimed() const noexcept override
     {
         return found_.size();
     }
     /// Erases every unclaimed found page and frees its slot; returns how many.
-    size_t forgetUnclaimed();
+    size_t forgetUnclaimed() override;
 
     [[nodiscard]] disk::DiskRegion const& region(PoolGroupIndex group) const noexcept
     {
@@ -126,20 +144,30 @@ public:
     /// group's slot-count weight) in whole containers, at least one per group. Throws
     /// std::invalid_argument naming quota_bytes when a group would exceed the region limits.
     [[nodiscard]] std::vector<uint64_t> slotsFor(uint64_t quota) const;
+    [[nodiscard]] std::optional<std::vector<uint64_t>> ownSlotCounts(uint64_t quota) const override
+    {
+        return slotsFor(quota);
+    }
     /// Moves the name of the page in logical slot `from` to the free slot `to` (no I/O).
-    void moveSlot(PoolGroupIndex group, int32_t from, int32_t to);
+    void moveSlot(PoolGroupIndex group, int32_t from, int32_t to) override;
     /// Renumbers the unclaimed found pages of `group` at or above `limit` into slots taken from
     /// the group's pool (which withholds the slots at or above the limit); returns the vacated ones.
-    std::vector<int32_t> renumberUnclaimed(PoolGroupIndex group, uint64_t limit);
-    [[nodiscard]] size_t numUnclaimed(PoolGroupIndex group) const noexcept;
+    std::vector<int32_t> renumberUnclaimed(PoolGroupIndex group, uint64_t limit) override;
+    [[nodiscard]] size_t numUnclaimed(PoolGroupIndex group) const noexcept override;
     /// Erases up to `count` unclaimed found pages of `group` and frees their slots; returns how many.
-    size_t dropUnclaimed(PoolGroupIndex group, size_t count);
+    size_t dropUnclaimed(PoolGroupIndex group, size_t count) override;
     /// Resizes every region to its share of `quota` (every used logical slot must already lie
     /// below the new count) and records the quota. On failure the regions already resized are
     /// resized back and disk::ResizeError / std::runtime_error says so; the old quota stays.
     void resize(uint64_t quota);
+    /// resize(quota) (`slots` is slotsFor(quota)).
+    void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) override;
     /// Compacts every region's blobs into its first slots; returns the pages moved.
     uint64_t defragment();
+    uint64_t defragmentBlobs() override
+    {
+        return defragment();
+    }
 
 private:
     struct Group
@@ -154,12 +182,35 @@ private:
         uint64_t containerBytes = 0;       ///< Configured bytes per container file.
     };
 
+    // One submitted read or write batch, until complete().
+    struct Pending
+    {
+        uint64_t id = 0;
+        PoolGroupIndex group = 0;
+        bool write = false;
+        size_t count = 0;
+        std::vector<disk::Ticket> tickets; ///< 0: not submitted (see messages / submitError).
+        std::vector<std::string> messages; ///< Per page: why a read was not submitted.
+        std::vector<std::string> keys;     ///< Writes: the region key of each submitted blob.
+        BlobStatus* status = nullptr;      ///< Reads: the caller's per-page outcome array.
+        std::string submitError;           ///< Writes: why submission stopped early.
+    };
+
+    // Waits for a read batch: the region's status per page (codes) and its message.
+    void finishRead(Pending& p, std::vector<disk::StatusCode>& codes, std::vector<std::string>& messages) noexcept;
+    bool finishWrite(Pending& p, std::string& error) noexcept;
+    // Submits writes under the names already assigned to `slots`.
+    BlobIo submitAssigned(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count) noexcept;
+    Pending* pending(BlobIo io) noexcept;
     void waitErases(Group& g) noexcept;
     [[nodiscard]] std::vector<uint32_t> containersFor(uint64_t quota) const;
     void writeQuotaFile(uint64_t quota) const;
     bool eraseNow(Group& g, std::string const& regionKey, std::string& error) noexcept;
 
     runtime::DeviceRuntime& runtime_;
+    StagingManager& ring_;
+    std::vector<Pending> pending_; ///< Submitted batches (few: the manager completes each at once).
+    uint64_t nextIo_ = 1;
     std::string path_;
     uint64_t configured_ = 0; ///< config.maxBytes.
     uint64_t quota_ = 0;

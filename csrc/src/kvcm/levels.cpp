@@ -86,6 +86,47 @@ void SlotPool::setNumSlots(uint64_t numSlots)
     peak_ = std::max(peak_, usedSlots());
 }
 
+std::optional<StagingBuffer> ColdLevel::stage(
+    PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
+{
+    (void)group;
+    (void)count;
+    (void)owner;
+    error = std::string("the ") + levelName(level()) + " level does not stage blobs";
+    return std::nullopt;
+}
+
+BlobIo ColdLevel::submitRead(
+    PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, BlobStatus* status) noexcept
+{
+    (void)group;
+    (void)slots;
+    (void)dsts;
+    for (size_t i = 0; i < count; ++i)
+    {
+        status[i] = BlobStatus::kFailed;
+    }
+    return BlobIo{1};
+}
+
+BlobIo ColdLevel::submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
+    BlobName const* names, size_t count) noexcept
+{
+    (void)group;
+    (void)slots;
+    (void)srcs;
+    (void)names;
+    (void)count;
+    return BlobIo{1};
+}
+
+bool ColdLevel::complete(BlobIo io, std::string& error) noexcept
+{
+    (void)io;
+    error = std::string("the ") + levelName(level()) + " level takes no staged reads or writes";
+    return false;
+}
+
 HostColdLevel::HostColdLevel(runtime::DeviceRuntime& runtime, std::vector<std::pair<uint64_t, uint64_t>> const& groups)
     : runtime_(runtime)
 {
@@ -145,23 +186,24 @@ void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
     pool.slots.setNumSlots(numSlots);
 }
 
-bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* others, size_t count, bool out,
-    Stream stream, std::string& error) noexcept
+bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts,
+    std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept
 {
-    thread_local std::vector<void*> dsts;
-    thread_local std::vector<void const*> srcs;
+    // Exactly one of `dsts` (copies out of the pool) and `srcs` (copies into it) is given.
+    thread_local std::vector<void*> to;
+    thread_local std::vector<void const*> from;
     thread_local std::vector<size_t> sizes;
     try
     {
         Pool const& pool = pools_[size_t(group)];
-        dsts.resize(count);
-        srcs.resize(count);
+        to.resize(count);
+        from.resize(count);
         sizes.assign(count, pool.pageBytes);
         for (size_t i = 0; i < count; ++i)
         {
             std::byte* blob = pool.memory->data() + uint64_t(slots[i]) * pool.pageBytes;
-            dsts[i] = out ? static_cast<void*>(others[i]) : blob;
-            srcs[i] = out ? static_cast<void const*>(blob) : others[i];
+            to[i] = dsts != nullptr ? static_cast<void*>(dsts[i]) : blob;
+            from[i] = dsts != nullptr ? static_cast<void const*>(blob) : srcs[i];
         }
     }
     catch (std::exception const& e)
@@ -169,19 +211,31 @@ bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* 
         error = e.what();
         return false;
     }
-    return runtime_.copyBatch(dsts.data(), srcs.data(), sizes.data(), count, stream, error);
+    return runtime_.copyBatch(to.data(), from.data(), sizes.data(), count, stream, error);
 }
 
 bool HostColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
     Stream stream, std::string& error) noexcept
 {
-    return copy(group, slots, dsts, count, true, stream, error);
+    return copy(group, slots, dsts, nullptr, count, stream, error);
 }
 
 bool HostColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
     Stream stream, std::string& error) noexcept
 {
-    return copy(group, slots, const_cast<std::byte* const*>(srcs), count, false, stream, error);
+    return copy(group, slots, nullptr, srcs, count, stream, error);
+}
+
+void HostColdLevel::applyQuota(std::vector<uint64_t> const& slots, uint64_t quota)
+{
+    (void)quota; // The manager's projection already turned it into slot counts.
+    for (size_t g = 0; g < pools_.size(); ++g)
+    {
+        if (slots[g] != pools_[g].slots.numSlots())
+        {
+            resize(PoolGroupIndex(g), slots[g]);
+        }
+    }
 }
 
 } // namespace kvcodec::kvcm

@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Storage levels: slot allocators, the hot pool groups, and the cold-level interface with its
-// host-memory implementation. A cold level is one pool per cold pool group; whether its bytes
-// are GPU-accessible (host tier) or not (a disk tier) is a property of the level, not a branch
-// in the manager.
+// host-memory implementation. A cold level is one pool per cold pool group; how a migration
+// reaches its blobs (addressed directly, or staged through host buffers by submitted reads and
+// writes) is a property of the level (ColdAccess), never a branch on a concrete level in the
+// manager. Host memory, a disk tier, a remote store and a per-host daemon's client are all
+// implementations of ColdLevel.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kvcm/config.h"
+#include "kvcm/staging.h"
 #include "runtime/device_runtime.h"
 
 namespace kvcodec::kvcm {
@@ -97,13 +101,68 @@ struct HotPoolGroup
     SlotPool slots{0};
 };
 
+/// How a migration reaches a cold level's blobs. With the hot level this is what the manager's
+/// (source, destination) migration-path table is indexed by.
+enum class ColdAccess : uint8_t
+{
+    /// Blobs lie in memory both the codec and the host address directly (accessibleBase()): the
+    /// codec encodes into and decodes from them, raw copies are copyBatch() calls.
+    kAddressable,
+    /// Blobs move through host buffers by submitted reads and writes (a disk tier, a remote
+    /// store): a codec transfer goes through a staging slice (stage()), a raw copy reads into or
+    /// writes from an addressable level's slots. The level places its blobs itself, so a page is
+    /// never relocated inside it; a resize renumbers its logical slots (moveSlot()).
+    kStaged,
+};
+
+/// Outcome of one blob of a staged read.
+enum class BlobStatus : uint8_t
+{
+    kOk,
+    kMissing, ///< The level holds no blob for the page any more: a cache miss, not a failure.
+    kCorrupt, ///< The blob failed the level's own integrity check: a cache miss, not a failure.
+    kFailed,  ///< The read failed (I/O): the transfer fails and nothing changes.
+};
+
+/// The name a staged blob is written under: the page's content key (empty: anonymous; a level
+/// may keep keyed blobs across restarts, see claim()) and its lifecycle.
+struct BlobName
+{
+    std::string const* contentKey;
+    LifeCycleId lifeCycle;
+};
+
+/// A content-keyed blob a level kept from a previous manager, claimable by a new page.
+struct ClaimedBlob
+{
+    PoolGroupIndex group;
+    int32_t slot;
+    LifeCycleId lifeCycle;
+};
+
+/// A staged read or write batch submitted to a level and not yet completed (ColdLevel::complete()).
+/// Zero is never a valid handle.
+struct BlobIo
+{
+    uint64_t id = 0;
+};
+
 /// A cold storage level: one pool of fixed-size blobs per cold pool group.
+///
+/// Every level implements the slot and raw-copy methods. An addressable level (access()) gives
+/// accessibleBase(); a staged level implements stage(), submitRead(), submitWrite() and
+/// complete() instead. The remaining virtuals have neutral defaults (nothing to release, no
+/// keyed blobs kept across restarts, nothing to renumber) that a level overrides as it needs.
 class ColdLevel
 {
 public:
     virtual ~ColdLevel() = default;
 
     [[nodiscard]] virtual CacheLevel level() const noexcept = 0;
+    [[nodiscard]] virtual ColdAccess access() const noexcept
+    {
+        return ColdAccess::kAddressable;
+    }
     [[nodiscard]] virtual size_t numPoolGroups() const noexcept = 0;
     [[nodiscard]] virtual uint64_t pageBytes(PoolGroupIndex group) const noexcept = 0;
     virtual SlotPool& slots(PoolGroupIndex group) noexcept = 0;
@@ -132,6 +191,122 @@ public:
     virtual bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
         Stream stream, std::string& error) noexcept
         = 0;
+
+    // --- Blobs named per slot -------------------------------------------------------------
+
+    /// True when the level must be told that a page left a slot (release()); the manager calls
+    /// release() only for such levels, so a level that keeps nothing per slot costs nothing.
+    [[nodiscard]] virtual bool tracksBlobs() const noexcept
+    {
+        return false;
+    }
+    /// The page left `slot` (freed, dropped, migrated away): its blob may be retired. The slot
+    /// itself goes back to slots(group) separately.
+    virtual void release(PoolGroupIndex group, int32_t slot) noexcept
+    {
+        (void)group;
+        (void)slot;
+    }
+
+    // --- Staged I/O (access() == kStaged) ---------------------------------------------------
+
+    /// A host staging slice for `count` blobs of `group` (blob i at data() + i * pageBytes):
+    /// codec transfers encode into it before a write or decode from it after a read. `owner` is
+    /// the stream whose work uses the slice (released after it), nullopt to acquire it
+    /// synchronously (the host writes it first). Null with `error` when no slice is free.
+    virtual std::optional<StagingBuffer> stage(
+        PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error);
+    /// Most blobs of `group` one staging slice should carry so that stage() always succeeds with
+    /// no other slice live (0: the level does not stage).
+    [[nodiscard]] virtual size_t maxStagedPages(PoolGroupIndex group) const noexcept
+    {
+        (void)group;
+        return 0;
+    }
+    /// Submits reads of `count` blobs into host-writable `dsts`; `status[i]` is written by
+    /// complete() (the array and `dsts` stay valid until then). Submission never fails: a page
+    /// that cannot be submitted completes as kFailed.
+    virtual BlobIo submitRead(
+        PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, BlobStatus* status) noexcept;
+    /// Submits writes of `count` host-readable blobs into the (free, just taken) `slots`, each
+    /// under `names[i]` (the arrays and `srcs` stay valid until complete()). All or nothing:
+    /// when any write fails, complete() retires the ones that succeeded.
+    virtual BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
+        BlobName const* names, size_t count) noexcept;
+    /// Waits for a submitted batch. A read returns false with `error` when a page failed (its
+    /// status kFailed; a miss is not a failure); a write returns false with `error` when any page
+    /// failed (then none of them is stored). Every handle is completed exactly once.
+    virtual bool complete(BlobIo io, std::string& error) noexcept;
+
+    // --- Content-keyed blobs kept across restarts -------------------------------------------
+
+    /// True when a page's blob is written under its content key, which the page then keeps.
+    [[nodiscard]] virtual bool keepsKeys() const noexcept
+    {
+        return false;
+    }
+    /// Claims the unclaimed blob a previous manager left under content key `key`, or nullopt.
+    virtual std::optional<ClaimedBlob> claim(std::string const& key)
+    {
+        (void)key;
+        return std::nullopt;
+    }
+    /// Unclaimed blobs left by a previous manager (all groups, or one).
+    [[nodiscard]] virtual size_t numUnclaimed() const noexcept
+    {
+        return 0;
+    }
+    [[nodiscard]] virtual size_t numUnclaimed(PoolGroupIndex group) const noexcept
+    {
+        (void)group;
+        return 0;
+    }
+    /// Erases every unclaimed blob and frees its slot; returns how many.
+    virtual size_t forgetUnclaimed()
+    {
+        return 0;
+    }
+    /// Erases up to `count` unclaimed blobs of `group` and frees their slots; returns how many.
+    virtual size_t dropUnclaimed(PoolGroupIndex group, size_t count)
+    {
+        (void)group;
+        (void)count;
+        return 0;
+    }
+
+    // --- Resize and defragmentation -----------------------------------------------------------
+
+    /// Slots per group for a quota when the level decides its own geometry (nullopt: the
+    /// manager's projection of the construction split applies).
+    [[nodiscard]] virtual std::optional<std::vector<uint64_t>> ownSlotCounts(uint64_t quota) const
+    {
+        (void)quota;
+        return std::nullopt;
+    }
+    /// Staged levels: moves the name of the page in logical slot `from` to the free slot `to`
+    /// (no I/O; the level keeps its bytes wherever it placed them).
+    virtual void moveSlot(PoolGroupIndex group, int32_t from, int32_t to)
+    {
+        (void)group;
+        (void)from;
+        (void)to;
+    }
+    /// Staged levels: renumbers the unclaimed blobs of `group` at or above `limit` into slots
+    /// taken from slots(group) (which withholds the slots at or above it); returns the vacated ones.
+    virtual std::vector<int32_t> renumberUnclaimed(PoolGroupIndex group, uint64_t limit)
+    {
+        (void)group;
+        (void)limit;
+        return {};
+    }
+    /// Gives each group `slots[g]` slots for the quota `quota`; every used slot already lies
+    /// below its group's new count. Throws when the level cannot (it keeps its old geometry).
+    virtual void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) = 0;
+    /// Compacts the blobs the level placed itself (staged levels); returns the blobs moved.
+    virtual uint64_t defragmentBlobs()
+    {
+        return 0;
+    }
 };
 
 /// The host tier: one pinned, GPU-mapped pool per cold pool group.
@@ -180,6 +355,8 @@ public:
     /// slots). Every used slot is below `numSlots`; the host waits for every slot's last transfer
     /// first (the codec never keeps cold addresses, so nothing else refers to the old pool).
     void resize(PoolGroupIndex group, uint64_t numSlots);
+    /// Resizes every group whose slot count changes.
+    void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) override;
 
 private:
     struct Pool
@@ -191,8 +368,8 @@ private:
         SlotPool slots;
     };
 
-    bool copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* others, size_t count, bool out,
-        Stream stream, std::string& error) noexcept;
+    bool copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, std::byte const* const* srcs,
+        size_t count, Stream stream, std::string& error) noexcept;
 
     runtime::DeviceRuntime& runtime_;
     std::vector<Pool> pools_;

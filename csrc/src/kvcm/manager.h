@@ -21,29 +21,20 @@
 #include <vector>
 
 #include "kvcm/config.h"
+#include "kvcm/content_keys.h"
+#include "kvcm/eviction_queues.h"
+#include "kvcm/page_table.h"
 #include "kvcm/storage.h"
 #include "runtime/device_runtime.h"
 #include "runtime/owned_codec.h"
 
 namespace kvcodec::kvcm {
 
-/// A page handle: low 32 bits index the page table, high 32 bits its generation. A page keeps
-/// its id across migrations; freeing (or dropping) it bumps the generation, so an old id is
-/// recognized as stale.
-using PageId = uint64_t;
-
 /// A destination level has too few free slots for a request.
 class CapacityError : public std::runtime_error
 {
 public:
     using std::runtime_error::runtime_error;
-};
-
-/// A page id is stale (freed, dropped) or was never issued.
-class StalePageError : public std::invalid_argument
-{
-public:
-    using std::invalid_argument::invalid_argument;
 };
 
 /// A transfer failed synchronously. Transfers submitted before it stay committed
@@ -73,11 +64,14 @@ struct MigrationRecord
 };
 
 /// Why a cold page was dropped instead of onboarded: 1-7 are the codec's PageStatus values
-/// (or the host envelope check's EnvelopeStatus, the same numbers), then the disk tier's own.
+/// (or the host envelope check's EnvelopeStatus, the same numbers), then a staged level's own
+/// (BlobStatus kMissing / kCorrupt; the disk tier's are the ones reported today).
 enum DropReason : int
 {
-    kDropDiskMissing = 8,  ///< The disk tier holds no blob for the page any more.
-    kDropDiskChecksum = 9, ///< The disk tier's slot checksum failed on read.
+    kDropBlobMissing = 8,                    ///< The level holds no blob for the page any more.
+    kDropBlobCorrupt = 9,                    ///< The level's own blob check failed on read.
+    kDropDiskMissing = kDropBlobMissing,     ///< The disk tier holds no blob for the page any more.
+    kDropDiskChecksum = kDropBlobCorrupt,    ///< The disk tier's slot checksum failed on read.
 };
 inline constexpr int kNumDropReasons = 10; ///< Index 0 (kPageOk) is never counted.
 
@@ -181,10 +175,19 @@ public:
     /// For each key: the live page holding it at the disk level, or a page created for an
     /// unclaimed blob the disk tier kept from a previous manager (at the disk level, ready to be
     /// onboarded), or 0 when the disk tier has no page under that key.
-    void findOnDisk(std::string const* keys, size_t count, PageId* out);
+    void findOnDisk(std::string const* keys, size_t count, PageId* out)
+    {
+        findKept(CacheLevel::kDisk, "findOnDisk", keys, count, out);
+    }
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
-    size_t forgetUnclaimedOnDisk();
-    [[nodiscard]] size_t unclaimedOnDisk() const;
+    size_t forgetUnclaimedOnDisk()
+    {
+        return forgetUnclaimed(CacheLevel::kDisk, "forgetUnclaimedOnDisk");
+    }
+    [[nodiscard]] size_t unclaimedOnDisk() const
+    {
+        return unclaimed(CacheLevel::kDisk, "unclaimedOnDisk");
+    }
 
     /// Marks pages as just used (recency), counting a hit at each page's level and pool group.
     void touch(PageId const* pages, size_t count);
@@ -238,45 +241,18 @@ public:
     void synchronize();
     /// Synchronizes, then closes the disk regions (flushed, snapshotted, unlocked) so another
     /// manager may open the directory; the manager must not be used afterwards.
-    void closeDisk();
+    void closeDisk()
+    {
+        closeLevel(CacheLevel::kDisk, "closeDisk");
+    }
     [[nodiscard]] Stream internalStream() const noexcept
     {
         return stream_;
     }
 
 private:
-    struct Page
-    {
-        LifeCycleId lifeCycle = -1;
-        int32_t slot = -1;
-        uint32_t generation = 1;
-        uint32_t mark = 0;
-        int8_t level = -1; ///< -1: free.
-        uint32_t pins = 0;
-        int32_t priority = 0;
-        uint64_t tick = 0; ///< Recency: larger is more recent.
-        uint64_t lruStamp = 0; ///< Stamp of the page's live eviction-queue entry; 0: not queued.
-    };
-    // One entry of a pool group's eviction queue. Entries are never searched for: a page leaves
-    // its queue by clearing its stamp (O(1)), and stale entries are skipped when victims are
-    // taken or swept out when they outnumber the live ones.
-    struct LruEntry
-    {
-        int32_t priority;
-        uint32_t index;
-        uint64_t tick;
-        uint64_t stamp;
-    };
-    // Eviction order of one pool group: a binary min-heap on (priority, tick, index), front = next
-    // victim. A page inserted with a new tick (allocation, touch, onboarding) lands at a leaf and
-    // stays there, so the migration path pays a push_back and one comparison per page.
-    struct LruQueue
-    {
-        std::vector<LruEntry> heap;
-        size_t live = 0; ///< Entries whose page is still queued here (the evictable pages).
-    };
-
-    // One distinct transfer of a (source level, destination level) pair.
+    // One distinct transfer of a (source level, destination level) pair, with the migration path
+    // chosen for it from the (source kind, destination kind) table (manager_paths.cpp).
     struct TransferKey
     {
         CacheLevel src;
@@ -284,40 +260,77 @@ private:
         PoolGroupIndex srcGroup;
         PoolGroupIndex dstGroup;
         LifeCycleId rep; ///< Codec transfers only.
+        uint8_t path;    ///< Index into the path table.
     };
+    struct Transfer;
+    using Path = bool (KvCacheManager::*)(Transfer& t);
+    /// What the path table is indexed by: the hot level, or a cold level's ColdAccess.
+    enum class LevelKind : uint8_t
+    {
+        kHot,
+        kAddressable,
+        kStaged,
+    };
+    static constexpr int kNumKinds = 3;
+    static constexpr uint8_t kNoPath = 0xff;
 
-    uint32_t resolve(PageId id, size_t position) const;
+    // --- manager.cpp: construction, allocation, keys, observers -----------------------------
     void buildTransferKeys();
-    // Disk resize and defragmentation (no migration transaction: cold -> cold moves stay inside
-    // each region, journaled there; the manager only renumbers its logical slots).
-    void resizeDisk(uint64_t quotaBytes, Stream stream);
-    uint64_t defragmentDisk();
-    void renumberDisk(std::vector<uint64_t> const& limits);
     void checkLevel(CacheLevel level, char const* what) const;
-    bool transfer(TransferKey const& key, uint32_t const* pages, int32_t* dstSlots, size_t& count, Stream stream,
-        MigrationResult& result, std::string& error);
+    void releasePage(uint32_t index) noexcept;
+    void findKept(CacheLevel level, char const* what, std::string const* keys, size_t count, PageId* out);
+    size_t forgetUnclaimed(CacheLevel level, char const* what);
+    [[nodiscard]] size_t unclaimed(CacheLevel level, char const* what) const;
+    void closeLevel(CacheLevel level, char const* what);
     void noteEvent(Stream stream, EventPtr const& event);
+    void notify(MigrationRecord const& record);
     void synchronizeAll();
+    [[nodiscard]] LevelKind kindOf(CacheLevel level) const noexcept;
+    // The level to tell that a page left a slot (ColdLevel::tracksBlobs()), or null.
+    [[nodiscard]] ColdLevel* tracking(CacheLevel level) const noexcept
+    {
+        return tracking_[size_t(level)];
+    }
+
+    // --- manager_migrate.cpp: the migration transaction ------------------------------------
     // Waits once for the checked decodes this migration submitted, then drops every page whose
     // status is not kPageOk (see transfer()).
     void finishChecks(Stream stream, MigrationResult& result);
     void dropPage(uint32_t index, CacheLevel srcLevel, PoolGroupIndex srcGroup, int reason, MigrationResult& result);
-    void releasePage(uint32_t index) noexcept;
-    void lruInsert(uint32_t index);
-    void lruErase(uint32_t index) noexcept;
-    // Queues an unpinned page that is in no queue (its level and group are q's).
-    void lruPush(LruQueue& q, Page& p, uint32_t index);
-    // The `count` next victims of a queue in eviction order; they stay queued (stale entries met
-    // on the way are dropped).
-    void lruVictims(LruQueue& queue, size_t count, std::vector<uint32_t>& out);
-    [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
-    void notify(MigrationRecord const& record);
+
+    // --- manager_paths.cpp: one function per migration path --------------------------------
+    [[nodiscard]] static uint8_t pathFor(LevelKind src, LevelKind dst) noexcept;
+    // Steps 2-5 of one transfer. `pages` and `dstSlots` (the migration's own scratch) are
+    // compacted in place when pages are dropped; `count` is then lowered.
+    bool transfer(TransferKey const& key, uint32_t* pages, int32_t* dstSlots, size_t& count, Stream stream,
+        MigrationResult& result, std::string& error);
     size_t chunkPages(TransferKey const& key) const noexcept;
-    std::string const& contentKey(uint32_t index) const noexcept;
-    void checkResizable(CacheLevel level, char const* what) const;
+    bool copyHotToHot(Transfer& t);
+    bool encodeToAddressable(Transfer& t);
+    bool decodeFromAddressable(Transfer& t);
+    bool copyAddressable(Transfer& t);
+    bool encodeToStaged(Transfer& t);
+    bool decodeFromStaged(Transfer& t);
+    bool writeToStaged(Transfer& t);
+    bool readToAddressable(Transfer& t);
+    bool readStaged(Transfer& t, std::byte* const* blobs, bool leaseIndices);
+    bool checkEnvelopes(Transfer& t);
+    void waitForSlots(Transfer& t);
+    bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
+    void commit(Transfer& t, uint64_t callsBefore);
+
+    // --- manager_eviction.cpp ---------------------------------------------------------------
+    [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
+
+    // --- manager_resize.cpp -----------------------------------------------------------------
     // Moves the pages in slots at or above limits[g] of every pool group of `level` into free
-    // slots below it; returns the pages moved.
+    // slots below it with the migration transaction; returns the pages moved.
     uint64_t compact(CacheLevel level, std::vector<uint64_t> const& limits, Stream stream);
+    // Staged levels: no migration transaction (a page is never relocated inside such a level;
+    // the level moves its bytes itself), the manager only renumbers its logical slots.
+    void resizeStaged(CacheLevel level, uint64_t quotaBytes, Stream stream);
+    uint64_t defragmentStaged(CacheLevel level);
+    void renumberStaged(CacheLevel level, std::vector<uint64_t> const& limits);
 
     // One mutex per manager; owner_ names the thread holding it (nested calls pass), and
     // inObserver_ marks the observer callbacks, which must not call back in.
@@ -333,23 +346,17 @@ private:
     // caller may have destroyed since.
     std::vector<std::pair<Stream, EventPtr>> lastEvents_;
 
-    std::vector<Page> pages_;
-    // Content keys: page index -> key and key -> page index (unique among live pages).
-    std::unordered_map<uint32_t, std::string> pageKeys_;
-    std::unordered_map<std::string, uint32_t> keyOwner_;
-    std::vector<uint32_t> freePages_;
-    uint32_t generationBase_ = 1; ///< First generation of every page slot (random per manager).
-    uint32_t epoch_ = 0;
+    PageTable pages_;
+    ContentKeys keys_;
+    EvictionQueues lru_{pages_};
+    uint64_t clock_ = 0;
+    std::array<ColdLevel*, kNumLevels> tracking_{};
 
-    // keys_[src][dst] and keyOf_[src][dst][lifeCycle] -> index into keys_[src][dst].
-    std::array<std::array<std::vector<TransferKey>, kNumLevels>, kNumLevels> keys_;
-    std::array<std::array<std::vector<int32_t>, kNumLevels>, kNumLevels> keyOf_;
+    // transfers_[src][dst] and transferOf_[src][dst][lifeCycle] -> index into transfers_[src][dst].
+    std::array<std::array<std::vector<TransferKey>, kNumLevels>, kNumLevels> transfers_;
+    std::array<std::array<std::vector<int32_t>, kNumLevels>, kNumLevels> transferOf_;
 
     std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
-    // Per level, per pool group of that level's grouping: the unpinned live pages in eviction order.
-    std::array<std::vector<LruQueue>, kNumLevels> lru_;
-    uint64_t clock_ = 0;
-    uint64_t lruSerial_ = 0; ///< Last stamp given to a queue entry.
     std::vector<std::pair<int64_t, Observer>> observers_;
     // Page statuses of checked decodes (mapped host memory the codec's work writes), one byte
     // per page of one migration; read after its one wait at the end of the migration.

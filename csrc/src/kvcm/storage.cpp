@@ -385,7 +385,7 @@ void StorageManager::allocateCold()
         // The pinned page ring exists only because a cold level is neither GPU nor host memory.
         pageRing_ = std::make_unique<StagingManager>(
             runtime_, StagingManager::Backing(runtime::HostMem(runtime_, size_t(pageRingBytes(maxColdPageBytes)))));
-        disk_ = std::make_unique<DiskColdLevel>(runtime_, config_.disk, groups);
+        disk_ = std::make_unique<DiskColdLevel>(runtime_, config_.disk, groups, *pageRing_);
     }
 }
 
@@ -418,12 +418,42 @@ std::vector<uint64_t> StorageManager::projectSlots(CacheLevel level, uint64_t qu
     {
         return projectHot(quota, "quota_bytes");
     }
+    if (auto own = coldLevel(level)->ownSlotCounts(quota))
+    {
+        return std::move(*own); // A level that decides its own geometry (the disk's containers).
+    }
     return projectCold(quota);
 }
 
 void StorageManager::setQuota(CacheLevel level, uint64_t quota) noexcept
 {
-    (level == CacheLevel::kHot ? config_.gpuQuotaBytes : config_.hostQuotaBytes) = quota;
+    if (level == CacheLevel::kHot)
+    {
+        config_.gpuQuotaBytes = quota;
+    }
+    else if (level == CacheLevel::kHost)
+    {
+        config_.hostQuotaBytes = quota;
+    }
+    // The disk level records its quota itself (DiskColdLevel::quota(), persisted with the tier).
+}
+
+std::string StorageManager::missingLevelReason(CacheLevel level)
+{
+    return level == CacheLevel::kDisk ? "config.disk is not set" : "config.hostQuotaBytes is 0";
+}
+
+void StorageManager::closeLevel(CacheLevel level) noexcept
+{
+    if (level == CacheLevel::kDisk)
+    {
+        closeDisk();
+    }
+    else if (level == CacheLevel::kHost)
+    {
+        host_.reset();
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)].clear();
+    }
 }
 
 size_t StorageManager::numPoolGroups(CacheLevel level) const noexcept

@@ -92,10 +92,13 @@ public:
 
     /// Slots per pool group of `level` for a quota of `quota` bytes, with the construction's
     /// projection: the pool ratio, the hot-only floors (hot level) or the structural minimum of
-    /// one slot (cold levels). Throws std::invalid_argument for an infeasible hot quota.
+    /// one slot (cold levels), unless the cold level decides its own geometry
+    /// (ColdLevel::ownSlotCounts()). Throws std::invalid_argument for an infeasible quota.
     [[nodiscard]] std::vector<uint64_t> projectSlots(CacheLevel level, uint64_t quota) const;
-    /// Records the level's quota after a resize (hot or host).
+    /// Records the level's quota after a resize (hot or host; the disk level records its own).
     void setQuota(CacheLevel level, uint64_t quota) noexcept;
+    /// Why a cold level is absent, naming the configuration field that would create it.
+    [[nodiscard]] static std::string missingLevelReason(CacheLevel level);
     [[nodiscard]] ColdLevel* coldLevel(CacheLevel level) const noexcept
     {
         return level == CacheLevel::kHost ? host_.get() : level == CacheLevel::kDisk ? disk_.get() : nullptr;
@@ -105,6 +108,8 @@ public:
     {
         return disk_.get();
     }
+    /// Closes a cold level (the disk's regions are flushed and unlocked); it is gone afterwards.
+    void closeLevel(CacheLevel level) noexcept;
     /// Closes the disk level (its regions are flushed and unlocked); the level is gone afterwards.
     void closeDisk() noexcept
     {

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// Helpers shared by the KV-cache manager's source files (not part of its interface).
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "kvcm/levels.h"
+#include "runtime/device_runtime.h"
+
+namespace kvcodec::kvcm::detail {
+
+// Scratch reused across calls so a warm migration allocates nothing (one per thread).
+struct Scratch
+{
+    std::vector<uint32_t> pages;
+    std::vector<uint32_t> order;
+    std::vector<int32_t> bucket;
+    std::vector<size_t> starts;
+    std::vector<size_t> fill;
+    std::vector<int32_t> dstSlots;
+    std::vector<uint64_t> needs;
+    std::vector<PageIndexPair> pairs;
+    std::vector<runtime::Event*> events;
+    std::vector<PageIndexPair> codecPairs;
+    std::vector<uint32_t> leaseIndex;
+    std::vector<int32_t> levelSlots;
+    std::vector<std::byte*> blobs;
+    std::vector<BlobStatus> status;
+    std::vector<BlobName> names;
+};
+Scratch& scratch() noexcept;
+
+// Waits on each distinct event once (on `stream`, or on the host when nullopt); consecutive
+// pages usually share one.
+inline void waitAll(std::vector<runtime::Event*>& events, std::optional<Stream> stream)
+{
+    std::sort(events.begin(), events.end());
+    events.erase(std::unique(events.begin(), events.end()), events.end());
+    for (runtime::Event* e : events)
+    {
+        if (stream)
+        {
+            e->waitOn(*stream);
+        }
+        else
+        {
+            e->synchronize();
+        }
+    }
+}
+
+// `last` remembers the previous event of one source of events (source slots, destination
+// slots), so runs of pages protected by one event add it once.
+inline void collect(std::vector<runtime::Event*>& events, EventPtr const& e, runtime::Event*& last)
+{
+    if (e && e.get() != last)
+    {
+        events.push_back(e.get());
+        last = e.get();
+    }
+}
+
+} // namespace kvcodec::kvcm::detail

@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The migration paths. A transfer's path is chosen once, when the transfer keys are built, from
+// a table indexed by the kinds of its source and destination levels (hot, an addressable cold
+// level, a staged cold level: ColdAccess); each path is one function. Every path ends in the
+// same steps: the stream waits for the source pages and the destination slots (step 2), the
+// path submits its work (step 3), and commit() records the finish event, counts, notifies and
+// moves ownership (steps 4-5). Nothing here names a concrete level.
+#include "kvcm/manager.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "kvcm/manager_internal.h"
+
+namespace kvcodec::kvcm {
+
+using detail::collect;
+using detail::waitAll;
+
+namespace detail {
+
+Scratch& scratch() noexcept
+{
+    thread_local Scratch s;
+    return s;
+}
+
+} // namespace detail
+
+namespace {
+
+enum PathId : uint8_t
+{
+    kCopyHot,           ///< hot -> hot: per-pool copies inside a hot pool group.
+    kEncodeAddressable, ///< hot -> addressable: the codec encodes into the level's blobs.
+    kEncodeStaged,      ///< hot -> staged: encode into a staging slice, then write the blobs.
+    kDecodeAddressable, ///< addressable -> hot: the codec decodes the level's blobs.
+    kCopyAddressable,   ///< addressable -> addressable: raw blob copies.
+    kWriteStaged,       ///< addressable -> staged: write the blobs straight from the source slots.
+    kDecodeStaged,      ///< staged -> hot: read into a staging slice, then decode it.
+    kReadAddressable,   ///< staged -> addressable: read straight into the destination slots.
+    kNumPaths,
+};
+
+} // namespace
+
+// The state one transfer's path works on.
+struct KvCacheManager::Transfer
+{
+    TransferKey const& key;
+    uint32_t* pages;  ///< Page indices; compacted in place when pages are dropped.
+    int32_t* dstSlots; ///< Destination slot per page; compacted with `pages`.
+    size_t& count;
+    Stream stream;
+    MigrationResult& result;
+    std::string& error;
+    SlotPool& srcPool;
+    SlotPool& dstPool;
+    bool hostCheck;   ///< A declared envelope is checked on the host before decoding.
+    uint16_t envelope;
+    uint8_t* status;  ///< Status bytes of a checked decode (read in finishChecks), else null.
+    bool checked;     ///< A checked decode: `status` is this transfer's range of the buffer.
+    double seconds = 0; ///< Host time inside the codec.
+    // A staging slice (the level's): released, recording its event on the stream when it owns
+    // one, when the transfer returns.
+    std::optional<StagingBuffer> lease;
+};
+
+uint8_t KvCacheManager::pathFor(LevelKind src, LevelKind dst) noexcept
+{
+    // A staged level has no path to itself: it places its blobs itself (no relocation).
+    static constexpr uint8_t kTable[kNumKinds][kNumKinds] = {
+        /* hot         -> */ {kCopyHot, kEncodeAddressable, kEncodeStaged},
+        /* addressable -> */ {kDecodeAddressable, kCopyAddressable, kWriteStaged},
+        /* staged      -> */ {kDecodeStaged, kReadAddressable, kNoPath},
+    };
+    return kTable[size_t(src)][size_t(dst)];
+}
+
+size_t KvCacheManager::chunkPages(TransferKey const& key) const noexcept
+{
+    if (key.path != kEncodeStaged && key.path != kDecodeStaged)
+    {
+        return kMaxPairsPerCall;
+    }
+    // One staging slice per transfer, sized so that it always fits with no other slice live.
+    bool const toStaged = key.path == kEncodeStaged;
+    ColdLevel const* staged = storage_->coldLevel(toStaged ? key.dst : key.src);
+    uint64_t const pages = staged->maxStagedPages(toStaged ? key.dstGroup : key.srcGroup);
+    return size_t(std::max<uint64_t>(1, std::min<uint64_t>(pages, kMaxPairsPerCall)));
+}
+
+bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* dstSlots, size_t& count,
+    Stream stream, MigrationResult& result, std::string& error)
+{
+    static constexpr Path kPaths[kNumPaths] = {&KvCacheManager::copyHotToHot, &KvCacheManager::encodeToAddressable,
+        &KvCacheManager::encodeToStaged, &KvCacheManager::decodeFromAddressable, &KvCacheManager::copyAddressable,
+        &KvCacheManager::writeToStaged, &KvCacheManager::decodeFromStaged, &KvCacheManager::readToAddressable};
+    bool const toHot = key.dst == CacheLevel::kHot;
+    bool const fromHot = key.src == CacheLevel::kHot;
+    int32_t const envelope = storage_->config().envelopeFormatVersion;
+    // A codec with a checked decode verifies each blob where it reads it and reports a status
+    // per page (read once per migration in finishChecks); otherwise a declared envelope is
+    // checked on the host before decoding.
+    bool const checked = !fromHot && toHot && storage_->checkedDecode();
+    Transfer t{key, pages, dstSlots, count, stream, result, error, storage_->slots(key.src, key.srcGroup),
+        storage_->slots(key.dst, key.dstGroup), !fromHot && toHot && envelope >= 0 && !checked, uint16_t(envelope),
+        checked ? reinterpret_cast<uint8_t*>(statusBuf_.data()) + statusUsed_ : nullptr, checked, 0, std::nullopt};
+    uint64_t const callsBefore = storage_->codecCalls();
+    if (!(this->*kPaths[key.path])(t))
+    {
+        return false;
+    }
+    if (count > 0) // Zero: every page was dropped before anything was submitted.
+    {
+        commit(t, callsBefore);
+    }
+    return true;
+}
+
+// Room for step 5's queue entries, taken before anything is submitted (step 5 cannot fail);
+// then step 2: the stream waits for the source pages and the destination slots.
+void KvCacheManager::waitForSlots(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    {
+        auto& heap = lru_.queue(t.key.dst, t.key.dstGroup).heap;
+        if (heap.capacity() < heap.size() + t.count)
+        {
+            heap.reserve(std::max(heap.size() + t.count, 2 * heap.capacity()));
+        }
+    }
+    s.events.clear();
+    s.pairs.resize(t.count);
+    runtime::Event* lastSrc = nullptr;
+    runtime::Event* lastDst = nullptr;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        int32_t const srcSlot = pages_[t.pages[i]].slot;
+        collect(s.events, t.srcPool.ready(srcSlot), lastSrc);
+        collect(s.events, t.dstPool.ready(t.dstSlots[i]), lastDst);
+        s.pairs[i] = {t.dstSlots[i], srcSlot};
+    }
+    waitAll(s.events, t.stream);
+}
+
+bool KvCacheManager::transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status)
+{
+    auto const t0 = std::chrono::steady_clock::now();
+    bool const ok = storage_->transcode(encode, t.key.rep, coldBase, pairs, t.count, t.stream, t.error, status);
+    t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return ok;
+}
+
+bool KvCacheManager::copyHotToHot(Transfer& t)
+{
+    waitForSlots(t);
+    return storage_->copyHot(t.key.srcGroup, detail::scratch().pairs.data(), t.count, t.stream, t.error);
+}
+
+bool KvCacheManager::encodeToAddressable(Transfer& t)
+{
+    waitForSlots(t);
+    ColdLevel* cold = storage_->coldLevel(t.key.dst);
+    std::byte* coldBase = cold->accessibleBase(t.key.dstGroup);
+    if (coldBase == nullptr)
+    {
+        t.error = std::string("the ") + levelName(cold->level()) + " level is not GPU-accessible; the codec cannot "
+            + "address it without a staging hop";
+        return false;
+    }
+    return transcode(t, true, coldBase, detail::scratch().pairs.data(), t.status);
+}
+
+// Without a checked decode, a declared envelope is checked on the host before decoding: a blob
+// that did not fit or fails its checksum is dropped (the page becomes a miss), never decoded.
+// The host reads the blobs, so the transfers that wrote them must have finished: one wait per
+// distinct event, then the fast CRC over each blob.
+bool KvCacheManager::checkEnvelopes(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    ColdLevel* cold = storage_->coldLevel(t.key.src);
+    uint64_t const blobBytes = cold->pageBytes(t.key.srcGroup);
+    s.events.clear();
+    runtime::Event* last = nullptr;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        collect(s.events, t.srcPool.ready(pages_[t.pages[i]].slot), last);
+    }
+    waitAll(s.events, std::nullopt);
+    size_t kept = 0;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        uint32_t const index = t.pages[i];
+        Page const& p = pages_[index];
+        std::byte const* blob = cold->hostBlob(t.key.srcGroup, p.slot);
+        EnvelopeStatus const st
+            = blob == nullptr ? EnvelopeStatus::kOk : checkColdPageEnvelope(blob, blobBytes, t.envelope);
+        if (st == EnvelopeStatus::kOk)
+        {
+            t.pages[kept] = index;
+            t.dstSlots[kept] = t.dstSlots[i];
+            ++kept;
+            continue;
+        }
+        t.dstPool.give(t.dstSlots[i], t.dstPool.ready(t.dstSlots[i]));
+        dropPage(index, t.key.src, t.key.srcGroup, int(st), t.result);
+    }
+    t.count = kept;
+    return kept > 0;
+}
+
+bool KvCacheManager::decodeFromAddressable(Transfer& t)
+{
+    if (t.hostCheck && !checkEnvelopes(t))
+    {
+        return true; // Every page was dropped.
+    }
+    waitForSlots(t);
+    ColdLevel* cold = storage_->coldLevel(t.key.src);
+    std::byte* coldBase = cold->accessibleBase(t.key.srcGroup);
+    if (coldBase == nullptr)
+    {
+        t.error = std::string("the ") + levelName(cold->level()) + " level is not GPU-accessible; the codec cannot "
+            + "address it without a staging hop";
+        return false;
+    }
+    return transcode(t, false, coldBase, detail::scratch().pairs.data(), t.status);
+}
+
+bool KvCacheManager::copyAddressable(Transfer& t)
+{
+    waitForSlots(t);
+    return storage_->copyCold(t.key.src, t.key.srcGroup, t.key.dst, t.key.dstGroup, detail::scratch().pairs.data(),
+        t.count, t.stream, t.error);
+}
+
+// Staged sources are read first, on this thread (the level's workers do the I/O), into `blobs`.
+// A missing or corrupt blob drops the page like a failed envelope check; a failed read fails
+// the transfer with nothing changed. `leaseIndices` records each kept page's blob index.
+bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs, bool leaseIndices)
+{
+    detail::Scratch& s = detail::scratch();
+    ColdLevel* cold = storage_->coldLevel(t.key.src);
+    uint64_t const pageBytes = cold->pageBytes(t.key.srcGroup);
+    s.levelSlots.resize(t.count);
+    s.status.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.levelSlots[i] = pages_[t.pages[i]].slot;
+    }
+    BlobIo const io = cold->submitRead(t.key.srcGroup, s.levelSlots.data(), blobs, t.count, s.status.data());
+    if (!cold->complete(io, t.error))
+    {
+        return false;
+    }
+    s.leaseIndex.resize(t.count);
+    size_t kept = 0;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        uint32_t const index = t.pages[i];
+        Page const& p = pages_[index];
+        bool good = s.status[i] == BlobStatus::kOk;
+        int reason = s.status[i] == BlobStatus::kMissing ? kDropBlobMissing : kDropBlobCorrupt;
+        if (good && t.hostCheck)
+        {
+            reason = int(checkColdPageEnvelope(blobs[i], pageBytes, t.envelope));
+            good = reason == int(EnvelopeStatus::kOk);
+        }
+        if (good)
+        {
+            t.pages[kept] = index;
+            t.dstSlots[kept] = t.dstSlots[i];
+            if (leaseIndices)
+            {
+                s.leaseIndex[kept] = uint32_t(i);
+            }
+            ++kept;
+            continue;
+        }
+        cold->release(t.key.srcGroup, p.slot);
+        t.dstPool.give(t.dstSlots[i], t.dstPool.ready(t.dstSlots[i]));
+        dropPage(index, t.key.src, t.key.srcGroup, reason, t.result);
+    }
+    t.count = kept;
+    return true;
+}
+
+bool KvCacheManager::decodeFromStaged(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    ColdLevel* cold = storage_->coldLevel(t.key.src);
+    uint64_t const pageBytes = cold->pageBytes(t.key.srcGroup);
+    // Synchronous acquisition: the host writes the slice, so earlier decodes reading these
+    // staging bytes must have finished.
+    t.lease = cold->stage(t.key.srcGroup, t.count, std::nullopt, t.error);
+    if (!t.lease)
+    {
+        return false;
+    }
+    s.blobs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.blobs[i] = t.lease->data() + i * pageBytes;
+    }
+    if (!readStaged(t, s.blobs.data(), true))
+    {
+        return false;
+    }
+    if (t.count == 0)
+    {
+        return true;
+    }
+    waitForSlots(t);
+    // Decode from the slice the blobs were read into.
+    s.codecPairs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.codecPairs[i] = {t.dstSlots[i], int32_t(s.leaseIndex[i])};
+    }
+    t.lease->setStream(t.stream);
+    return transcode(t, false, t.lease->data(), s.codecPairs.data(), t.status);
+}
+
+bool KvCacheManager::readToAddressable(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    uint64_t const pageBytes = storage_->pageBytes(t.key.src, t.key.srcGroup);
+    std::byte* base = storage_->coldLevel(t.key.dst)->accessibleBase(t.key.dstGroup);
+    s.blobs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        if (EventPtr const& e = t.dstPool.ready(t.dstSlots[i]))
+        {
+            e->synchronize(); // The host writes the slot.
+        }
+        s.blobs[i] = base + uint64_t(t.dstSlots[i]) * pageBytes;
+    }
+    if (!readStaged(t, s.blobs.data(), false))
+    {
+        return false;
+    }
+    if (t.count > 0)
+    {
+        waitForSlots(t); // The raw blobs were read into the destination slots above.
+    }
+    return true;
+}
+
+bool KvCacheManager::encodeToStaged(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    waitForSlots(t);
+    // Encode into a staging slice on the stream, wait for the encode on the host (correctness
+    // first: the level's workers read the slice), then write the blobs.
+    ColdLevel* cold = storage_->coldLevel(t.key.dst);
+    uint64_t const pageBytes = cold->pageBytes(t.key.dstGroup);
+    t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
+    if (!t.lease)
+    {
+        return false;
+    }
+    s.codecPairs.resize(t.count);
+    s.blobs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.codecPairs[i] = {int32_t(i), s.pairs[i].src};
+        s.blobs[i] = t.lease->data() + i * pageBytes;
+    }
+    if (!transcode(t, true, t.lease->data(), s.codecPairs.data(), nullptr))
+    {
+        return false;
+    }
+    if (EventPtr const encoded = runtime_->record(t.stream))
+    {
+        encoded->synchronize(); // (The host backend returns no event: its work is done.)
+    }
+    s.names.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.names[i] = {&keys_.of(t.pages[i]), pages_[t.pages[i]].lifeCycle};
+    }
+    std::byte const* const* srcs = s.blobs.data();
+    return cold->complete(cold->submitWrite(t.key.dstGroup, t.dstSlots, srcs, s.names.data(), t.count), t.error);
+}
+
+bool KvCacheManager::writeToStaged(Transfer& t)
+{
+    detail::Scratch& s = detail::scratch();
+    waitForSlots(t);
+    // Raw blob writes straight from the source slots; the host reads them, so the stream (the
+    // slots' last transfers) is synchronized first.
+    runtime_->synchronize(t.stream);
+    ColdLevel* src = storage_->coldLevel(t.key.src);
+    ColdLevel* dst = storage_->coldLevel(t.key.dst);
+    std::byte* base = src->accessibleBase(t.key.srcGroup);
+    if (base == nullptr)
+    {
+        t.error = "neither cold level is GPU-accessible; a blob copy between them needs a staging hop";
+        return false;
+    }
+    uint64_t const stride = src->pageBytes(t.key.srcGroup);
+    s.blobs.resize(t.count);
+    s.names.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.blobs[i] = base + uint64_t(s.pairs[i].src) * stride;
+        s.names[i] = {&keys_.of(t.pages[i]), pages_[t.pages[i]].lifeCycle};
+    }
+    std::byte const* const* srcs = s.blobs.data();
+    return dst->complete(dst->submitWrite(t.key.dstGroup, t.dstSlots, srcs, s.names.data(), t.count), t.error);
+}
+
+// Step 4: attach the finish event to the destination slots (the source slots get it when
+// released in step 5); count; notify observers. Step 5: ownership moves to the destination; the
+// source slots are released. Every page leaves the source group's eviction queue and joins the
+// destination group's (unless pinned).
+void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
+{
+    TransferKey const& key = t.key;
+    size_t const count = t.count;
+    EventPtr const finish = runtime_->record(t.stream);
+    noteEvent(t.stream, finish);
+    for (size_t i = 0; i < count; ++i)
+    {
+        t.dstPool.setReady(t.dstSlots[i], finish);
+    }
+    bool const fromHot = key.src == CacheLevel::kHot;
+    bool const toHot = key.dst == CacheLevel::kHot;
+    uint64_t const dstPageBytes = storage_->pageBytes(key.dst, key.dstGroup);
+    uint64_t const calls = storage_->codecCalls() - callsBefore;
+    auto& srcStats = stats_[size_t(key.src)][size_t(key.srcGroup)];
+    auto& dstStats = stats_[size_t(key.dst)][size_t(key.dstGroup)];
+    if (fromHot && !toHot)
+    {
+        for (auto* st : {&srcStats, &dstStats})
+        {
+            st->pagesOffloaded += count;
+            st->bytesOffloaded += count * dstPageBytes;
+            st->codecCalls += calls;
+            st->codecSeconds += t.seconds;
+        }
+    }
+    else if (!fromHot && toHot)
+    {
+        uint64_t const coldBytes = storage_->pageBytes(key.src, key.srcGroup);
+        for (auto* st : {&srcStats, &dstStats})
+        {
+            st->pagesOnboarded += count;
+            st->bytesOnboarded += count * coldBytes;
+            st->codecCalls += calls;
+            st->codecSeconds += t.seconds;
+        }
+    }
+    else
+    {
+        dstStats.pagesCopied += count;
+    }
+    if (!observers_.empty())
+    {
+        notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
+    }
+
+    LruQueue& srcQueue = lru_.queue(key.src, key.srcGroup);
+    LruQueue& dstQueue = lru_.queue(key.dst, key.dstGroup);
+    ColdLevel* const releaseFrom = tracking(key.src);
+    bool const hotter = key.dst < key.src;
+    for (size_t i = 0; i < count; ++i)
+    {
+        Page& p = pages_[t.pages[i]];
+        if (releaseFrom != nullptr)
+        {
+            releaseFrom->release(key.srcGroup, p.slot);
+        }
+        t.srcPool.give(p.slot, finish);
+        if (p.lruStamp != 0)
+        {
+            p.lruStamp = 0;
+            --srcQueue.live;
+        }
+        p.level = int8_t(key.dst);
+        p.slot = t.dstSlots[i];
+        if (hotter)
+        {
+            p.tick = ++clock_; // Brought hotter to be used; an eviction keeps the page's age.
+        }
+        if (p.pins == 0)
+        {
+            lru_.push(dstQueue, p, t.pages[i]);
+        }
+    }
+    t.result.moved += count;
+    if (t.checked)
+    {
+        checkRanges_.push_back({key, statusUsed_, count});
+        checkPages_.insert(checkPages_.end(), t.pages, t.pages + count);
+        statusUsed_ += count;
+    }
+}
+
+} // namespace kvcodec::kvcm
