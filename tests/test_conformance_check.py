@@ -54,7 +54,7 @@ def test_concat_passes_on_cpu(tmp_path):
 
 def test_bad_params_are_an_error():
     result = check("concat", "--params", '{"path": "warp"}')
-    assert result.returncode == 1
+    assert result.returncode == 2  # usage: parameters the schema rejects
     assert "parameter 'path' is 'warp'" in result.stderr
 
 

@@ -70,13 +70,15 @@ def test_inspect_summarizes_and_decodes_a_page(tmp_path, capsys):
 
 
 def test_inspect_errors(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path / "absent")]) == 1
+    with pytest.raises(SystemExit) as exit_info:  # a folder argument that names no folder: usage
+        main(["inspect", str(tmp_path / "absent")])
+    assert exit_info.value.code == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 1
     assert "no disk region under" in capsys.readouterr().err
     with DiskRegion(tmp_path / "r", slot_bytes=4096, max_bytes=1 << 20) as r:
         r.put("a", bytes(4096))
-    assert main(["inspect", str(tmp_path / "r"), "--key", "zz"]) == 1
+    assert main(["inspect", str(tmp_path / "r"), "--key", "zz"]) == 2  # a bad option value: usage
     assert "is not hex" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "r"), "--key", "00"]) == 1
     assert "key 00 is in no region" in capsys.readouterr().err

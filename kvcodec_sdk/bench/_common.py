@@ -1,8 +1,17 @@
-"""Helpers shared by the benchmarks: size units, size labels and progress lines."""
+"""Helpers shared by the benchmarks: size units, size labels, progress and report tables.
+
+Progress goes to stderr as ``[bench] ...`` lines (scripts filter them with ``grep -v '^\\[bench\\]'``)
+unless a progress sink is installed: the ``kvcodec`` command line installs a live progress bar
+when stderr is a terminal (``kvcodec_sdk.commands._ui``). Tables are built as :class:`Table`
+objects: :meth:`Table.plain` is the fixed-width text that tests and scripts parse, and the
+command line renders the same cells as a terminal table.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
+from typing import Protocol
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -13,7 +22,81 @@ def fmt_size(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
 
 
+class ProgressSink(Protocol):
+    """Receives a benchmark's progress instead of the ``[bench]`` lines."""
+
+    def message(self, text: str) -> None: ...
+    def total(self, steps: int) -> None: ...
+    def advance(self) -> None: ...
+
+
+#: The installed progress sink; None prints ``[bench]`` lines on stderr.
+sink: ProgressSink | None = None
+
+
 def log(progress: bool, msg: str) -> None:
     """A progress line on stderr (the table and JSON go to stdout)."""
-    if progress:
+    if not progress:
+        return
+    if sink is not None:
+        sink.message(msg)
+    else:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def steps(progress: bool, total: int) -> None:
+    """Announces how many steps (piece sizes, codecs, runs) the benchmark takes, for a progress bar."""
+    if progress and sink is not None:
+        sink.total(total)
+
+
+def advance(progress: bool) -> None:
+    """One step of those announced by :func:`steps` is done."""
+    if progress and sink is not None:
+        sink.advance()
+
+
+class Unpadded(str):
+    """A table cell printed as is in plain text, not padded to its column's width (e.g. '-')."""
+
+
+@dataclass
+class Column:
+    """One column of a :class:`Table`: its header, and how plain text lays it out."""
+
+    header: str
+    width: int = 0  # plain text pads each cell to this many characters
+    align: str = ">"  # '>' right, '<' left
+    sep: str = " "  # plain text before the cell (ignored for the first column)
+
+
+@dataclass
+class Table:
+    """A benchmark report as cells: title lines, a header, rows and notes (verdicts) below.
+
+    ``plain()`` is the stable text form; the cells are pre-formatted strings so a terminal
+    rendering shows exactly the same numbers."""
+
+    title: list[str]
+    columns: list[Column]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    header_without_rows: bool = True  # print the header line when there are no rows
+
+    def _line(self, cells: list[str]) -> str:
+        out = []
+        for i, (col, cell) in enumerate(zip(self.columns, cells)):
+            if col.width == 0 and cell == "":
+                continue  # an optional trailing cell (a status, a reason) that is absent
+            text = cell if isinstance(cell, Unpadded) else format(cell, f"{col.align}{col.width}")
+            out.append(("" if i == 0 else col.sep) + text)
+        return "".join(out)
+
+    def plain(self) -> str:
+        """The fixed-width text form (what non-terminal output prints)."""
+        lines = list(self.title)
+        if self.rows or self.header_without_rows:
+            lines.append(self._line([c.header for c in self.columns]))
+        lines.extend(self._line(r) for r in self.rows)
+        lines.extend(self.notes)
+        return "\n".join(lines)

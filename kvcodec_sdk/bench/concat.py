@@ -22,7 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from ._common import KiB, MiB, fmt_size as _fmt_size, log as _log
+from ._common import Column, KiB, MiB, Table, advance as _advance, fmt_size as _fmt_size, log as _log, \
+    steps as _steps
 from .. import _native
 from ..layout import PoolDesc, PoolGroupDesc, LifeCycleDesc
 from ..registry import create_codec
@@ -90,6 +91,7 @@ def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, total_bytes: 
 def _run_cpu(pools: int, sizes, total: int, iters: int, progress: bool) -> Report:
     rng = np.random.default_rng(1)
     report = Report("cpu", pools, total, iters, info={"baseline": "one contiguous memcpy (numpy copyto)"})
+    _steps(progress, len(sizes))
     for piece in sizes:
         pages = max(1, total // (pools * piece))
         slots = 2 * pages
@@ -129,6 +131,7 @@ def _run_cpu(pools: int, sizes, total: int, iters: int, progress: bool) -> Repor
                                    t / pages * 1e6, "memcpy"))
             _log(progress, f"{_fmt_size(piece):>8} {direction}: {gbps:7.2f} GB/s = {gbps / ceiling:.2f}x memcpy")
         codec.close()
+        _advance(progress)
     return report
 
 
@@ -177,6 +180,7 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                 samples.append(start.elapsed_time(end) / 1e3)
         return statistics.median(samples)
 
+    _steps(progress, len(sizes))
     for piece in sizes:
         pages = max(1, total // (pools * piece))
         slots = 2 * pages
@@ -254,25 +258,30 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                            f"{row.ratio_to_baseline:6.2f}x baseline  {host_us:6.3f} us/page host ({row.path})")
         del hot, hot_back, cold, contig_dev, expected
         torch.cuda.empty_cache()
+        _advance(progress)
     return report
 
 
-def format_table(report: Report) -> str:
-    """A readable table of the report."""
-    lines = [
-        f"concat codec on {report.device}: {report.pools} pools/page, "
-        f"{report.bytes_per_direction / MiB:.0f} MiB per direction, median of {report.iters}",
-        f"{'piece':>8} {'dir':6} {'variant':18} {'GB/s':>8} {'x ceiling':>9} {'x base':>7} {'us/page':>8}  path",
-    ]
-    for r in report.rows:
-        base = f"{r.ratio_to_baseline:7.2f}" if r.ratio_to_baseline is not None else "      -"
-        lines.append(f"{_fmt_size(r.piece_bytes):>8} {r.direction:6} {r.variant:18} {r.gbps:8.2f} "
-                     f"{r.ratio_to_ceiling:9.2f} {base} {r.host_us_per_page:8.3f}  {r.path}")
+def table(report: Report) -> Table:
+    """The report as table cells (see :class:`Table`)."""
+    cols = [Column("piece", 8), Column("dir", 6, "<"), Column("variant", 18, "<"), Column("GB/s", 8),
+            Column("x ceiling", 9), Column("x base", 7), Column("us/page", 8), Column("path", 0, "<", "  ")]
+    rows = [[_fmt_size(r.piece_bytes), r.direction, r.variant, f"{r.gbps:.2f}", f"{r.ratio_to_ceiling:.2f}",
+             f"{r.ratio_to_baseline:.2f}" if r.ratio_to_baseline is not None else "-", f"{r.host_us_per_page:.3f}",
+             r.path] for r in report.rows]
+    notes = []
     if report.device != "cpu":
         auto = [r for r in report.rows if r.variant == "auto"]
         worst = min(auto, key=lambda r: r.ratio_to_ceiling) if auto else None
         if worst is not None:
             verdict = "meets" if worst.ratio_to_ceiling >= TARGET_RATIO else "misses"
-            lines.append(f"default codec: worst {worst.ratio_to_ceiling:.2f}x of the pinned ceiling "
+            notes.append(f"default codec: worst {worst.ratio_to_ceiling:.2f}x of the pinned ceiling "
                          f"({_fmt_size(worst.piece_bytes)} {worst.direction}); {verdict} the {TARGET_RATIO}x target")
-    return "\n".join(lines)
+    title = (f"concat codec on {report.device}: {report.pools} pools/page, "
+             f"{report.bytes_per_direction / MiB:.0f} MiB per direction, median of {report.iters}")
+    return Table([title], cols, rows, notes)
+
+
+def format_table(report: Report) -> str:
+    """A readable table of the report (the plain text form)."""
+    return table(report).plain()

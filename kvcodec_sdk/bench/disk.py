@@ -18,7 +18,6 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -27,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..disk import DiskRegion
-from ._common import KiB, MiB
+from ._common import Column, KiB, MiB, Table, advance as _advance, log as _log, steps as _steps
 
 TARGET_RATIO = 0.8
 TARGET_RECOVERY_S = 2.0
@@ -175,7 +174,7 @@ def _recovery(path: str, slots: int, progress: bool) -> dict:
                     r.wait(t)
                 window.clear()
                 if progress and i % (1 << 18) < 8192:
-                    print(f"[bench] recovery: populated {i + 1}/{slots} slots", file=sys.stderr)
+                    _log(progress, f"recovery: populated {i + 1}/{slots} slots")
         for t in window:
             r.wait(t)
         populate_s = time.perf_counter() - t0
@@ -204,8 +203,7 @@ def _recovery(path: str, slots: int, progress: bool) -> dict:
 def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes: int = 512 * MiB,
         io_threads: int = 32, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True) -> Report:
     def say(msg: str) -> None:
-        if progress:
-            print(f"[bench] {msg}", file=sys.stderr)
+        _log(progress, msg)
 
     work = tempfile.mkdtemp(prefix="kvcodec-bench-disk-", dir=directory)
     try:
@@ -221,17 +219,20 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             probe.close()
         shutil.rmtree(os.path.join(work, "probe"))
         rep = Report(work, "direct" if direct else "buffered", slot_bytes, n * slot_bytes, io_threads, depth)
+        _steps(progress, 4 if recovery_slots else 3)
         say(f"ceiling: sequential {n * slot_bytes // MiB} MiB ({rep.io})")
         # The ceiling is the better of direct and buffered sequential I/O on this file system.
         seq = [_sequential(os.path.join(work, "seq"), n * slot_bytes, mode) for mode in ({direct, False})]
         rep.gbps["ceiling_write"] = max(w for w, _ in seq)
         rep.gbps["ceiling_read"] = max(r for _, r in seq)
+        _advance(progress)
         say("baseline: one synchronous pwrite/pread per page")
         rep.gbps["baseline_write"], rep.gbps["baseline_read"] = _baseline(os.path.join(work, "base"), pages,
                                                                           slot_bytes, durable=False)
         nd = max(1, min(n, 2048))
         rep.gbps["baseline_durable_write"], _ = _baseline(os.path.join(work, "base2"), pages[:nd], slot_bytes,
                                                           durable=True)
+        _advance(progress)
         say(f"store: {n} pages, {io_threads} I/O threads, depth {depth}")
         rep.gbps["store_write"], rep.gbps["store_read"], rep.info["store"] = _store(
             os.path.join(work, "store"), pages, slot_bytes, io_threads, depth)
@@ -241,31 +242,40 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             rep.ratios[f"{d}_vs_baseline"] = rep.gbps[f"store_{d}"] / rep.gbps[f"baseline_{d}"]
         rep.ratios["write_vs_durable_baseline"] = rep.gbps["store_write"] / rep.gbps["baseline_durable_write"]
         rep.ratios["target"] = TARGET_RATIO
+        _advance(progress)
         if recovery_slots:
             say(f"recovery: populating {recovery_slots} slots")
             rep.recovery = _recovery(os.path.join(work, "recovery"), recovery_slots, progress)
+            _advance(progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rep
 
 
-def format_table(rep: Report) -> str:
+def table(rep: Report) -> Table:
+    """The report as table cells (see :class:`Table`)."""
     g, r = rep.gbps, rep.ratios
-    lines = [
-        f"disk tier benchmark: {rep.total_bytes // MiB} MiB of {rep.slot_bytes // KiB} KiB pages, {rep.io} I/O, "
-        f"{rep.io_threads} I/O threads, depth {rep.depth}",
-        f"{'':10}{'store GB/s':>12}{'ceiling':>10}{'baseline':>10}{'x ceiling':>11}{'x baseline':>12}",
-    ]
+    title = (f"disk tier benchmark: {rep.total_bytes // MiB} MiB of {rep.slot_bytes // KiB} KiB pages, {rep.io} I/O, "
+             f"{rep.io_threads} I/O threads, depth {rep.depth}")
+    cols = [Column("", 10, "<", ""), Column("store GB/s", 12, sep=""), Column("ceiling", 10, sep=""),
+            Column("baseline", 10, sep=""), Column("x ceiling", 11, sep=""), Column("x baseline", 12, sep=""),
+            Column("", 0, "<", "  ")]
+    rows = []
     for d in ("write", "read"):
         ok = "ok" if r[f"{d}_vs_ceiling"] >= TARGET_RATIO else f"below target {TARGET_RATIO}"
-        lines.append(f"{d:10}{g[f'store_{d}']:12.2f}{g[f'ceiling_{d}']:10.2f}{g[f'baseline_{d}']:10.2f}"
-                     f"{r[f'{d}_vs_ceiling']:11.2f}{r[f'{d}_vs_baseline']:12.2f}  {ok}")
-    lines.append(f"durable baseline (fdatasync per page) write {g['baseline_durable_write']:.3f} GB/s: store is "
-                 f"{r['write_vs_durable_baseline']:.1f}x; {rep.info['store']['pages_per_batch']:.1f} pages per "
-                 "journal group commit")
+        rows.append([d, f"{g[f'store_{d}']:.2f}", f"{g[f'ceiling_{d}']:.2f}", f"{g[f'baseline_{d}']:.2f}",
+                     f"{r[f'{d}_vs_ceiling']:.2f}", f"{r[f'{d}_vs_baseline']:.2f}", ok])
+    notes = [f"durable baseline (fdatasync per page) write {g['baseline_durable_write']:.3f} GB/s: store is "
+             f"{r['write_vs_durable_baseline']:.1f}x; {rep.info['store']['pages_per_batch']:.1f} pages per "
+             "journal group commit"]
     if rep.recovery:
         rc = rep.recovery
         verdict = "ok" if max(rc["snapshot_s"], rc["journal_s"]) <= TARGET_RECOVERY_S else "above target"
-        lines.append(f"recovery of {rc['slots']} slots: {rc['snapshot_s']:.2f} s from the snapshot, "
+        notes.append(f"recovery of {rc['slots']} slots: {rc['snapshot_s']:.2f} s from the snapshot, "
                      f"{rc['journal_s']:.2f} s from the journal alone (target <= {TARGET_RECOVERY_S} s: {verdict})")
-    return "\n".join(lines)
+    return Table([title], cols, rows, notes)
+
+
+def format_table(rep: Report) -> str:
+    """A readable table of the report (the plain text form)."""
+    return table(rep).plain()

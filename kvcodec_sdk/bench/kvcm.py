@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ._common import KiB, MiB, fmt_size as _fmt, log as _log
+from ._common import Column, KiB, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, \
+    steps as _steps
 from .. import _native
 from ..kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
@@ -97,9 +98,11 @@ def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, pages: int = 
     report = Report(device, pools, pages, iters, info=dict(_native.driver_info()))
     if torch is not None:
         report.info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    _steps(progress, len(sizes))
     for piece in sizes:
         n = max(1, min(pages, max_bytes // (pools * piece)))
         report.rows.extend(_run_size(device, torch, pools, piece, n, iters, progress, resident))
+        _advance(progress)
     return report
 
 
@@ -275,37 +278,40 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
     return out, {"evict": moved / d2h / 1e9, "onboard": moved / h2d / 1e9}
 
 
-def format_table(report: Report) -> str:
-    lines = [
-        f"KV-cache manager on {report.device}: hot -> host -> hot, concat codec, {report.pools} pools/page, "
-        f"up to {report.max_pages} scattered pages per call, median of {report.iters}"
-        + (f", {report.resident} resident pages" if report.resident else ""),
-        f"{'piece':>8} {'dir':8} {'pages':>6} {'GB/s':>8} {'x ceiling':>9} {'x codec':>8} {'us/page':>8} "
-        f"{'codec us/page':>13} {'manager us/page':>15}",
-    ]
-    for r in report.rows:
-        lines.append(f"{_fmt(r.piece_bytes):>8} {r.direction:8} {r.pages:6d} {r.gbps:8.2f} {r.ratio_to_ceiling:9.2f} "
-                     f"{r.ratio_to_codec:8.2f} {r.host_us_per_page:8.3f} {r.codec_host_us_per_page:13.3f} "
-                     f"{r.overhead_us_per_page:15.3f}")
-    if report.rows:
-        big = [r for r in report.rows if r.pages >= 10_000] or report.rows
-        own = max(big, key=lambda r: r.overhead_us_per_page)
-        own_line = (f"manager's own host CPU at {own.pages} pages/call ({_fmt(own.piece_bytes)} {own.direction}): "
-                    f"{own.overhead_us_per_page:.3f} us/page: "
-                    f"{'meets' if own.overhead_us_per_page <= TARGET_OVERHEAD_US_PER_PAGE else 'misses'} the "
-                    f"{TARGET_OVERHEAD_US_PER_PAGE} us target")
-    if report.resident and report.rows:
-        lines.append(own_line)
-        return "\n".join(lines)
-    if report.rows:
-        worst = min(report.rows, key=lambda r: r.ratio_to_codec)
-        big = [r for r in report.rows if r.pages >= 10_000] or report.rows
-        host = max(big, key=lambda r: r.host_us_per_page)
-        lines.append(f"worst ratio to the bare codec {worst.ratio_to_codec:.2f} ({_fmt(worst.piece_bytes)} "
+def table(report: Report) -> Table:
+    """The report as table cells (see :class:`Table`)."""
+    title = (f"KV-cache manager on {report.device}: hot -> host -> hot, concat codec, {report.pools} pools/page, "
+             f"up to {report.max_pages} scattered pages per call, median of {report.iters}"
+             + (f", {report.resident} resident pages" if report.resident else ""))
+    cols = [Column("piece", 8), Column("dir", 8, "<"), Column("pages", 6), Column("GB/s", 8), Column("x ceiling", 9),
+            Column("x codec", 8), Column("us/page", 8), Column("codec us/page", 13), Column("manager us/page", 15)]
+    rows = [[_fmt(r.piece_bytes), r.direction, str(r.pages), f"{r.gbps:.2f}", f"{r.ratio_to_ceiling:.2f}",
+             f"{r.ratio_to_codec:.2f}", f"{r.host_us_per_page:.3f}", f"{r.codec_host_us_per_page:.3f}",
+             f"{r.overhead_us_per_page:.3f}"] for r in report.rows]
+    out = Table([title], cols, rows)
+    if not report.rows:
+        return out
+    big = [r for r in report.rows if r.pages >= 10_000] or report.rows
+    own = max(big, key=lambda r: r.overhead_us_per_page)
+    own_line = (f"manager's own host CPU at {own.pages} pages/call ({_fmt(own.piece_bytes)} {own.direction}): "
+                f"{own.overhead_us_per_page:.3f} us/page: "
+                f"{'meets' if own.overhead_us_per_page <= TARGET_OVERHEAD_US_PER_PAGE else 'misses'} the "
+                f"{TARGET_OVERHEAD_US_PER_PAGE} us target")
+    if report.resident:
+        out.notes.append(own_line)
+        return out
+    worst = min(report.rows, key=lambda r: r.ratio_to_codec)
+    host = max(big, key=lambda r: r.host_us_per_page)
+    out.notes.append(f"worst ratio to the bare codec {worst.ratio_to_codec:.2f} ({_fmt(worst.piece_bytes)} "
                      f"{worst.direction}): {'meets' if worst.ratio_to_codec >= TARGET_RATIO_TO_CODEC else 'misses'} "
                      f"the {TARGET_RATIO_TO_CODEC} target")
-        lines.append(f"host CPU at {host.pages} pages/call: {host.host_us_per_page:.3f} us/page: "
+    out.notes.append(f"host CPU at {host.pages} pages/call: {host.host_us_per_page:.3f} us/page: "
                      f"{'meets' if host.host_us_per_page < TARGET_HOST_US_PER_PAGE else 'misses'} the "
                      f"{TARGET_HOST_US_PER_PAGE} us target")
-        lines.append(own_line)
-    return "\n".join(lines)
+    out.notes.append(own_line)
+    return out
+
+
+def format_table(report: Report) -> str:
+    """A readable table of the report (the plain text form)."""
+    return table(report).plain()

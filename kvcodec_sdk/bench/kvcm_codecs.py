@@ -55,7 +55,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._common import MiB, fmt_size as _fmt, log as _log
+from ._common import Column, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, steps as _steps
 from .. import _native
 from ..errors import KvcodecError
 from ..kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
@@ -241,8 +241,10 @@ def run_codecs(codec: str = "all", params: Mapping[str, Any] | None = None, devi
 
     bench = _Bench(device, torch, layout, pages, iters, progress)
     _log(progress, f"{layout.describe()}; {pages} scattered pages per call on {device}, best of >= {iters}")
+    _steps(progress, 1 + len(runnable))
     concat = bench.measure("concat", None)  # the baseline, on the same data and layout
     for name in runnable:
+        _advance(progress)  # the previous codec (concat first) is done
         p = given[name]
         spec = get_codec_spec(name)
         if name == "concat" and spec.validate_params(p) == spec.defaults():
@@ -259,6 +261,7 @@ def run_codecs(codec: str = "all", params: Mapping[str, Any] | None = None, devi
                 _log(progress, f"{name} failed: {exc}")
                 continue
         report.rows.extend(_rows(name, dict(p or {}), result, concat, layout, progress))
+    _advance(progress)
     report.verdicts = verdicts(report)
     return report
 
@@ -686,42 +689,47 @@ def _params_label(params: dict) -> str:
     return "" if not params else " " + ",".join(f"{k}={v}" for k, v in params.items())
 
 
-def format_table(report: CodecsReport) -> str:
+def table(report: CodecsReport) -> Table:
+    """The report as table cells (see :class:`Table`)."""
     lay = Layout(**report.layout)
-    lines = [
-        f"KV-cache manager on {report.device}: every codec hot -> host -> hot through the manager and bare, "
-        f"{lay.describe()}, {report.pages} scattered pages per call, best sample (samples per codec below)",
-    ]
+    title = (f"KV-cache manager on {report.device}: every codec hot -> host -> hot through the manager and bare, "
+             f"{lay.describe()}, {report.pages} scattered pages per call, best sample (samples per codec below)")
     names = [f"{r.codec}{_params_label(r.params)}" for r in report.rows]
     w = max([len("codec")] + [len(n) for n in names])
-    if report.rows:
-        lines.append(f"{'codec':{w}} {'dir':8} {'pages':>5} {'GB/s':>8} {'bare GB/s':>9} {'x bare':>6} "
-                     f"{'x concat':>8} {'host/raw':>8} {'dropped':>7} {'us/page':>8} {'bare us/page':>12} "
-                     f"{'manager us/page':>15}")
+    cols = [Column("codec", w, "<"), Column("dir", 8, "<"), Column("pages", 5), Column("GB/s", 8),
+            Column("bare GB/s", 9), Column("x bare", 6), Column("x concat", 8), Column("host/raw", 8),
+            Column("dropped", 7), Column("us/page", 8), Column("bare us/page", 12), Column("manager us/page", 15),
+            Column("", 0, "<", "  ")]
+    rows = []
     for label, r in zip(names, report.rows):
         manager = f"{r.overhead_us_per_page:.3f}" + ("?" if r.overhead_us_per_page < 0 else "")
-        lines.append(f"{label:{w}} {r.direction:8} {r.pages:5d} {_gbps(r.gbps):>8} {_gbps(r.bare_gbps):>9} "
-                     f"{_ratio(r.ratio_to_bare):>6} {_ratio(r.ratio_to_concat):>8} {r.host_ratio:8.3f} "
-                     f"{r.pages_dropped:7d} {r.host_us_per_page:8.2f} "
-                     f"{r.bare_host_us_per_page:12.2f} {manager:>15}"
-                     + (f"  ({', '.join(f'{k} {v}' for k, v in sorted(r.dropped_by_reason.items()))})"
-                        if r.dropped_by_reason else ""))
+        reasons = (f"({', '.join(f'{k} {v}' for k, v in sorted(r.dropped_by_reason.items()))})"
+                   if r.dropped_by_reason else "")
+        rows.append([label, r.direction, str(r.pages), _gbps(r.gbps), _gbps(r.bare_gbps), _ratio(r.ratio_to_bare),
+                     _ratio(r.ratio_to_concat), f"{r.host_ratio:.3f}", str(r.pages_dropped),
+                     f"{r.host_us_per_page:.2f}", f"{r.bare_host_us_per_page:.2f}", manager, reasons])
+    notes = []
     if any(r.overhead_us_per_page < 0 for r in report.rows):
-        lines.append("?: negative: the manager's CPU time minus the bare codec's is below the measurement noise")
+        notes.append("?: negative: the manager's CPU time minus the bare codec's is below the measurement noise")
     seen = set()
     for r in report.rows:
         if r.codec not in seen:
             seen.add(r.codec)
-            lines.append(f"checked {r.codec}: {r.checked}")
+            notes.append(f"checked {r.codec}: {r.checked}")
     for s in report.skipped:
-        lines.append(f"skipped {s['codec']}: {s['reason']}")
+        notes.append(f"skipped {s['codec']}: {s['reason']}")
     for f in report.failed:
         err = f["error"] if f["error"].startswith(f"{f['codec']}:") else f"{f['codec']}: {f['error']}"
-        lines.append(f"FAILED {err}")
+        notes.append(f"FAILED {err}")
     for plugin, reason in report.info.get("broken_plugins", {}).items():
-        lines.append(f"plugin {plugin} did not load: {reason}")
+        notes.append(f"plugin {plugin} did not load: {reason}")
     for v in report.verdicts:
         parts = [f"{d} {x:.3f} {v.statuses.get(d, v.status)}" if v.what.endswith("us/page")
                  else f"{d} {_ratio(x)} {v.statuses.get(d, v.status)}" for d, x in v.values.items()]
-        lines.append(f"{v.codec} {v.what}, target {v.target}: {', '.join(parts)} => {v.status.split(' (')[0]}")
-    return "\n".join(lines)
+        notes.append(f"{v.codec} {v.what}, target {v.target}: {', '.join(parts)} => {v.status.split(' (')[0]}")
+    return Table([title], cols, rows, notes, header_without_rows=False)
+
+
+def format_table(report: CodecsReport) -> str:
+    """A readable table of the report (the plain text form)."""
+    return table(report).plain()

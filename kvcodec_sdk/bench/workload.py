@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ._common import KiB, log as _log
+from ._common import Column, KiB, Table, Unpadded, advance as _advance, log as _log, steps as _steps
 from .. import _native
 from ..kvcm_config import BufferConfig, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
@@ -397,12 +397,14 @@ def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | 
     _log(progress, f"{w.sessions} sessions x {w.turns} turns, {w.prefixes} prefixes of {w.prefix_pages} pages, "
                    f"{w.new_pages} new pages/turn; working set {w.working_set()} pages of {w.page_bytes // KiB} KiB, "
                    f"hot {w.hot_slots()} slots, host {w.host_slots()} slots")
+    _steps(progress, 2)
     for host_tier in (True, False):
         if disk_dir is None:
             report.runs.append(_run_once(w, device, torch, host_tier, None, progress))
         else:
             with tempfile.TemporaryDirectory(dir=disk_dir) as d:
                 report.runs.append(_run_once(w, device, torch, host_tier, os.path.join(d, "kv"), progress))
+        _advance(progress)
     with_host, hot_only = report.runs
     reuse = lambda r: 1.0 - r.hit_rate["miss"]  # noqa: E731
     report.ratios = {
@@ -423,23 +425,30 @@ def _f(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def format_table(report: Report) -> str:
-    """The report as a text table: one line per run, then the ratios."""
+def table(report: Report) -> Table:
+    """The report as table cells (see :class:`Table`): one row per run, then the ratios."""
     w = report.workload
-    lines = [
-        f"prefix-reuse workload on {report.device}: {w['sessions']} sessions x {w['turns']} turns, {w['prefixes']} "
-        f"prefixes of {w['prefix_pages']} pages, {w['new_pages']} new pages/turn, working set {w['working_set_pages']} "
-        f"pages of {w['page_bytes'] // KiB} KiB",
-        f"{'run':10} {'hot':>6} {'host':>6} {'disk':>6} {'miss':>6} {'moved':>7} {'dropped':>7} {'pages/s':>10} {'cpu us/pg':>9} "
-        f"{'alloc p50 us':>12} {'alloc p99 us':>12} {'us/alloc pg':>11} {'verified':>9}",
-    ]
+    title = (f"prefix-reuse workload on {report.device}: {w['sessions']} sessions x {w['turns']} turns, {w['prefixes']} "
+             f"prefixes of {w['prefix_pages']} pages, {w['new_pages']} new pages/turn, working set "
+             f"{w['working_set_pages']} pages of {w['page_bytes'] // KiB} KiB")
+    cols = [Column("run", 10, "<"), Column("hot", 6), Column("host", 6), Column("disk", 6), Column("miss", 6),
+            Column("moved", 7), Column("dropped", 7), Column("pages/s", 10), Column("cpu us/pg", 9),
+            Column("alloc p50 us", 12), Column("alloc p99 us", 12), Column("us/alloc pg", 11), Column("verified", 9)]
+
+    def cell(x, fmt: str) -> str:
+        return Unpadded("-") if x is None else format(x, fmt)
+
+    rows = []
     for r in report.runs:
         hr = r.hit_rate
-        lines.append(
-            f"{'host tier' if r.host_tier else 'hot only':10} {hr['hot']:6.3f} {hr['host']:6.3f} {hr['disk']:6.3f} "
-            f"{hr['miss']:6.3f} {r.pages_moved:7d} {r.pages_dropped:7d} {r.pages_moved_per_s:10.0f} {_f(r.host_us_per_moved_page, '9.2f')} "
-            f"{_f(r.alloc_p50_us, '12.1f')} {_f(r.alloc_p99_us, '12.1f')} {_f(r.alloc_us_per_page, '11.2f')} "
-            f"{r.pages_verified:9d}")
-    rt = report.ratios
-    lines.append("host tier / hot only: " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in rt.items()))
-    return "\n".join(lines)
+        rows.append(["host tier" if r.host_tier else "hot only", f"{hr['hot']:.3f}", f"{hr['host']:.3f}",
+                     f"{hr['disk']:.3f}", f"{hr['miss']:.3f}", str(r.pages_moved), str(r.pages_dropped),
+                     f"{r.pages_moved_per_s:.0f}", cell(r.host_us_per_moved_page, ".2f"), cell(r.alloc_p50_us, ".1f"),
+                     cell(r.alloc_p99_us, ".1f"), cell(r.alloc_us_per_page, ".2f"), str(r.pages_verified)])
+    notes = ["host tier / hot only: " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in report.ratios.items())]
+    return Table([title], cols, rows, notes)
+
+
+def format_table(report: Report) -> str:
+    """The report as a text table: one line per run, then the ratios."""
+    return table(report).plain()

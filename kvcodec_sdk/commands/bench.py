@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from ..cli import count, parse_size
+from ..cli import count, device, folder, output_file, parse_size
+from . import _ui
 
 DEFAULT_CODEC_PAGES = "2048 on a GPU, 64 on the CPU backend"
 
@@ -29,10 +30,15 @@ BENCHMARKS = {
 
 
 def _common(p: argparse.ArgumentParser, iters_help: str | None) -> None:
-    p.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
+    p.add_argument("--device", type=device, default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
     if iters_help is not None:
         p.add_argument("--iters", type=count(1, 10_000), default=None, help=iters_help)
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    _output(p)
+
+
+def _output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", type=output_file,
+                   help="also write the report as JSON (the table on stdout is then plain text)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -95,13 +101,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--prefixes", type=count(1, 1_000_000), default=4, help="distinct shared prefixes (default 4)")
     w.add_argument("--new-pages", type=count(1, 1_000_000), default=4, help="new pages per turn (default 4)")
     w.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
-    w.add_argument("--disk-dir", default=None, help="also give both runs a disk tier in a temp dir under this path")
+    w.add_argument("--disk-dir", type=folder, default=None, help="also give both runs a disk tier in a temp dir under this path")
 
     d = sub.choices["disk"]
-    d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    d.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _output(d)
     d.add_argument("--bytes", type=parse_size, default=None, help="bytes written and read (default 512M)")
-    d.add_argument("--dir", default=None, help="directory on the file system to measure (default: temp dir)")
+    d.add_argument("--dir", type=folder, default=None, help="directory on the file system to measure (default: temp dir)")
     d.add_argument("--slot-bytes", type=parse_size, default=64 * 1024, help="page size (default 64K)")
     d.add_argument("--io-threads", type=count(1, 4096), default=32, help="store I/O threads (default 32, as a disk tier)")
     d.add_argument("--depth", type=count(1, 1 << 20), default=256, help="pages in flight (default 256)")
@@ -113,7 +118,34 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def _no_gpu(args: argparse.Namespace) -> str | None:
+    """Why ``--device cuda[:N]`` cannot run here (None when it can): checked before any work so a
+    missing GPU or a CPU-only torch is one line, not a failure deep in the benchmark."""
+    dev = getattr(args, "device", "auto")
+    if not dev.startswith("cuda"):
+        return None
+    from .. import _native
+
+    n = int(_native.driver_info()["device_count"])
+    index = int(dev.partition(":")[2] or 0)
+    if n == 0:
+        return f"--device {dev}: no CUDA device here (the CUDA driver reports none); use --device cpu"
+    if index >= n:
+        return f"--device {dev}: there are {n} CUDA device(s) here; valid: cuda:0 .. cuda:{n - 1}"
+    try:
+        import torch
+    except ImportError:
+        return f"--device {dev}: the GPU benchmarks allocate and time with torch, which is not installed"
+    if not torch.cuda.is_available():
+        return f"--device {dev}: torch {torch.__version__} sees no CUDA device (a CPU-only build?); use --device cpu"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    why = _no_gpu(args)
+    if why is not None:
+        print(f"kvcodec bench {args.benchmark}: error: {why}", file=sys.stderr)
+        return 1
     if args.benchmark == "codec":
         return _run_kvcm_codecs(args)
     if args.benchmark == "workload":
@@ -132,11 +164,22 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import concat
 
     sizes = args.sizes or list(concat.DEFAULT_SIZES)
-    report = concat.run(device=args.device, pools=args.pools, sizes=sizes, total_bytes=args.bytes,
-                        iters=args.iters, progress=not args.quiet)
-    print(concat.format_table(report))
+    with _progress(args):
+        report = concat.run(device=args.device, pools=args.pools, sizes=sizes, total_bytes=args.bytes,
+                            iters=args.iters, progress=not args.quiet)
+    _show(args, concat.table(report))
     _write_json(args, report)
     return 0
+
+
+def _progress(args: argparse.Namespace):
+    """Progress while a benchmark runs: a bar on a terminal, ``[bench]`` lines otherwise."""
+    return _ui.bench_progress(not args.quiet, f"kvcodec bench {args.benchmark}")
+
+
+def _show(args: argparse.Namespace, table) -> None:
+    """The report table on stdout: drawn on a terminal, plain text otherwise or with --json."""
+    _ui.print_report(table, json_mode=bool(args.json))
 
 
 def _write_json(args: argparse.Namespace, report) -> None:
@@ -151,16 +194,18 @@ def _run_kvcm(args: argparse.Namespace) -> int:
 
     pages = 10_000 if args.pages is None else args.pages
     if args.overhead:
-        report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
-                                   pages=pages, iters=max(args.iters, 15), progress=not args.quiet)
-        print(kvcm.format_table(report))
+        with _progress(args):
+            report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
+                                       pages=pages, iters=max(args.iters, 15), progress=not args.quiet)
+        _show(args, kvcm.table(report))
         _write_json(args, report)
         return 0 if kvcm.overhead_ok(report) else 1
     sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
     kw = {"max_bytes": args.bytes} if args.bytes else {}
-    report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=pages, iters=args.iters,
-                      progress=not args.quiet, **kw)
-    print(kvcm.format_table(report))
+    with _progress(args):
+        report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=pages, iters=args.iters,
+                          progress=not args.quiet, **kw)
+    _show(args, kvcm.table(report))
     _write_json(args, report)
     return 0
 
@@ -190,13 +235,18 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage_error(str(exc))
     try:
-        report = kvcm_codecs.run_codecs(args.codec_name, params, device=args.device, pages=args.pages,
-                                        iters=args.iters, layout=layout, progress=not args.quiet)
+        with _progress(args):
+            report = kvcm_codecs.run_codecs(args.codec_name, params, device=args.device, pages=args.pages,
+                                            iters=args.iters, layout=layout, progress=not args.quiet)
     except (UnknownCodecError, CodecParamError) as exc:
         return _usage_error(str(exc))
-    print(kvcm_codecs.format_table(report))
+    _show(args, kvcm_codecs.table(report))
     _write_json(args, report)
     if report.failed:
+        return 1
+    if not any(r.codec == args.codec_name for r in report.rows) and args.codec_name != "all":
+        reason = next((s["reason"] for s in report.skipped if s["codec"] == args.codec_name), "it did not run")
+        print(f"kvcodec bench {args.benchmark}: nothing ran: {args.codec_name} was skipped ({reason})", file=sys.stderr)
         return 1
     return 1 if args.strict and kvcm_codecs.misses(report) else 0
 
@@ -204,10 +254,11 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
 def _run_disk(args: argparse.Namespace) -> int:
     from ..bench import disk
 
-    report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=args.bytes or 512 * 1024 * 1024,
-                      io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
-                      progress=not args.quiet)
-    print(disk.format_table(report))
+    with _progress(args):
+        report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=args.bytes or 512 * 1024 * 1024,
+                          io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
+                          progress=not args.quiet)
+    _show(args, disk.table(report))
     _write_json(args, report)
     return 0
 
@@ -217,7 +268,12 @@ def _run_workload(args: argparse.Namespace) -> int:
 
     w = workload.Workload(sessions=args.sessions, turns=args.turns, prefixes=args.prefixes,
                           prefix_pages=args.prefix_pages, new_pages=args.new_pages, piece_bytes=args.piece_bytes)
-    report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet)
-    print(workload.format_table(report))
+    try:
+        w.validate()
+    except ValueError as exc:  # options that do not fit together, e.g. more prefixes than sessions
+        return _usage_error(str(exc))
+    with _progress(args):
+        report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet)
+    _show(args, workload.table(report))
     _write_json(args, report)
     return 0

@@ -12,11 +12,15 @@ ship, a ``--junit-xml`` path whose folder cannot be created).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from ..cli import folder, seconds
+from . import _ui
 
 NAME = "check"
 #: Tests that may end their process before the check stops running the rest.
@@ -29,12 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", default=None, metavar="JSON", help="codec parameters as a JSON object")
     p.add_argument("--device", default="all", choices=("cpu", "cuda", "all"),
                    help="implementations to check: cpu, cuda or all available (default)")
-    p.add_argument("--golden", default=None, metavar="DIR",
+    p.add_argument("--golden", type=folder, default=None, metavar="DIR",
                    help="folder holding <codec>-v<format_version>/ golden vectors (default: the vectors the codec "
                         "ships, declared next to its spec; the clause is skipped when it ships none)")
     p.add_argument("--junit-xml", default=None, metavar="PATH",
                    help="also write a JUnit XML report (its folder is created)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="a test running longer than this dumps every thread's stack and fails its clause (default 300)")
     p.add_argument("--quiet", action="store_true", help="no per-test progress on stderr")
     p.add_argument("--json", action="store_true",
@@ -132,21 +136,27 @@ def _how(code: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import subprocess
-
     from ..registry import get_codec_spec
     from ..testing.clauses import CLAUSES
 
-    spec = get_codec_spec(args.codec)  # an unknown name fails here, listing the known ones
+    from ..errors import CodecParamError, UnknownCodecError
+
+    try:
+        spec = get_codec_spec(args.codec)  # an unknown name fails here, listing the known ones
+    except UnknownCodecError as exc:
+        return _fail_usage(str(exc))
     params = {}
     if args.params:
         try:
             params = json.loads(args.params)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--params is not valid JSON: {exc}") from None
+            return _fail_usage(f"--params is not valid JSON: {exc}; pass an object, e.g. '{{\"path\": \"sm\"}}'")
         if not isinstance(params, dict):
-            raise ValueError(f"--params must be a JSON object, got {type(params).__name__}")
-    spec.validate_params(params)
+            return _fail_usage(f"--params must be a JSON object, got {type(params).__name__}: {args.params!r}")
+    try:
+        spec.validate_params(params)
+    except CodecParamError as exc:
+        return _fail_usage(str(exc))
     if args.device != "all" and args.device not in spec.devices:
         return _fail_usage(f"--device {args.device}: codec {spec.name!r} has no {args.device} implementation; it ships "
                            f"{', '.join(spec.devices) or 'none'} (use --device all or one of those)")
@@ -170,47 +180,29 @@ def run(args: argparse.Namespace) -> int:
             base += ["-p", "kvcodec_sdk.testing.plugin"]
         if args.golden:
             base += ["--kvcodec-golden", str(Path(args.golden).resolve())]
-        if not args.quiet:
+        # On a terminal a progress bar follows the events file; elsewhere the child prints a line
+        # per test ([check] ...). --verbose shows pytest's own output instead of a bar.
+        live = _ui.LiveProgress(f"kvcodec check {args.codec}") if (
+            not args.quiet and not args.verbose and _ui.live_stderr()) else None
+        if not args.quiet and live is None:
             base += ["--kvcodec-progress"]
         base += ["-v"] if args.verbose else ["-q", "--tb=no"]
         deselect: list[str] = []
-        for attempt in range(MAX_DEATHS):
-            events = Path(tmp) / f"events-{attempt}.jsonl"
-            argv = base + ["--kvcodec-events", str(events)] + [f"--deselect={n}" for n in deselect]
-            if junit is not None:
-                junit_parts.append(Path(tmp) / f"junit-{attempt}.xml")
-                argv.append(f"--junitxml={junit_parts[-1]}")
-            out = None if args.verbose else open(Path(tmp) / f"stdout-{attempt}.txt", "w+")  # noqa: SIM115
-            try:
-                code = subprocess.run(argv, stdout=out, stderr=None, check=False).returncode
-                if out is not None:
-                    out.seek(0)
-                    text = out.read()
-            finally:
-                if out is not None:
-                    out.close()
-            running = state.read(events)
-            if running is None:
-                break
-            state.died(running, _how(code))
-            deselect = sorted(state.finished)
-            left = [n for n in state.collected if n not in state.finished]
-            if not left:
-                break
-            if attempt + 1 >= MAX_DEATHS:  # e.g. a device that hangs every test: stop, say so
-                for nodeid in left:
-                    state.tests[nodeid] = {"clause": state.clauses.get(nodeid, ""), "outcome": "interrupted",
-                                           "message": f"not run: the check stopped after {MAX_DEATHS} tests ended "
-                                                      "their process"}
-                break
+        with live if live is not None else contextlib.nullcontext():
+            text, code = _attempts(args, base, tmp, state, junit, junit_parts, deselect, live)
         if not state.tests:
             if not args.verbose:
                 sys.stdout.write(text)
-            print(f"kvcodec check: the suite collected no test (pytest exit code {code})", file=sys.stderr)
-            return 2
+            print(f"kvcodec check: nothing ran: the suite collected no test (pytest exit code {code})", file=sys.stderr)
+            return 1
         if junit is not None:
             _merge_junit(junit_parts, junit, state)
-    print((_report_json if args.json else _report)(spec, args.device, params, state.tests, CLAUSES))
+    if args.json:
+        print(_report_json(spec, args.device, params, state.tests, CLAUSES))
+    elif _ui.rich_stdout():
+        _print_rich(spec, args.device, params, state.tests, CLAUSES)
+    else:
+        print(_report(spec, args.device, params, state.tests, CLAUSES))
     if junit is not None and not junit.is_file():
         print(f"kvcodec check: error: the JUnit XML report was not written to {junit}", file=sys.stderr)
         return 1
@@ -220,6 +212,94 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvcodec check: no clause ran: {_why_nothing_ran(state.tests)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _attempts(args: argparse.Namespace, base: list[str], tmp: str, state: "_Run", junit: Path | None,
+              junit_parts: list[Path], deselect: list[str], live) -> tuple[str, int]:
+    """Runs the suite in child processes until every test has run (a test that ends its process
+    is recorded and the rest run in a new one). Returns the last child's stdout and exit code."""
+    import subprocess
+
+    text, code = "", 0
+    for attempt in range(MAX_DEATHS):
+        events = Path(tmp) / f"events-{attempt}.jsonl"
+        argv = base + ["--kvcodec-events", str(events)] + [f"--deselect={n}" for n in deselect]
+        if junit is not None:
+            junit_parts.append(Path(tmp) / f"junit-{attempt}.xml")
+            argv.append(f"--junitxml={junit_parts[-1]}")
+        out = None if args.verbose else open(Path(tmp) / f"stdout-{attempt}.txt", "w+")  # noqa: SIM115
+        try:
+            if live is None:
+                code = subprocess.run(argv, stdout=out, stderr=None, check=False).returncode
+            else:
+                code = _watched(argv, out, events, len(state.finished), live)
+            if out is not None:
+                out.seek(0)
+                text = out.read()
+        finally:
+            if out is not None:
+                out.close()
+        running = state.read(events)
+        if running is None:
+            break
+        state.died(running, _how(code))
+        deselect = sorted(state.finished)
+        left = [n for n in state.collected if n not in state.finished]
+        if not left:
+            break
+        if attempt + 1 >= MAX_DEATHS:  # e.g. a device that hangs every test: stop, say so
+            for nodeid in left:
+                state.tests[nodeid] = {"clause": state.clauses.get(nodeid, ""), "outcome": "interrupted",
+                                       "message": f"not run: the check stopped after {MAX_DEATHS} tests ended "
+                                                  "their process"}
+            break
+    return text, code
+
+
+def _watched(argv: list[str], out, events: Path, done_before: int, live) -> int:
+    """Runs one child with a progress bar that follows its events file; the child's stderr
+    (a stack dump, a warning) is printed above the bar. Returns the child's exit code."""
+    import subprocess
+    import threading
+    import time
+
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, errors="replace")
+
+    def forward() -> None:
+        for line in proc.stderr:
+            live.echo(line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    total, offset, done, current = None, 0, done_before, ""
+    while True:
+        finished = proc.poll() is not None
+        try:
+            with open(events, encoding="utf-8") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            chunk = ""
+        complete = chunk[: chunk.rfind("\n") + 1]  # whole lines only; the rest is read next time
+        offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if e["event"] == "collected" and total is None:
+                total = done_before + len(e["nodeids"])
+            elif e["event"] == "start":
+                current = e["nodeid"].rsplit("::", 1)[-1]
+            elif e["event"] == "report" and e["when"] == "teardown":
+                done += 1
+        live.set(done, total)
+        live.message(current)
+        if finished:
+            break
+        time.sleep(0.2)
+    reader.join(timeout=5)
+    return proc.returncode
 
 
 def _why_nothing_ran(tests: dict[str, dict]) -> str:
@@ -316,10 +396,31 @@ def _report_json(spec, device: str, params: dict, tests: dict[str, dict], clause
                        "clauses": results}, indent=2)
 
 
-def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+def _title(spec, device: str, params: dict) -> str:
     kind = "lossless" if spec.lossless else f"lossy: {spec.error_bound}"
-    lines = [f"kvcodec check {spec.name} (format {spec.format_version}, {kind}) on {device} devices"
-             + (f", params {json.dumps(params)}" if params else "")]
+    return (f"kvcodec check {spec.name} (format {spec.format_version}, {kind}) on {device} devices"
+            + (f", params {json.dumps(params)}" if params else ""))
+
+
+def _print_rich(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> None:
+    """The report as a terminal table: status, clause, what happened."""
+    results = _clause_results(spec, tests, clauses)
+    rows = []
+    for r in results:
+        text = r["message"]
+        if r["status"] == "FAIL":
+            text += f" [{r['where']}]" + (f" (+{r['more_failures']} more)" if r["more_failures"] else "")
+        rows.append([r["status"], r["clause"], text])
+    counts = {k: sum(r["status"] == k for r in results) for k in ("PASS", "FAIL", "SKIP")}
+    out = _ui.console()
+    out.print(_title(spec, device, params), style="bold", markup=False)
+    out.print(_ui.rich_table(["status", "clause", "detail"], rows))
+    out.print(_ui.styled(f"-- {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
+                         f"({len(clauses)} clauses)"))
+
+
+def _report(spec, device: str, params: dict, tests: dict[str, dict], clauses: dict[str, str]) -> str:
+    lines = [_title(spec, device, params)]
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     for r in _clause_results(spec, tests, clauses):
         text = r["message"]

@@ -17,6 +17,8 @@ import warnings
 from importlib import metadata, util
 from typing import Any
 
+from . import _ui
+
 NAME = "env"
 HELP = "report versions, driver, GPUs and codec plugins (for bug reports)"
 
@@ -127,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
         ("cuda driver", f"{d['driver_version']}, {d['device_count']} device(s), batched copies: {d['memcpy_batch'] or 'no'}"),
         ("gpus", ", ".join(gpus) if isinstance(gpus, list) and gpus else (gpus or "none")),
     ]
+    if _ui.rich_stdout():
+        _print_rich(report, lines)
+        return 0
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"{k:<{width}}  {v}")
@@ -140,3 +145,15 @@ def run(args: argparse.Namespace) -> int:
     for name, reason in report["broken_plugins"].items():
         print(f"  broken plugin {name!r}: {reason}")
     return 0
+
+
+def _print_rich(report: dict[str, Any], lines: list[tuple[str, str]]) -> None:
+    """The text report as terminal tables: the machine, the packages, the codecs."""
+    out = _ui.console()
+    out.print(_ui.rich_table(["", ""], [list(kv) for kv in lines]))
+    out.print(_ui.rich_table(["package", "version"], [[k, v] for k, v in report["packages"].items()]))
+    out.print(_ui.rich_table(["codec", "version", "format", "plugin", "devices"],
+                             [[c["name"], c["version"], str(c["format_version"]), c["plugin"], ",".join(c["devices"])]
+                              for c in report["codecs"]]))
+    for name, reason in report["broken_plugins"].items():
+        out.print(_ui.styled(f"broken plugin {name!r}: {reason}"))

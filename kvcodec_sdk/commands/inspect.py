@@ -7,21 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import warnings
 from typing import Any
 
-from ..cli import count
+from ..cli import count, folder, output_file
 
 NAME = "inspect"
 HELP = "inspect disk-tier regions (codec, slots, journal) and decode a page by key"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="a region directory, or a directory whose subdirectories are regions")
+    p.add_argument("dir", type=folder, help="a region directory, or a directory whose subdirectories are regions")
     p.add_argument("--key", help="a page key, in hex (as the journal shows it)")
     p.add_argument("--key-text", help="a page key as UTF-8 text")
     p.add_argument("--region", help="with several regions: the one holding the key (directory name)")
-    p.add_argument("--dump", metavar="PATH", help="with --key: also write the raw blob to PATH")
+    p.add_argument("--dump", metavar="PATH", type=output_file, help="with --key: also write the raw blob to PATH")
     p.add_argument("--pages", type=count(0, 1 << 31), default=0, metavar="N", help="list the N oldest pages of each region")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -218,15 +219,22 @@ def _print_region(info: dict) -> None:
         print(f"  page       {p['key']} container {p['container']} slot {p['slot']} tag {p['tag']} seq {p['seq']}")
 
 
+def _usage(message: str) -> int:
+    print(f"kvcodec inspect: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     if args.key and args.key_text:
-        raise ValueError("give --key (hex) or --key-text, not both")
+        return _usage("give --key (hex) or --key-text, not both")
+    if args.dump and not (args.key or args.key_text):
+        return _usage("--dump writes the blob of one page; name it with --key or --key-text")
     key = None
     if args.key:
         try:
             key = bytes.fromhex(args.key)
         except ValueError:
-            raise ValueError(f"--key {args.key!r} is not hex; use --key-text for a text key") from None
+            return _usage(f"--key {args.key!r} is not hex; use --key-text for a text key")
     elif args.key_text:
         key = args.key_text.encode()
     report: dict[str, Any] = {"regions": []}

@@ -7,6 +7,8 @@ import json
 import sys
 import warnings
 
+from . import _ui
+
 NAME = "list"
 HELP = "list registered codecs"
 
@@ -30,9 +32,15 @@ def run(args: argparse.Namespace) -> int:
     for s in specs:
         rows.append((s.name, s.version, str(s.format_version), "lossless" if s.lossless else str(s.error_bound),
                      ",".join(s.devices), s.description))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    if _ui.rich_stdout():
+        # A lossy codec's error bound can be a paragraph: one clipped line here, in full with --json.
+        _ui.console().print(_ui.rich_table([h.lower() for h in rows[0]], [list(r) for r in rows[1:]], clip={3: 28}))
+        if any(not s.lossless for s in specs):
+            _ui.console().print("error bounds in full: kvcodec list --json", style="dim")
+    else:
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
     for name, reason in broken.items():
         print(f"warning: plugin {name!r} failed to load: {reason}", file=sys.stderr)
     return 0
