@@ -165,11 +165,13 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_on_request(tmp_pat
         "import kvcodec_sdk.commands.env as e\n"
         "def boom(args):\n    raise TypeError('a bug')\n"
         "e.run = boom\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    result = kvcodec("env", env=env)
+    # No empty entry: an empty PYTHONPATH element means the working directory, which (from the
+    # repository root) would import the uninstalled source tree instead of the installed package.
+    env = {"PYTHONPATH": os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH", "")] if p)}
+    result = kvcodec("env", env=env, cwd=str(tmp_path))
     err = one_error_line(result)
     assert result.returncode == 1 and "kvcodec env: error: TypeError: a bug" in err and "KVCODEC_TRACEBACK=1" in err
-    verbose = kvcodec("env", env={**env, "KVCODEC_TRACEBACK": "1"})
+    verbose = kvcodec("env", env={**env, "KVCODEC_TRACEBACK": "1"}, cwd=str(tmp_path))
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
 
 
