@@ -41,6 +41,7 @@ __all__ = [
 log = logging.getLogger("kvcodec_sdk.disk")
 
 IO_MODES = {"auto": 0, "direct": 1, "buffered": 2}
+IO_BACKENDS = {"auto": 0, "threads": 1, "io_uring": 2}
 WHEN_FULL = {"refuse": 0, "evict": 1}
 _FAULT_OPS = ("pwrite", "pread", "fdatasync", "fallocate", "any")
 
@@ -213,6 +214,12 @@ class DiskRegion:
     :param when_full: ``"refuse"`` (a write fails with :class:`DiskFullError`) or ``"evict"``
         (the oldest page not being read is retired durably and its slot reused).
     :param io_threads: Worker threads doing the I/O.
+    :param io_backend: ``"auto"`` (io_uring where the kernel allows it, else the thread pool),
+        ``"io_uring"`` (fail to open without it) or ``"threads"`` (one blocking call at a time per
+        worker). With io_uring each worker keeps up to ``queue_depth`` requests in flight and
+        submits them with one system call; :meth:`stats` says which backend runs
+        (``io_backend``) and, for ``"auto"``, why io_uring did not (``io_backend_note``).
+    :param queue_depth: Requests in flight per worker with io_uring (1..4096).
     :param snapshot_every: Journal records between snapshots (0: only on close).
     :param max_batch: Most journal records per group commit.
 
@@ -227,17 +234,20 @@ class DiskRegion:
     def __init__(self, path: Any, *, slot_bytes: int, max_bytes: int, container_bytes: int | None = None,
                  codec: Any = None, layout: Any = None, name: str | None = None, io_mode: str = "auto",
                  when_full: str = "refuse", io_threads: int = 32, snapshot_every: int = 1 << 20,
-                 max_batch: int = 4096, _faults: Sequence[Mapping[str, Any]] | None = None,
+                 max_batch: int = 4096, io_backend: str = "auto", queue_depth: int = 8, _faults: Sequence[Mapping[str, Any]] | None = None,
                  _read_only: bool = False):
         import os
 
         path = os.fspath(path)
         if io_mode not in IO_MODES:
             raise ValueError(f"io_mode is {io_mode!r}; valid: {', '.join(IO_MODES)}")
+        if io_backend not in IO_BACKENDS:
+            raise ValueError(f"io_backend is {io_backend!r}; valid: {', '.join(IO_BACKENDS)}")
         if when_full not in WHEN_FULL:
             raise ValueError(f"when_full is {when_full!r}; valid: {', '.join(WHEN_FULL)}")
         for field_name, value in (("slot_bytes", slot_bytes), ("max_bytes", max_bytes), ("io_threads", io_threads),
-                                  ("snapshot_every", snapshot_every), ("max_batch", max_batch)):
+                                  ("snapshot_every", snapshot_every), ("max_batch", max_batch),
+                                  ("queue_depth", queue_depth)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field_name} is {value!r}; it must be a non-negative integer")
         if _read_only:
@@ -255,7 +265,7 @@ class DiskRegion:
             path, name or os.path.basename(path.rstrip("/")) or "region", slot_bytes, max_bytes, container_bytes,
             identity.name, identity.format_version, param_hash, params_json, IO_MODES[io_mode],
             WHEN_FULL[when_full], io_threads, snapshot_every, max_batch, layout_json, _read_only,
-            _fault_rules(_faults))
+            _fault_rules(_faults), IO_BACKENDS[io_backend], queue_depth)
         for message in self._native.recovery()["warnings"]:
             log.warning("%s", message)
             warnings.warn(message, DiskTierWarning, stacklevel=2)

@@ -129,7 +129,7 @@ void bindDisk(py::module_& parent)
                           uint64_t containerBytes, std::string const& codecName, uint32_t formatVersion,
                           std::string const& paramHash, std::string const& paramsJson, int ioMode, int whenFull,
                           uint32_t ioThreads, uint64_t snapshotEvery, uint32_t maxBatch, std::string const& layoutJson,
-                          bool readOnly, std::vector<FaultTuple> const& faults) {
+                          bool readOnly, std::vector<FaultTuple> const& faults, int ioBackend, uint32_t queueDepth) {
             RegionConfig c;
             c.name = name;
             c.slotBytes = slotBytes;
@@ -139,6 +139,8 @@ void bindDisk(py::module_& parent)
             c.ioMode = IoMode(ioMode);
             c.whenFull = FullPolicy(whenFull);
             c.ioThreads = ioThreads;
+            c.ioBackend = IoBackend(ioBackend);
+            c.queueDepth = queueDepth;
             c.snapshotEveryRecords = snapshotEvery;
             c.maxBatchRecords = maxBatch;
             c.layoutJson = layoutJson;
@@ -156,7 +158,8 @@ void bindDisk(py::module_& parent)
             py::arg("dir"), py::arg("name"), py::arg("slot_bytes"), py::arg("max_bytes"), py::arg("container_bytes"),
             py::arg("codec_name"), py::arg("format_version"), py::arg("param_hash"), py::arg("params_json"),
             py::arg("io_mode"), py::arg("when_full"), py::arg("io_threads"), py::arg("snapshot_every"),
-            py::arg("max_batch"), py::arg("layout_json"), py::arg("read_only"), py::arg("faults"))
+            py::arg("max_batch"), py::arg("layout_json"), py::arg("read_only"), py::arg("faults"),
+            py::arg("io_backend") = 0, py::arg("queue_depth") = 8)
         .def("submit_write", [](DiskRegion& r, py::bytes const& key, py::buffer const& data, uint32_t tag) {
             auto [p, n] = bufferOf(data, false, "data");
             return r.submitWrite(std::string(key), p, n, tag);
@@ -226,6 +229,10 @@ void bindDisk(py::module_& parent)
             d["merged_ios"] = s.mergedIos;
             d["merged_slots"] = s.mergedSlots;
             d["direct_io"] = s.directIo;
+            d["io_backend"] = s.ioBackend;
+            d["io_backend_note"] = s.backendNote;
+            d["queued_submits"] = s.queuedSubmits;
+            d["queued_requests"] = s.queuedRequests;
             d["failed"] = s.failed;
             return d;
         })

@@ -93,6 +93,8 @@ std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfi
             + "; it must be >= container_bytes (" + std::to_string(cfg.containerBytes) + ")");
     if (cfg.ioThreads == 0 || cfg.ioThreads > 256)
         throw std::invalid_argument("io_threads is " + std::to_string(cfg.ioThreads) + "; valid: 1..256");
+    if (cfg.queueDepth == 0 || cfg.queueDepth > 4096)
+        throw std::invalid_argument("queue_depth is " + std::to_string(cfg.queueDepth) + "; valid: 1..4096");
     if (cfg.maxBatchRecords == 0)
         throw std::invalid_argument("max_batch_records is 0; it must be >= 1");
     if (cfg.codec.name.empty())
@@ -169,8 +171,39 @@ FlatJson DiskRegion::regionRecord() const
 
 void DiskRegion::startThreads()
 {
+    // io_uring needs real file descriptors: a substituted FileIo (tests) keeps the thread pool.
+    if (cfg_.ioBackend != IoBackend::kThreads)
+    {
+        std::string why;
+        if (!io_->vectored())
+            why = "the region's FileIo is not the POSIX one";
+        for (uint32_t i = 0; why.empty() && i < cfg_.ioThreads; ++i)
+        {
+            auto q = makeUringQueue(cfg_.queueDepth, why);
+            if (q)
+                queues_.push_back(std::move(q));
+        }
+        if (!why.empty())
+        {
+            queues_.clear();
+            if (cfg_.ioBackend == IoBackend::kUring)
+                throw std::runtime_error("disk region '" + dir_ + "': io_backend is io_uring, but " + why
+                    + "; valid where io_uring is refused: auto or threads");
+            backendNote_ = why;
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        st_.ioBackend = queues_.empty() ? "threads" : "io_uring";
+        st_.backendNote = backendNote_;
+    }
     for (uint32_t i = 0; i < cfg_.ioThreads; ++i)
-        workers_.emplace_back([this] { workerLoop(); });
+    {
+        if (queues_.empty())
+            workers_.emplace_back([this] { workerLoop(); });
+        else
+            workers_.emplace_back([this, q = queues_[i].get()] { workerLoopQueued(*q); });
+    }
     if (!cfg_.readOnly)
         committer_ = std::thread([this] { committerLoop(); });
 }
@@ -472,6 +505,7 @@ void DiskRegion::close()
     for (auto& w : workers_)
         w.join();
     workers_.clear();
+    queues_.clear();
     if (committer_.joinable())
         committer_.join();
     if (!cfg_.readOnly && journalFd_ >= 0 && !failed_)

@@ -46,6 +46,104 @@ void DiskRegion::workerLoop()
     }
 }
 
+void DiskRegion::workerLoopQueued(IoQueue& queue)
+{
+    AlignedBuffer bounce(geo_.stride);
+    bool const merge = cfg_.slotBytes == geo_.stride;
+    // Tasks that must go through the bounce buffer (unaligned buffers or padded slots under
+    // O_DIRECT) run one at a time; every other task joins the batch in place.
+    auto inPlace = [&](Task const& t) {
+        void const* p = t.kind == Task::kWrite ? t.src : static_cast<void const*>(t.dst);
+        return (!direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0) && (!direct_ || cfg_.slotBytes == geo_.stride);
+    };
+    unsigned const depth = queue.depth();
+    std::vector<std::vector<Task>> runs(depth);
+    std::vector<Task> serial;
+    std::vector<IoRequest> requests(depth);
+    std::vector<std::vector<iovec>> iovs(depth);
+    std::vector<std::vector<uint32_t>> crcs(depth);
+    for (;;)
+    {
+        size_t used = 0;
+        serial.clear();
+        {
+            std::unique_lock<std::mutex> lock(taskMu_);
+            taskCv_.wait(lock, [&] { return !tasks_.empty() || stopping_; });
+            if (tasks_.empty())
+                return;
+            // Up to `depth` runs of adjacent slots (and the bounce tasks met on the way).
+            while (used < depth && !tasks_.empty() && serial.size() < depth)
+            {
+                Task t = std::move(tasks_.front());
+                tasks_.pop_front();
+                if (!inPlace(t))
+                {
+                    serial.push_back(std::move(t));
+                    continue;
+                }
+                std::vector<Task>& run = runs[used++];
+                run.clear();
+                run.push_back(std::move(t));
+                while (merge && run.size() < kMaxMergedSlots && !tasks_.empty() && mergeable(run.back(), tasks_.front()))
+                {
+                    run.push_back(std::move(tasks_.front()));
+                    tasks_.pop_front();
+                }
+            }
+        }
+        for (size_t i = 0; i < used; ++i)
+        {
+            std::vector<Task>& run = runs[i];
+            bool const write = run.front().kind == Task::kWrite;
+            iovs[i].resize(run.size());
+            crcs[i].clear();
+            for (size_t k = 0; k < run.size(); ++k)
+            {
+                void* base = write ? const_cast<void*>(run[k].src) : run[k].dst;
+                iovs[i][k] = {base, cfg_.slotBytes};
+                if (write)
+                    crcs[i].push_back(crc32cFast(run[k].src, cfg_.slotBytes));
+            }
+            uint32_t const container = geo_.containerOf(run.front().slot);
+            requests[i] = IoRequest{containerFds_[container], write, iovs[i].data(), int(run.size()),
+                geo_.offsetOf(run.front().slot), 0};
+        }
+        if (used > 0)
+        {
+            queue.run(requests.data(), used);
+            std::lock_guard<std::mutex> lock(mu_);
+            ++st_.queuedSubmits;
+            st_.queuedRequests += used;
+        }
+        for (size_t i = 0; i < used; ++i)
+        {
+            std::vector<Task>& run = runs[i];
+            if (requests[i].result != ssize_t(run.size() * cfg_.slotBytes))
+            {
+                // A failure or a short transfer: redo each page on its own, so each gets its own result.
+                for (Task& t : run)
+                    runTask(t, bounce.p);
+                continue;
+            }
+            if (run.size() > 1)
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                ++st_.mergedIos;
+                st_.mergedSlots += run.size();
+            }
+            for (size_t k = 0; k < run.size(); ++k)
+            {
+                if (run[k].kind == Task::kWrite)
+                    finishWrite(run[k], crcs[i][k]);
+                else
+                    finishRead(run[k], run[k].dst, 0, false);
+            }
+        }
+        for (Task& t : serial)
+            runTask(t, bounce.p);
+    }
+}
+
 bool DiskRegion::mergeable(Task const& last, Task const& next) const
 {
     auto inPlace = [&](void const* p) { return !direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
