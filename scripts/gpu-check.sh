@@ -207,7 +207,7 @@ fi
 
 if want disk; then
 step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
-(cd "$OUT_DIR" && timeout 150 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
+(cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
 fi
 
