@@ -99,7 +99,8 @@ USAGE = [
     (["bench", "workload", "--disk-dir", "/no/such/folder", *TINY], "argument --disk-dir: '/no/such/folder' does not"),
     (["bench", "disk", "--dir", "/no/such/folder"], "argument --dir: '/no/such/folder' does not exist"),
     (["bench", "disk", "--dir", "/etc/hostname"], "argument --dir: '/etc/hostname' is not a folder"),
-    (["bench", "disk", "--device", "cpu"], "kvcodec bench disk: error: unrecognized arguments: --device cpu"),
+    (["bench", "disk", "--sizes", "4K"], "kvcodec bench disk: error: unrecognized arguments: --sizes 4K"),
+    (["bench", "disk", "--codecs", "nope"], "kvcodec bench: error: argument --codecs: 'nope' is not a registered codec"),
 ]
 
 

@@ -50,13 +50,31 @@ class Report:
     queue_depth: int = 8
     backends: list = field(default_factory=list)
     default_backend: str = "threads"
+    manager: list = field(default_factory=list)  #: disk_manager.ManagerRow per codec and path
     gbps: dict = field(default_factory=dict)
     ratios: dict = field(default_factory=dict)
     recovery: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["round_trip"] = self.round_trip()
+        return d
+
+    def round_trip(self) -> dict:
+        """Per codec: hot -> disk -> hot through the manager as a ratio to the store alone (cold
+        bytes, write and read together), and its raw bytes as a ratio to the store's."""
+        out: dict = {}
+        w, r = self.gbps.get("store_write", 0.0), self.gbps.get("store_read", 0.0)
+        for codec in dict.fromkeys(row.codec for row in self.manager):
+            rows = {row.path: row for row in self.manager if row.codec == codec}
+            ev, on = rows.get("hot->disk"), rows.get("disk->hot")
+            if not (ev and on and w and r):
+                continue
+            store_s = 1 / w + 1 / r
+            out[codec] = {"cold_vs_store": store_s / (1 / ev.cold_gbps + 1 / on.cold_gbps),
+                          "raw_vs_store": store_s / (1 / ev.raw_gbps + 1 / on.raw_gbps)}
+        return out
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -218,9 +236,12 @@ def _recovery(path: str, slots: int, progress: bool) -> dict:
 
 def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes: int = 512 * MiB,
         io_threads: int = 32, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True,
-        backends: tuple[str, ...] = BACKENDS, queue_depth: int = 8) -> Report:
+        backends: tuple[str, ...] = BACKENDS, queue_depth: int = 8, codecs: tuple[str, ...] = (),
+        device: str = "auto", batch: int = 256) -> Report:
     """Runs the benchmark (see the module docstring); ``backends`` the store's I/O backends to
-    measure (one the kernel refuses is left out, with a note in ``info``)."""
+    measure (one the kernel refuses is left out, with a note in ``info``); ``codecs`` adds the
+    rows through the KV-cache manager on ``device`` (see :mod:`.disk_manager`), in calls of
+    ``batch`` pages."""
     def say(msg: str) -> None:
         _log(progress, msg)
 
@@ -247,7 +268,7 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             rep.info["io_uring"] = f"not measured: {uring_note}"
         if not rep.backends:
             raise ValueError(f"no I/O backend to measure: {', '.join(backends)} ({uring_note})")
-        _steps(progress, 4 if recovery_slots else 3)
+        _steps(progress, 3 + bool(recovery_slots) + bool(codecs))
         say(f"ceiling: sequential {n * slot_bytes // MiB} MiB ({rep.io})")
         # The ceiling is the better of direct and buffered sequential I/O on this file system.
         seq = [_sequential(os.path.join(work, "seq"), n * slot_bytes, mode) for mode in ({direct, False})]
@@ -282,6 +303,13 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
         rep.ratios["target"] = TARGET_RATIO
         rep.ratios["target_vs_baseline"] = TARGET_BASELINE_RATIO
         _advance(progress)
+        if codecs:
+            from .disk_manager import run_manager
+
+            rep.manager = run_manager(work, codecs=codecs, device=device, total_bytes=n * slot_bytes, batch=batch,
+                                      io_threads=io_threads, progress=progress,
+                                      store_gbps={"write": rep.gbps["store_write"], "read": rep.gbps["store_read"]})
+            _advance(progress)
         if recovery_slots:
             say(f"recovery: populating {recovery_slots} slots")
             rep.recovery = _recovery(os.path.join(work, "recovery"), recovery_slots, progress)
@@ -324,6 +352,30 @@ def table(rep: Report) -> Table:
     return Table([title], cols, rows, notes)
 
 
+def manager_table(rep: Report) -> Table | None:
+    """The rows through the KV-cache manager as table cells, or None when none ran."""
+    if not rep.manager:
+        return None
+    from .disk_manager import blocked_target
+
+    title = (f"through the KV-cache manager ({rep.manager[0].device}): KV-like pages, calls of up to "
+             f"{rep.manager[0].pages // max(1, rep.manager[0].calls)} pages; x store = blob GB/s over the store alone")
+    cols = [Column("codec", 8, "<", ""), Column("path", 11, "<"), Column("raw GB/s", 9), Column("blob GB/s", 10),
+            Column("x store", 8), Column("blocked us/call", 16), Column("target", 8), Column("", 0, "<", "  ")]
+    rows = []
+    for m in rep.manager:
+        ok = "ok" if m.blocked_us_median <= blocked_target(m.pages // max(1, m.calls)) else "blocks the caller"
+        rows.append([m.codec, m.path, f"{m.raw_gbps:.2f}", f"{m.cold_gbps:.2f}",
+                     f"{m.vs_store:.2f}" if m.vs_store else "-", f"{m.blocked_us_median:.0f} (max {m.blocked_us_max:.0f})",
+                     f"{m.blocked_target_us:.0f}", "; ".join(x for x in (ok, m.verified) if x)])
+    notes = [f"{codec}: hot -> disk -> hot is {v['cold_vs_store']:.2f}x the store alone in blob bytes, "
+             f"{v['raw_vs_store']:.2f}x in raw bytes (targets 0.8x; 1.6x raw for a codec that halves the page)"
+             for codec, v in rep.round_trip().items()]
+    return Table([title], cols, rows, notes)
+
+
 def format_table(rep: Report) -> str:
     """A readable table of the report (the plain text form)."""
-    return table(rep).plain()
+    text = table(rep).plain()
+    extra = manager_table(rep)
+    return text + ("\n" + extra.plain() if extra is not None else "")

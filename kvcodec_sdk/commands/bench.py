@@ -115,6 +115,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the kernel refuses it)")
     d.add_argument("--queue-depth", type=count(1, 4096), default=8,
                    help="io_uring requests in flight per I/O thread (default 8, the store's default)")
+    d.add_argument("--codecs", default="concat,fp8",
+                   help="codecs whose pages also go hot -> disk -> hot and host <-> disk through the KV-cache "
+                        "manager, comma-separated (default concat,fp8; 'none' skips these rows)")
+    d.add_argument("--device", default="auto", help="device of the manager rows: auto (a GPU when there is one), "
+                   "cpu, cuda or cuda:N")
+    d.add_argument("--batch", type=count(1, 1 << 20), default=256, help="pages per manager call (default 256)")
     d.add_argument("--recovery-slots", type=count(1, 1 << 30), default=1 << 20, help="slots of the recovery test (default 1M)")
 
 
@@ -258,13 +264,24 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
 
 def _run_disk(args: argparse.Namespace) -> int:
     from ..bench import disk
+    from ..registry import list_codecs
 
+    codecs = () if args.codecs == "none" else tuple(c for c in args.codecs.split(",") if c)
+    known = [s.name for s in list_codecs()]
+    for c in codecs:
+        if c not in known:
+            return _usage_error(f"argument --codecs: {c!r} is not a registered codec; "
+                                f"valid: {', '.join(known)} or none")
     with _progress(args):
         report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=args.bytes or 512 * 1024 * 1024,
                           io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
                           progress=not args.quiet, queue_depth=args.queue_depth,
-                          backends=disk.BACKENDS if args.io_backend == "both" else (args.io_backend,))
+                          backends=disk.BACKENDS if args.io_backend == "both" else (args.io_backend,),
+                          codecs=codecs, device=args.device, batch=args.batch)
     _show(args, disk.table(report))
+    extra = disk.manager_table(report)
+    if extra is not None:
+        _show(args, extra)
     _write_json(args, report)
     return 0
 
