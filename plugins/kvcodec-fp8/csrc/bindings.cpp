@@ -14,10 +14,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "fp8_codec.h"
-#include "fp8_cpu.h"
-#include "fp8_format.h"
-#include "fp8_plan.h"
+#include "codec.h"
+#include "cpu.h"
+#include "format.h"
+#include "plan.h"
 #include "kvcodec/layout.h"
 
 namespace py = pybind11;

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8_format.h"
-#include "fp8_kernel.h"
+#include "format.h"
+#include "kernel.h"
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
 

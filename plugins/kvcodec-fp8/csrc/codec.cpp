@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The fp8 codec: a shared base (layout, blob plans, queries, argument checks), the CPU
-// reference and the CUDA implementation of blob format 1 (see fp8_format.h).
-#include "fp8_codec.h"
+// reference and the CUDA implementation of blob format 1 (see format.h).
+#include "codec.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "fp8_cpu.h"
-#include "fp8_format.h"
-#include "fp8_kernel.h"
-#include "fp8_plan.h"
+#include "cpu.h"
+#include "format.h"
+#include "kernel.h"
+#include "plan.h"
 #include "kvcodec/device_scope.h"
 #include "kvcodec/layout.h"
 
@@ -190,7 +190,7 @@ private:
 };
 
 // ---------------------------------------------------------------------------------------------
-// CPU reference (the kernels are in fp8_cpu.cpp)
+// CPU reference (the kernels are in cpu.cpp)
 // ---------------------------------------------------------------------------------------------
 
 class Fp8CodecCpu final : public Fp8CodecBase
