@@ -22,7 +22,7 @@ from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDes
 
 import fp8_reference as ref
 from fp8_helpers import build_layout, pairs
-from kvcodec_fp8 import _ext
+from kvcodec_fp8 import FORMAT_VERSION as PLUGIN_FORMAT_VERSION, _testing
 
 FORMAT_VERSION = 1
 VECTORS = Path(__file__).parent / "vectors" / f"fp8-v{FORMAT_VERSION}"
@@ -85,7 +85,8 @@ def _group(pools, buffers):
 
 def test_vectors_describe_format_1():
     manifest, _, _ = load()
-    assert manifest["codec"] == "fp8" and manifest["format_version"] == FORMAT_VERSION == _ext.FORMAT_VERSION
+    assert manifest["codec"] == "fp8"
+    assert manifest["format_version"] == FORMAT_VERSION == _testing.FORMAT_VERSION == PLUGIN_FORMAT_VERSION
     assert kv.get_codec_spec("fp8").format_version == FORMAT_VERSION
     assert sum(f.stat().st_size for f in VECTORS.iterdir()) < 100_000
 
