@@ -1,11 +1,14 @@
-"""Golden vectors pinning the fp8 blob format (format version 1).
+"""Model-level golden vectors pinning the fp8 blob format (format version 1).
 
-``tests/vectors/fp8-v1/`` holds one hot page layout (bf16/fp16/fp32 K/V buffers with outliers,
+``tests/model-vectors/fp8-v1/`` holds one hot page layout (bf16/fp16/fp32 K/V buffers with outliers,
 all-equal and denormal-range heads, the largest finite values, NaN and +-Inf, beside lossless
 buffers), the blobs it encodes to under three parameter sets, and the hot bytes those blobs
 decode to. The blobs were computed by the independent numpy model (fp8_reference.py), never by
 the codec. They are written once, when missing and ``KVCODEC_WRITE_VECTORS=1`` is set; without
 it, missing vectors fail. A new format gets a new directory; existing vectors are never rewritten.
+
+They complement the conformance suite's golden vectors (``tests/vectors/``, test_conformance.py),
+which the codec wrote: these pin three parameter sets and special values against the model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from fp8_helpers import build_layout, pairs
 from kvcodec_fp8 import FORMAT_VERSION as PLUGIN_FORMAT_VERSION, _testing
 
 FORMAT_VERSION = 1
-VECTORS = Path(__file__).parent / "vectors" / f"fp8-v{FORMAT_VERSION}"
+VECTORS = Path(__file__).parent / "model-vectors" / f"fp8-v{FORMAT_VERSION}"
 MANIFEST = VECTORS / "manifest.json"
 PARAMS = [
     {"format": "e4m3", "granularity": "page_head", "lossless_roles": "", "lossless_layers": ""},
