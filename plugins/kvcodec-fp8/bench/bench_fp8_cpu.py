@@ -66,7 +66,7 @@ def registry() -> kv.CodecRegistry:
     """concat, and fp8 made by the factory of kvcodec_fp8._testing: its codecs use the CPU kernel
     variant _testing.set_cpu_simd chooses (the installed fp8 codec keeps the best one)."""
     reg = kv.CodecRegistry(load_entry_points=False)
-    reg.register(dataclasses.replace(FP8_SPEC, factory=_testing.codec_factory))
+    reg.register(dataclasses.replace(FP8_SPEC, factory=_testing.codec_factory, devices=("cpu",)))
     return reg
 
 

@@ -4,9 +4,11 @@
 // blob format, the CPU kernels' building blocks (and the choice of their variant) and the blob
 // plan, so the tests can check them against independent references.
 //
-// This module links its own copy of the codec, so the CPU kernel variant set_cpu_simd() chooses
-// applies to the codecs of its own factory, codec_factory() here (the tests register a spec
-// around it), not to those of kvcodec_fp8._ext. Blobs never depend on the variant.
+// This module links its own copy of the codec's host side, so the CPU kernel variant
+// set_cpu_simd() chooses applies to the codecs of its own factory, codec_factory() here (the
+// tests register a CPU-only spec around it), not to those of kvcodec_fp8._ext. Blobs never
+// depend on the variant. The CUDA kernels are not linked: their entry points below refuse, so a
+// CUDA codec of this factory fails at configure() ("loading the fp8 kernel failed").
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -169,6 +171,26 @@ py::dict planLayout(py::list const& groups, std::string const& paramsJson, uint6
 
 } // namespace
 
+// The kernel entry points of kernel.h, for the host side this module links: no CUDA kernels here.
+namespace kvcodec::fp8 {
+
+cudaError_t prepareTileKernel(bool, uint64_t, uint32_t, int*) noexcept
+{
+    return cudaErrorNotSupported;
+}
+
+cudaError_t preloadFp8() noexcept
+{
+    return cudaErrorNotSupported;
+}
+
+cudaError_t launchFp8(KernelArgs const&, int, cudaStream_t) noexcept
+{
+    return cudaErrorNotSupported;
+}
+
+} // namespace kvcodec::fp8
+
 PYBIND11_MODULE(_testing, m)
 {
     m.doc() = "Test hooks of the kvcodec fp8 codec plugin.";
@@ -176,7 +198,7 @@ PYBIND11_MODULE(_testing, m)
     m.def(
         "codec_factory",
         [] { return py::capsule(const_cast<KvcodecCodecFactory*>(codecFactory()), KVCODEC_FACTORY_CAPSULE_NAME); },
-        "PyCapsule carrying this module's copy of the fp8 codec's factory (its CPU codecs follow set_cpu_simd).");
+        "PyCapsule carrying this module's copy of the fp8 codec's factory (CPU only; its codecs follow set_cpu_simd).");
     m.def(
         "fp32_to_fp8",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> const& x, std::string const& format) {

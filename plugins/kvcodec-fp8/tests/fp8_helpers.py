@@ -99,13 +99,13 @@ MIXED = [
 
 
 def steered_codec(params=None, device="cpu"):
-    """An fp8 codec made by the factory of ``kvcodec_fp8._testing``, whose CPU codecs use the
-    kernel variant ``_testing.set_cpu_simd`` chooses (that module has its own copy of the codec;
-    the codecs of ``kv.create_codec("fp8")`` come from ``kvcodec_fp8._ext`` and keep choosing
-    the best variant the CPU supports)."""
+    """An fp8 CPU codec made by the factory of ``kvcodec_fp8._testing``, which uses the kernel
+    variant ``_testing.set_cpu_simd`` chooses (that module has its own copy of the codec's host
+    side, without the CUDA kernels; the codecs of ``kv.create_codec("fp8")`` come from
+    ``kvcodec_fp8._ext`` and keep choosing the best variant the CPU supports)."""
     from kvcodec_fp8 import _testing
     from kvcodec_fp8.plugin import SPEC
 
     registry = kv.CodecRegistry(load_entry_points=False, builtins=False)
-    registry.register(dataclasses.replace(SPEC, factory=_testing.codec_factory))
+    registry.register(dataclasses.replace(SPEC, factory=_testing.codec_factory, devices=("cpu",)))
     return registry.create_codec("fp8", params, device)
