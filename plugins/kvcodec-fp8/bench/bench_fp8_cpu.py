@@ -17,6 +17,7 @@ the same data as a reference point.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -26,7 +27,8 @@ import numpy as np
 
 import kvcodec_sdk as kv
 from kvcodec_sdk.testing.data import fill_page_bytes
-from kvcodec_fp8 import _ext
+from kvcodec_fp8 import _testing
+from kvcodec_fp8.plugin import SPEC as FP8_SPEC
 
 HEADS, HEAD_DIM = 8, 128
 CONFIGS = [("fp8", {"format": "e4m3", "granularity": "page_head"}),
@@ -60,12 +62,21 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def registry() -> kv.CodecRegistry:
+    """concat, and fp8 made by the factory of kvcodec_fp8._testing: its codecs use the CPU kernel
+    variant _testing.set_cpu_simd chooses (the installed fp8 codec keeps the best one)."""
+    reg = kv.CodecRegistry(load_entry_points=False)
+    reg.register(dataclasses.replace(FP8_SPEC, factory=_testing.codec_factory, devices=("cpu",)))
+    return reg
+
+
 def run(name, params, simd, pages, layers, tokens, repeats):
     src, dst, src_groups, dst_groups = make_layout(pages, layers, tokens)
     idx = np.ascontiguousarray(np.stack([np.arange(pages), np.arange(pages)], 1).astype(np.int32))
-    enc = kv.create_codec(name, params, device="cpu")
+    codecs = registry()
+    enc = codecs.create_codec(name, params, device="cpu")
     enc.configure(src_groups)
-    dec = kv.create_codec(name, params, device="cpu")
+    dec = codecs.create_codec(name, params, device="cpu")
     dec.configure(dst_groups)
     cold = np.zeros((pages, enc.cold_page_bytes(0)), np.uint8)
     t_enc = best_time(lambda: enc.encode(0, cold, idx), repeats)
@@ -83,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--simd", default=",".join(_ext.cpu_simd_variants()),
+    ap.add_argument("--simd", default=",".join(_testing.cpu_simd_variants()),
                     help="comma-separated fp8 CPU kernel variants to run (default: all this CPU supports)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
@@ -91,11 +102,11 @@ def main(argv=None) -> int:
     for name, params in CONFIGS:
         for simd in (args.simd.split(",") if name == "fp8" else ["-"]):
             if simd != "-":
-                _ext.set_cpu_simd(simd)
+                _testing.set_cpu_simd(simd)
             try:
                 rows.append(run(name, params, simd, args.pages, args.layers, args.tokens, args.repeats))
             finally:
-                _ext.set_cpu_simd(None)
+                _testing.set_cpu_simd(None)
     print(f"CPU codecs, one thread ({platform.processor() or platform.machine()}); {args.pages} pages of "
           f"{args.layers} layers x K,V x {args.tokens} tokens x {HEADS} heads x {HEAD_DIM} dims bf16 "
           f"({rows[0]['hot_bytes'] / 2**20:.0f} MiB hot); GB/s of raw hot bytes")

@@ -12,7 +12,10 @@ from importlib.metadata import version as _version
 
 __version__ = _version("kvcodec-fp8")  # one source: the distribution's metadata (pyproject.toml)
 
-from ._ext import FORMAT_VERSION  # noqa: E402
+#: The blob format version (kFormatVersion of csrc/format.h): the registry refuses the plugin
+#: when the native factory reports another.
+FORMAT_VERSION = 1
+
 from .bound import check_error, error_bound_of  # noqa: E402
 from .plugin import SPEC  # noqa: E402
 

@@ -19,23 +19,23 @@ from typing import Any, Mapping, Sequence
 
 from kvcodec_sdk import PoolGroupDesc
 
-from . import _ext
+from . import _testing
 from .plugin import SPEC
 
 __all__ = ["blob_plan", "tile_budget", "DEFAULT_TILE_BUDGET", "MAX_TILE_BUDGET", "TILE_META_BYTES",
            "WARPS_PER_CTA"]
 
-DEFAULT_TILE_BUDGET: int = _ext.DEFAULT_TILE_BUDGET
-MAX_TILE_BUDGET: int = _ext.MAX_TILE_BUDGET
-TILE_META_BYTES: int = _ext.TILE_META_BYTES
-WARPS_PER_CTA: int = _ext.WARPS_PER_CTA
+DEFAULT_TILE_BUDGET: int = _testing.DEFAULT_TILE_BUDGET
+MAX_TILE_BUDGET: int = _testing.MAX_TILE_BUDGET
+TILE_META_BYTES: int = _testing.TILE_META_BYTES
+WARPS_PER_CTA: int = _testing.WARPS_PER_CTA
 
 
 def tile_budget(smem_per_sm: int, smem_optin_per_block: int, reserved_per_block: int) -> int:
     """Shared memory bytes a tile may use on a device with these limits (bytes), as the CUDA
     codec computes it from the device's attributes: the largest tile that lets two thread
     blocks share an SM, at most ``MAX_TILE_BUDGET``, rounded down to 1 KiB."""
-    return int(_ext.tile_budget(smem_per_sm, smem_optin_per_block, reserved_per_block))
+    return int(_testing.tile_budget(smem_per_sm, smem_optin_per_block, reserved_per_block))
 
 
 def blob_plan(groups: Sequence[PoolGroupDesc], params: Mapping[str, Any] | None = None,
@@ -43,7 +43,7 @@ def blob_plan(groups: Sequence[PoolGroupDesc], params: Mapping[str, Any] | None 
     """``{lifecycle id: {"group", "num_slots", "cold_page_bytes", "units_per_page",
     "tile_encode_smem", "tile_decode_smem", "buffers"}}`` for ``groups`` under ``params``
     (validated like the codec's) and a tile budget in bytes; ``buffers`` are dicts named after
-    the fields of the native BufferPlan (fp8_kernel.h). Raises ValueError for a layout the
+    the fields of the native BufferPlan (kernel.h). Raises ValueError for a layout the
     codec's configure() would reject."""
     plain = []
     for group in groups:
@@ -53,4 +53,4 @@ def blob_plan(groups: Sequence[PoolGroupDesc], params: Mapping[str, Any] | None 
                   int(b.tokens_per_page), int(b.num_heads), int(b.head_dim)) for b in lc.buffers])
                for lc in group.lifecycles]
         plain.append((pools, lcs))
-    return {int(k): v for k, v in _ext.plan_layout(plain, SPEC.params_json(params), int(tile_budget)).items()}
+    return {int(k): v for k, v in _testing.plan_layout(plain, SPEC.params_json(params), int(tile_budget)).items()}

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import kvcodec_sdk as kv
 from kvcodec_sdk.errors import CodecParamError
 
-from . import __version__, _ext
+from . import FORMAT_VERSION, __version__, _ext
 from .bound import ERROR_BOUND, check_error
 
 __all__ = ["SPEC", "Fp8CodecSpec", "quantizes", "kvcodec_register_codecs"]
@@ -94,7 +94,7 @@ SPEC = Fp8CodecSpec(
     name="fp8",
     description="FP8 (e4m3/e5m2) quantization of K/V buffers with fp32 scales; other buffers lossless",
     version=__version__,
-    format_version=_ext.FORMAT_VERSION,
+    format_version=FORMAT_VERSION,
     lossless=False,
     error_bound=ERROR_BOUND,
     factory=_ext.codec_factory,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
+import kvcodec_sdk as kv
 from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 
 NP_DTYPE = {DType.BFLOAT16: ml_dtypes.bfloat16, DType.FLOAT16: np.float16, DType.FLOAT32: np.float32}
@@ -94,3 +96,16 @@ MIXED = [
     [(3, Role.KEY, DType.FLOAT16, (8, 4, 32)), (3, Role.VALUE, DType.FLOAT32, (8, 4, 32)),
      (4, Role.OTHER, DType.INT32, (8, 2, 4)), (5, Role.VALUE, DType.BFLOAT16, (5, 5, 7))],
 ]
+
+
+def steered_codec(params=None, device="cpu"):
+    """An fp8 CPU codec made by the factory of ``kvcodec_fp8._testing``, which uses the kernel
+    variant ``_testing.set_cpu_simd`` chooses (that module has its own copy of the codec's host
+    side, without the CUDA kernels; the codecs of ``kv.create_codec("fp8")`` come from
+    ``kvcodec_fp8._ext`` and keep choosing the best variant the CPU supports)."""
+    from kvcodec_fp8 import _testing
+    from kvcodec_fp8.plugin import SPEC
+
+    registry = kv.CodecRegistry(load_entry_points=False, builtins=False)
+    registry.register(dataclasses.replace(SPEC, factory=_testing.codec_factory, devices=("cpu",)))
+    return registry.create_codec("fp8", params, device)

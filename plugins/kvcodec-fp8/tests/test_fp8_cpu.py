@@ -14,7 +14,7 @@ from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDes
 
 import fp8_reference as ref
 from fp8_helpers import GUARD, MIXED, build_layout, kv_like, pairs
-from kvcodec_fp8 import _ext, check_error
+from kvcodec_fp8 import _ext, _testing, check_error
 from kvcodec_fp8.plugin import SPEC
 
 FORMATS = ("e4m3", "e5m2")
@@ -40,12 +40,12 @@ def interesting_floats(rng) -> np.ndarray:
 def test_fp32_to_fp8_matches_ml_dtypes_and_cuda_header(fmt):
     x = interesting_floats(np.random.default_rng(1))
     kind, q = ref.FORMATS[fmt]
-    mine = _ext.fp32_to_fp8(x, fmt)
+    mine = _testing.fp32_to_fp8(x, fmt)
     finite = np.isfinite(x)
     want = np.clip(x[finite], -q, q).astype(kind).view(np.uint8)
     assert np.array_equal(mine[finite], want), np.flatnonzero(mine[finite] != want)[:5]
     # NVIDIA's own emulation of __nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...) agrees too.
-    assert np.array_equal(mine[finite], _ext.fp32_to_fp8_cuda_header(x, fmt)[finite])
+    assert np.array_equal(mine[finite], _testing.fp32_to_fp8_cuda_header(x, fmt)[finite])
     # Saturation: nothing finite becomes a NaN or infinity code.
     assert not np.isnan(mine[finite].view(kind).astype(np.float32)).any()
     assert not np.isinf(mine[finite].view(kind).astype(np.float32)).any()
@@ -57,7 +57,7 @@ def test_ties_subnormals_and_overflow_by_hand(fmt):
     sub = 2.0**-9 if fmt == "e4m3" else 2.0**-16
     cases = np.array([sub / 2, 3 * sub / 2, 5 * sub / 2, sub * 0.49, q, q * 1.03, q * 4, -q * 1e6, 1e38,
                       1.0 + 2.0**-4 if fmt == "e4m3" else 1.0 + 2.0**-3], np.float32)
-    got = _ext.fp32_to_fp8(cases, fmt).view(kind).astype(np.float32)
+    got = _testing.fp32_to_fp8(cases, fmt).view(kind).astype(np.float32)
     assert got[0] == 0 and got[1] == 2 * sub and got[2] == 2 * sub and got[3] == 0   # ties to even
     assert got[4] == q and got[5] == q and got[6] == q and got[7] == -q and got[8] == q  # saturation
     assert got[9] == 1.0                                                                # tie at 1 + ulp/2
@@ -66,24 +66,24 @@ def test_ties_subnormals_and_overflow_by_hand(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fp8_decode_is_exact(fmt):
     codes = np.arange(256, dtype=np.uint8)
-    assert np.array_equal(_ext.fp8_to_fp32(codes, fmt), codes.view(ref.FORMATS[fmt][0]).astype(np.float32),
+    assert np.array_equal(_testing.fp8_to_fp32(codes, fmt), codes.view(ref.FORMATS[fmt][0]).astype(np.float32),
                           equal_nan=True)
 
 
 def test_output_rounding_matches_numpy_and_ml_dtypes():
     x = interesting_floats(np.random.default_rng(2))
     x = x[np.isfinite(x)]
-    assert np.array_equal(_ext.fp32_to_bf16(x), x.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.array_equal(_testing.fp32_to_bf16(x), x.astype(ml_dtypes.bfloat16).view(np.uint16))
     with np.errstate(over="ignore"):
-        assert np.array_equal(_ext.fp32_to_fp16(x), x.astype(np.float16).view(np.uint16))
+        assert np.array_equal(_testing.fp32_to_fp16(x), x.astype(np.float16).view(np.uint16))
 
 
 def test_block_scale_rules():
-    s, r = _ext.block_scale(448.0, "e4m3")
+    s, r = _testing.block_scale(448.0, "e4m3")
     assert s == 1.0 and r == 1.0
-    s, r = _ext.block_scale(0.0, "e4m3")  # all-zero block: the smallest normal scale
+    s, r = _testing.block_scale(0.0, "e4m3")  # all-zero block: the smallest normal scale
     assert s == np.float32(2.0**-126) and r == np.float32(2.0**126)
-    s, r = _ext.block_scale(57344.0 * 3, "e5m2")
+    s, r = _testing.block_scale(57344.0 * 3, "e5m2")
     assert s == 3.0 and r == np.float32(1) / np.float32(3)
 
 
@@ -315,7 +315,7 @@ def test_bad_indices_are_refused():
 def test_spec_is_registered_with_its_bound():
     spec = kv.get_codec_spec("fp8")
     assert spec.plugin == "fp8" and not spec.lossless and "2^-(m+1)" in spec.error_bound
-    assert spec.format_version == _ext.FORMAT_VERSION == 1
+    assert spec.format_version == _testing.FORMAT_VERSION == 1
     assert spec.defaults() == {"format": "e4m3", "granularity": "page_head", "lossless_roles": "",
                                "lossless_layers": "", "kernel": "auto", "small_blocks": "deep",
                                "finite_check": "block"}

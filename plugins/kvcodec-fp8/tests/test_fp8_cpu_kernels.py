@@ -3,7 +3,7 @@
 Every kernel variant this build and CPU can run (``portable``, the baseline instruction set,
 always; ``avx2`` where available) is checked:
 
-- element by element against the scalar conversions of the blob format (``_ext.fp32_to_fp8``,
+- element by element against the scalar conversions of the blob format (``_testing.fp32_to_fp8``,
   ``fp8_to_fp32``, ``fp32_to_bf16``, ``fp32_to_fp16``, themselves pinned to ml_dtypes, numpy and
   ``cuda_fp8.h`` in test_fp8_cpu.py): every bf16/fp16 bit pattern and the rounding-relevant fp32
   patterns under several block reciprocals, every code under special and random scales, at
@@ -25,15 +25,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import kvcodec_sdk as kv
 from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from kvcodec_sdk.testing.data import fill_page_bytes
 
 import fp8_reference as ref
-from fp8_helpers import pairs
-from kvcodec_fp8 import _ext
+from fp8_helpers import pairs, steered_codec
+from kvcodec_fp8 import _testing
 
-SIMDS = _ext.cpu_simd_variants()
+SIMDS = _testing.cpu_simd_variants()
 FORMATS = ("e4m3", "e5m2")
 GRANULARITIES = ("page_head", "token_head", "page")
 HOT_DTYPES = (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32)
@@ -45,20 +44,20 @@ SIGN_BIT = {DType.BFLOAT16: 0x8000, DType.FLOAT16: 0x8000, DType.FLOAT32: 0x8000
 @pytest.fixture(params=SIMDS)
 def simd(request):
     """A kernel variant, also made the one CPU codecs use for the test."""
-    previous = _ext.set_cpu_simd(request.param)
+    previous = _testing.set_cpu_simd(request.param)
     yield request.param
-    _ext.set_cpu_simd(previous)
+    _testing.set_cpu_simd(previous)
 
 
 def test_portable_variant_is_always_there():
-    assert SIMDS[0] == "portable" and _ext.cpu_simd() in SIMDS
+    assert SIMDS[0] == "portable" and _testing.cpu_simd() in SIMDS
     with pytest.raises(ValueError, match="valid values are 'portable', 'avx2'"):
-        _ext.set_cpu_simd("sse9")
-    previous = _ext.set_cpu_simd("portable")
+        _testing.set_cpu_simd("sse9")
+    previous = _testing.set_cpu_simd("portable")
     try:
-        assert _ext.cpu_simd() == "portable" and _ext.set_cpu_simd("portable") == "portable"
+        assert _testing.cpu_simd() == "portable" and _testing.set_cpu_simd("portable") == "portable"
     finally:
-        _ext.set_cpu_simd(previous)
+        _testing.set_cpu_simd(previous)
 
 
 # -- element references -----------------------------------------------------------------------
@@ -76,7 +75,7 @@ def expected_codes(x: np.ndarray, r: float, fmt: str) -> np.ndarray:
     """The codes of fp32 values x under reciprocal r, by the scalar conversion."""
     with np.errstate(over="ignore", invalid="ignore"):
         y = (x * np.float32(r)).astype(np.float32)
-    codes = _ext.fp32_to_fp8(np.where(np.isfinite(x), y, 0).astype(np.float32), fmt)
+    codes = _testing.fp32_to_fp8(np.where(np.isfinite(x), y, 0).astype(np.float32), fmt)
     sign = (np.signbit(x).astype(np.uint8) << 7)
     special = np.where(np.isinf(x) & (fmt == "e5m2"), 0x7C, 0x7F).astype(np.uint8)
     return np.where(np.isfinite(x), codes, sign | special).astype(np.uint8)
@@ -85,11 +84,11 @@ def expected_codes(x: np.ndarray, r: float, fmt: str) -> np.ndarray:
 def expected_hot(codes: np.ndarray, scale: float, fmt: str, dtype: DType) -> np.ndarray:
     """Hot element bits of codes under one scale, by the scalar conversions."""
     with np.errstate(over="ignore", invalid="ignore"):
-        y = (_ext.fp8_to_fp32(codes, fmt) * np.float32(scale)).astype(np.float32)
+        y = (_testing.fp8_to_fp32(codes, fmt) * np.float32(scale)).astype(np.float32)
     if dtype == DType.BFLOAT16:
-        bits = _ext.fp32_to_bf16(y)
+        bits = _testing.fp32_to_bf16(y)
     elif dtype == DType.FLOAT16:
-        bits = _ext.fp32_to_fp16(y)
+        bits = _testing.fp32_to_fp16(y)
     else:
         bits = y.view(np.uint32)
     kind = ref.FORMATS[fmt][0]
@@ -124,7 +123,7 @@ RECIPROCALS = [1.0, 3.0, 1.0 / 3.0, 2.0**-126, 2.0**126, 448.0 / 65504.0, 57344.
 def test_quantize_fp32_matches_the_scalar_conversion(fmt, simd):
     x = rounding_floats(np.random.default_rng(11))
     for r, offset in zip(RECIPROCALS, itertools.cycle((0, 1, 2, 3))):
-        got = _ext.cpu_quantize(at_offset(x, offset), int(DType.FLOAT32), fmt, r, simd)
+        got = _testing.cpu_quantize(at_offset(x, offset), int(DType.FLOAT32), fmt, r, simd)
         want = expected_codes(x, r, fmt)
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, \
@@ -139,7 +138,7 @@ def test_quantize_every_half_pattern(dtype, fmt, simd):
     rng = np.random.default_rng(12)
     reciprocals = RECIPROCALS + list(np.exp2(rng.uniform(-120, 120, 12)).astype(np.float32))
     for r, offset in zip(reciprocals, itertools.cycle((0, 1))):
-        got = _ext.cpu_quantize(at_offset(bits, offset), int(dtype), fmt, float(r), simd)
+        got = _testing.cpu_quantize(at_offset(bits, offset), int(dtype), fmt, float(r), simd)
         want = expected_codes(x, float(r), fmt)
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"r={r}: bits={bits[bad[:3]]} got {got[bad[:3]]} want {want[bad[:3]]}"
@@ -162,7 +161,7 @@ def test_dequantize_every_code(dtype, fmt, simd):
     esize = np.dtype(NP_BITS[dtype]).itemsize
     for i, s in enumerate(np.concatenate([SPECIAL_SCALES, random_scales, finite_scales])):
         offset = i % 3
-        raw = _ext.cpu_dequantize(codes, int(dtype), fmt, float(s), simd, offset)
+        raw = _testing.cpu_dequantize(codes, int(dtype), fmt, float(s), simd, offset)
         got = raw[offset:].view(NP_BITS[dtype])
         want = expected_hot(codes, float(s), fmt, dtype)
         bad = np.flatnonzero(got != want)
@@ -186,7 +185,7 @@ def test_finite_amax(dtype, simd):
             vals = to_f32(raw, dtype)
             finite = np.isfinite(vals)
             want = np.float32(np.abs(vals[finite]).max()) if finite.any() else np.float32(0)
-            got = _ext.cpu_finite_amax(at_offset(raw, n % 2), int(dtype), simd)
+            got = _testing.cpu_finite_amax(at_offset(raw, n % 2), int(dtype), simd)
             assert np.float32(got) == want, (n, kind)
 
 
@@ -278,7 +277,7 @@ def test_blobs_and_decoded_pages_equal_the_model(gran, fmt, dtype, kind, shape_n
     data = hot_data(kind, dtype, fmt, shape, slots, rng)
     pool[:, :buf.bytes] = data.view(np.uint8).reshape(slots, -1)
     params = {"format": fmt, "granularity": gran}
-    with kv.create_codec("fp8", params, device="cpu") as codec:
+    with steered_codec(params, device="cpu") as codec:
         codec.configure([group])
         size = codec.cold_page_bytes(0)
         cold = np.full((slots + 1, size), 0xC3, np.uint8)
@@ -313,12 +312,12 @@ def test_variants_write_the_same_bytes(gran, fmt):
               for p in (hot, out)]
     idx = pairs(np.arange(slots), np.arange(slots)[::-1])
     results = []
-    previous = _ext.set_cpu_simd(None)
+    previous = _testing.set_cpu_simd(None)
     try:
         for variant in SIMDS:
-            _ext.set_cpu_simd(variant)
-            with kv.create_codec("fp8", {"format": fmt, "granularity": gran}, device="cpu") as enc, \
-                    kv.create_codec("fp8", {"format": fmt, "granularity": gran}, device="cpu") as dec:
+            _testing.set_cpu_simd(variant)
+            with steered_codec({"format": fmt, "granularity": gran}, device="cpu") as enc, \
+                    steered_codec({"format": fmt, "granularity": gran}, device="cpu") as dec:
                 enc.configure(groups[:1])
                 dec.configure(groups[1:])
                 cold = np.zeros((slots, enc.cold_page_bytes(0)), np.uint8)
@@ -327,7 +326,7 @@ def test_variants_write_the_same_bytes(gran, fmt):
                 dec.decode(0, cold, idx)
                 results.append((variant, cold.copy(), out.copy()))
     finally:
-        _ext.set_cpu_simd(previous)
+        _testing.set_cpu_simd(previous)
     want = ref.encode_page(bufs, lambda b: hot[slots - 1, b.byte_offset:b.byte_offset + b.bytes],
                            {"format": fmt, "granularity": gran})
     for variant, cold, decoded in results:

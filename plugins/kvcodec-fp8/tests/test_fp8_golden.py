@@ -1,11 +1,14 @@
-"""Golden vectors pinning the fp8 blob format (format version 1).
+"""Model-level golden vectors pinning the fp8 blob format (format version 1).
 
-``tests/vectors/fp8-v1/`` holds one hot page layout (bf16/fp16/fp32 K/V buffers with outliers,
+``tests/model-vectors/fp8-v1/`` holds one hot page layout (bf16/fp16/fp32 K/V buffers with outliers,
 all-equal and denormal-range heads, the largest finite values, NaN and +-Inf, beside lossless
 buffers), the blobs it encodes to under three parameter sets, and the hot bytes those blobs
 decode to. The blobs were computed by the independent numpy model (fp8_reference.py), never by
 the codec. They are written once, when missing and ``KVCODEC_WRITE_VECTORS=1`` is set; without
 it, missing vectors fail. A new format gets a new directory; existing vectors are never rewritten.
+
+They complement the conformance suite's golden vectors (``tests/vectors/``, test_conformance.py),
+which the codec wrote: these pin three parameter sets and special values against the model.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDes
 
 import fp8_reference as ref
 from fp8_helpers import build_layout, pairs
-from kvcodec_fp8 import _ext
+from kvcodec_fp8 import FORMAT_VERSION as PLUGIN_FORMAT_VERSION, _testing
 
 FORMAT_VERSION = 1
-VECTORS = Path(__file__).parent / "vectors" / f"fp8-v{FORMAT_VERSION}"
+VECTORS = Path(__file__).parent / "model-vectors" / f"fp8-v{FORMAT_VERSION}"
 MANIFEST = VECTORS / "manifest.json"
 PARAMS = [
     {"format": "e4m3", "granularity": "page_head", "lossless_roles": "", "lossless_layers": ""},
@@ -85,7 +88,8 @@ def _group(pools, buffers):
 
 def test_vectors_describe_format_1():
     manifest, _, _ = load()
-    assert manifest["codec"] == "fp8" and manifest["format_version"] == FORMAT_VERSION == _ext.FORMAT_VERSION
+    assert manifest["codec"] == "fp8"
+    assert manifest["format_version"] == FORMAT_VERSION == _testing.FORMAT_VERSION == PLUGIN_FORMAT_VERSION
     assert kv.get_codec_spec("fp8").format_version == FORMAT_VERSION
     assert sum(f.stat().st_size for f in VECTORS.iterdir()) < 100_000
 

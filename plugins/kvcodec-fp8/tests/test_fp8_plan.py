@@ -23,7 +23,7 @@ from kvcodec_sdk.testing.layouts import generate_layout, named_layout
 
 from kvcodec_fp8.plan import blob_plan
 
-REGION_ALIGN = 16  # kRegionAlign (fp8_format.h)
+REGION_ALIGN = 16  # kRegionAlign (format.h)
 ELEM_BYTES = {int(DType.FLOAT16): 2, int(DType.BFLOAT16): 2, int(DType.FLOAT32): 4}
 
 PARAMS = [
@@ -64,7 +64,7 @@ def pool_groups(layout, shift):
 
 def access_offsets(b, n):
     """Element offsets (inside the buffer) of every n-element access of every block, in the
-    kernel's order (elemOffset in fp8_kernel.cu): access k of block j covers elements
+    kernel's order (elemOffset in kernel_common.cuh): access k of block j covers elements
     [k*n, k*n + n) of the block, row by row."""
     k = np.arange(b["block_elems"] // n, dtype=np.int64)
     e = k * n
@@ -206,7 +206,7 @@ def test_the_check_catches_a_flag_that_promises_too_much(monkeypatch):
     # aligned in every slot): replay it by forcing hot_aligned to 1.
     import kvcodec_fp8.plan as plan_module
 
-    real = plan_module._ext.plan_layout
+    real = plan_module._testing.plan_layout
 
     def forced(groups, params_json, tile_budget):
         out = real(groups, params_json, tile_budget)
@@ -216,7 +216,7 @@ def test_the_check_catches_a_flag_that_promises_too_much(monkeypatch):
                     b["hot_aligned"] = 1
         return out
 
-    monkeypatch.setattr(plan_module._ext, "plan_layout", forced)
+    monkeypatch.setattr(plan_module._testing, "plan_layout", forced)
     with pytest.raises(AssertionError, match="hot_aligned is 1 but the 2-byte elements"):
         check_plan(pool_groups(named_layout("mixed"), 0), {})
 

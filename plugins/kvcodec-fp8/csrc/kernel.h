@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "fp8_format.h"
+#include "format.h"
 #include "kvcodec/codec.h"
 
 namespace kvcodec::fp8 {
@@ -26,7 +26,7 @@ struct KernelVariant
                       ///< laneBytes per lane (v1: one access per lane at a time), and the
                       ///< small_blocks / finite_check parameters apply (v1: fixed).
     bool tiled;       ///< CTA tiles: one thread block per tile of whole scale blocks staged in
-                      ///< shared memory (see fp8_plan.h, planTiles); other buffers take the
+                      ///< shared memory (see plan.h, planTiles); other buffers take the
                       ///< warp units of this variant's laneBytes, eight per thread block.
 };
 
@@ -95,7 +95,7 @@ constexpr uint32_t cachedAccesses(int laneBytes, uint32_t dtypeBytes, bool vecto
     return vector ? (uint32_t(laneBytes) / (16u * dtypeBytes) > 0 ? uint32_t(laneBytes) / (16u * dtypeBytes) : 1u) : 4u;
 }
 
-/// One buffer of a lifecycle, as planned at configure time (see fp8_plan.h for the rules).
+/// One buffer of a lifecycle, as planned at configure time (see plan.h for the rules).
 struct BufferPlan
 {
     uint32_t quantized; ///< 1: fp8 codes + scales; 0: lossless copy.
@@ -160,5 +160,13 @@ cudaError_t preloadFp8() noexcept;
 
 /// Enqueues the one kernel of an encode or decode call on `stream`; returns the launch status.
 cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept;
+
+// The tile variant's kernels (kernel_tile.cu), for launchFp8 and preloadFp8 (kernel.cu).
+
+/// Enqueues the tile kernel of a call of `total` work units (thread blocks) on `stream`.
+void launchTileKernel(KernelArgs const& args, uint64_t total, int numSms, cudaStream_t stream) noexcept;
+
+/// Loads both directions of the tile kernel now (see preloadFp8).
+cudaError_t preloadTileKernel() noexcept;
 
 } // namespace kvcodec::fp8

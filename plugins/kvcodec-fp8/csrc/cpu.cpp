@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The CPU implementation of blob format 1: see fp8_cpu.h. Each element function below is the
-// branch-free twin of a scalar function of fp8_format.h: the same IEEE operations on the same
+// The CPU implementation of blob format 1: see cpu.h. Each element function below is the
+// branch-free twin of a scalar function of format.h: the same IEEE operations on the same
 // operands (or an integer identity of them, noted where used), with both ranges of a
 // conversion computed and one selected, so that the element loops vectorize.
-#include "fp8_cpu.h"
+#include "cpu.h"
 
 #include <algorithm>
 #include <atomic>

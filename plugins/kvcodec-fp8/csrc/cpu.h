@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The CPU implementation of blob format 1 (fp8_format.h). It performs the same IEEE operations
-// as the scalar functions of fp8_format.h, element for element, written so that the compiler
+// The CPU implementation of blob format 1 (format.h). It performs the same IEEE operations
+// as the scalar functions of format.h, element for element, written so that the compiler
 // vectorizes them: every element computes both ranges of a conversion and selects one instead
 // of branching. Each kernel is compiled twice, for the build's baseline instruction set (SSE2
 // on x86-64, or whatever the target's baseline is) and, on x86-64, for AVX2; the AVX2 variant is
@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "fp8_format.h"
-#include "fp8_kernel.h"
+#include "format.h"
+#include "kernel.h"
 
 namespace kvcodec::fp8::cpu {
 

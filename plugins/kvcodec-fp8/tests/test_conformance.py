@@ -6,6 +6,6 @@ from pathlib import Path
 from kvcodec_sdk.testing import CodecConformanceTests
 
 
-class TestFp8Conformance(CodecConformanceTests):
+class TestConformance(CodecConformanceTests):
     codec_name = "fp8"
-    golden_vectors = Path(__file__).parent / "conformance-vectors"
+    golden_vectors = Path(__file__).parent / "vectors"

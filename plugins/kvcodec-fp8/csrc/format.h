@@ -5,7 +5,7 @@
 // kernel call the same functions, so their blobs are bit-identical by construction (the one
 // exception is fp32 -> fp8, where the GPU uses the cvt.rn.satfinite instruction and the CPU
 // uses fp32ToFp8Sat below, which reproduces it; tests pin that equality). The CPU kernels
-// (fp8_cpu.cpp) use branch-free twins of some of these functions, so that their loops
+// (cpu.cpp) use branch-free twins of some of these functions, so that their loops
 // vectorize; tests pin those to the functions here.
 //
 // Blob of one lifecycle (all offsets little-endian, from the blob start):

@@ -1,196 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// Host-side planning shared by both implementations: the codec parameters and, per lifecycle,
-// which buffers are quantized and where each region lies in the blob.
+// Host-side planning shared by both implementations: per lifecycle, which buffers are quantized
+// and where each region lies in the blob.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "fp8_format.h"
-#include "fp8_kernel.h"
+#include "codec.h"
+#include "format.h"
+#include "kernel.h"
 #include "kvcodec/layout.h"
-#include "kvcodec/params.h"
 
 namespace kvcodec::fp8 {
-
-struct Fp8Params
-{
-    Format format = Format::kE4M3;
-    Granularity granularity = Granularity::kPageHead;
-    bool losslessKey = false;
-    bool losslessValue = false;
-    std::set<int64_t> losslessLayers;
-    // Tuning knobs of the CUDA kernel: they never change a blob byte.
-    bool autoKernel = true;     ///< kernel=auto: per call, `kernel` or the tile variant (docs/fp8.md).
-    uint32_t kernel = kAutoBaseVariant; ///< Index into kKernelVariants (auto: its non-tile kernel).
-    bool deepSmallBlocks = true; ///< small_blocks=deep: several rounds of small blocks per warp unit.
-    bool blockFinite = true;    ///< finite_check=block.
-};
-
-namespace detail {
-
-inline std::vector<std::string> splitList(std::string const& text)
-{
-    std::vector<std::string> out;
-    std::string cur;
-    for (char c : text + ",")
-    {
-        if (c == ',')
-        {
-            size_t b = cur.find_first_not_of(" \t");
-            size_t e = cur.find_last_not_of(" \t");
-            if (b != std::string::npos)
-            {
-                out.push_back(cur.substr(b, e - b + 1));
-            }
-            cur.clear();
-        }
-        else
-        {
-            cur.push_back(c);
-        }
-    }
-    return out;
-}
-
-} // namespace detail
-
-/// Reads and checks the parameter JSON (the Python spec validated it already; a native caller
-/// gets the same errors).
-inline bool parseFp8Params(char const* json, Fp8Params& out, std::string& error)
-{
-    CodecParams params;
-    if (!params.parse(json, error))
-    {
-        return false;
-    }
-    for (auto const& [key, value] : params.values())
-    {
-        auto str = params.getString(key);
-        if (key == "format")
-        {
-            if (str == std::string("e4m3")) out.format = Format::kE4M3;
-            else if (str == std::string("e5m2")) out.format = Format::kE5M2;
-            else
-            {
-                error = "fp8 parameter 'format' is " + value.text + "; valid values are 'e4m3', 'e5m2'";
-                return false;
-            }
-        }
-        else if (key == "granularity")
-        {
-            if (str == std::string("page_head")) out.granularity = Granularity::kPageHead;
-            else if (str == std::string("token_head")) out.granularity = Granularity::kTokenHead;
-            else if (str == std::string("page")) out.granularity = Granularity::kPage;
-            else
-            {
-                error = "fp8 parameter 'granularity' is " + value.text
-                    + "; valid values are 'page_head', 'token_head', 'page'";
-                return false;
-            }
-        }
-        else if (key == "lossless_roles")
-        {
-            if (!str)
-            {
-                error = "fp8 parameter 'lossless_roles' is " + value.text + "; it must be a string";
-                return false;
-            }
-            for (auto const& role : detail::splitList(*str))
-            {
-                if (role == "key") out.losslessKey = true;
-                else if (role == "value") out.losslessValue = true;
-                else if (role != "other")
-                {
-                    error = "fp8 parameter 'lossless_roles' names '" + role
-                        + "'; valid roles are 'key', 'value', 'other' (comma-separated)";
-                    return false;
-                }
-            }
-        }
-        else if (key == "lossless_layers")
-        {
-            if (!str)
-            {
-                error = "fp8 parameter 'lossless_layers' is " + value.text + "; it must be a string";
-                return false;
-            }
-            for (auto const& item : detail::splitList(*str))
-            {
-                bool digits = !item.empty() && item.size() <= 9
-                    && std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
-                if (!digits)
-                {
-                    error = "fp8 parameter 'lossless_layers' has the item '" + item
-                        + "'; it must be comma-separated non-negative layer ids, e.g. '0,31'";
-                    return false;
-                }
-                out.losslessLayers.insert(std::stoll(item));
-            }
-        }
-        else if (key == "kernel")
-        {
-            bool found = str && *str == "auto";
-            out.autoKernel = found;
-            if (found) out.kernel = kAutoBaseVariant;
-            std::string valid = "'auto'";
-            for (int v = 0; v < kNumKernelVariants; ++v)
-            {
-                valid += std::string(", '") + kKernelVariants[v].name + "'";
-                if (str && *str == kKernelVariants[v].name)
-                {
-                    out.kernel = uint32_t(v);
-                    found = true;
-                }
-            }
-            if (!found)
-            {
-                error = "fp8 parameter 'kernel' is " + value.text + "; valid values are " + valid;
-                return false;
-            }
-        }
-        else if (key == "small_blocks")
-        {
-            if (str == std::string("wide")) out.deepSmallBlocks = false;
-            else if (str == std::string("deep")) out.deepSmallBlocks = true;
-            else
-            {
-                error = "fp8 parameter 'small_blocks' is " + value.text + "; valid values are 'wide', 'deep'";
-                return false;
-            }
-        }
-        else if (key == "finite_check")
-        {
-            if (str == std::string("element")) out.blockFinite = false;
-            else if (str == std::string("block")) out.blockFinite = true;
-            else
-            {
-                error = "fp8 parameter 'finite_check' is " + value.text + "; valid values are 'element', 'block'";
-                return false;
-            }
-        }
-        else
-        {
-            error = "unknown fp8 parameter '" + key
-                + "'; valid parameters are 'format', 'granularity', 'lossless_roles', 'lossless_layers', 'kernel', "
-                  "'small_blocks', 'finite_check'";
-            return false;
-        }
-    }
-    if (!kKernelVariants[out.kernel].tunable && (out.deepSmallBlocks || out.blockFinite))
-    {
-        error = std::string("fp8 parameters small_blocks='") + (out.deepSmallBlocks ? "deep" : "wide")
-            + "' and finite_check='" + (out.blockFinite ? "block" : "element") + "' need a tunable kernel; 'kernel' is '"
-            + kKernelVariants[out.kernel].name
-            + "' (use 'auto', 'b2', 'b4' or 'tile', or small_blocks='wide' and finite_check='element')";
-        return false;
-    }
-    return true;
-}
 
 /// The blob plan of one lifecycle.
 struct LifeCyclePlan
