@@ -324,14 +324,25 @@ public:
     template <class E>
     void choice(char const* key, E& value, std::initializer_list<std::pair<char const*, E>> options)
     {
+        std::string valid;
+        for (auto const& option : options)
+        {
+            valid += (valid.empty() ? "'" : ", '") + std::string(option.first) + "'";
+        }
         std::string text;
         bool const present = has(key);
-        read(key, text);
+        try
+        {
+            read(key, text);
+        }
+        catch (ParamError const&)
+        {
+            refuse(key, "valid values are " + valid); // Not a string: still say what is valid.
+        }
         if (!present)
         {
             return;
         }
-        std::string valid;
         for (auto const& [name, option] : options)
         {
             if (text == name)
@@ -339,7 +350,6 @@ public:
                 value = option;
                 return;
             }
-            valid += (valid.empty() ? "'" : ", '") + std::string(name) + "'";
         }
         refuse(key, "valid values are " + valid);
     }
