@@ -74,7 +74,7 @@ bool NvcompCodec::plan(HotLayout const& layout)
     for (size_t g = 0; g < layout.groups().size(); ++g)
     {
         auto const& group = layout.groups()[g];
-        GroupPlan plan;
+        GroupPlan gp;
         std::string const where = "hot pool group " + std::to_string(g);
         for (size_t p = 0; p < group.pools.size(); ++p)
         {
@@ -87,46 +87,46 @@ bool NvcompCodec::plan(HotLayout const& layout)
             }
             for (uint64_t off = 0; off < slot; off += options_.chunkBytes)
             {
-                plan.chunks.push_back({uint32_t(p), uint32_t(std::min(options_.chunkBytes, slot - off)), off});
+                gp.chunks.push_back({uint32_t(p), uint32_t(std::min(options_.chunkBytes, slot - off)), off});
             }
         }
-        if (plan.chunks.size() > (1u << 24))
+        if (gp.chunks.size() > (1u << 24))
         {
-            return fail(where + " cuts into " + std::to_string(plan.chunks.size())
+            return fail(where + " cuts into " + std::to_string(gp.chunks.size())
                 + " chunks per page; at most 2^24 are supported: raise chunk_bytes");
         }
-        plan.headerBytes = headerBytesFor(uint32_t(plan.chunks.size()));
-        plan.boundBytes = plan.headerBytes;
-        for (auto const& c : plan.chunks)
+        gp.headerBytes = headerBytesFor(uint32_t(gp.chunks.size()));
+        gp.boundBytes = gp.headerBytes;
+        for (auto const& c : gp.chunks)
         {
-            plan.boundBytes += roundUp(c.bytes, kPayloadAlign);
+            gp.boundBytes += roundUp(c.bytes, kPayloadAlign);
         }
         if (options_.slotRatio == 0)
         {
-            plan.coldBytes = plan.boundBytes;
+            gp.coldBytes = gp.boundBytes;
         }
         else
         {
-            plan.coldBytes = roundUp(uint64_t(std::ceil(double(group.pageBytes) * options_.slotRatio)), kPayloadAlign);
-            if (plan.coldBytes < plan.headerBytes)
+            gp.coldBytes = roundUp(uint64_t(std::ceil(double(group.pageBytes) * options_.slotRatio)), kPayloadAlign);
+            if (gp.coldBytes < gp.headerBytes)
             {
                 return fail("slot_ratio " + std::to_string(options_.slotRatio) + " gives " + where + " "
-                    + std::to_string(plan.coldBytes) + "-byte cold pages, smaller than its "
-                    + std::to_string(plan.headerBytes) + "-byte header: the smallest usable slot_ratio is "
-                    + std::to_string(double(plan.headerBytes) / double(group.pageBytes)));
+                    + std::to_string(gp.coldBytes) + "-byte cold pages, smaller than its "
+                    + std::to_string(gp.headerBytes) + "-byte header: the smallest usable slot_ratio is "
+                    + std::to_string(double(gp.headerBytes) / double(group.pageBytes)));
             }
         }
-        if (plan.coldBytes > (1ull << 32) - 1)
+        if (gp.coldBytes > (1ull << 32) - 1)
         {
-            return fail(where + " has " + std::to_string(plan.coldBytes)
+            return fail(where + " has " + std::to_string(gp.coldBytes)
                 + "-byte cold pages; the envelope holds at most 2^32 - 1 bytes");
         }
         // Bytes alone would let a layout of tiny pages put 100k pages into one batch: cap
         // the chunks too (a batch keeps at least one page).
-        plan.maxPagesPerBatch = std::max<uint64_t>(1,
+        gp.maxPagesPerBatch = std::max<uint64_t>(1,
             std::min<uint64_t>({group.numSlots, options_.maxBatchBytes / group.pageBytes,
-                kMaxBatchChunks / plan.chunks.size()}));
-        plans_.push_back(std::move(plan));
+                kMaxBatchChunks / gp.chunks.size()}));
+        plans_.push_back(std::move(gp));
     }
     return planBackend();
 }

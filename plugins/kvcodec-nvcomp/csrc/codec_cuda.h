@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// CUDA implementation of the nvCOMP codecs (blob format in format.h; kernels in kernel_encode.cu and
-// kernel_decode.cu). Every call is enqueued on the caller's stream with no host synchronization:
+// CUDA implementation of the nvCOMP codecs (blob format in format.h; kernels in kernel_encode.cu
+// and kernel_decode.cu). Every call is enqueued on the caller's stream with no host synchronization:
 //
 //   encode: prepare kernel (chunk pointer tables from the device page indices; bit shuffle or
 //           copy into aligned staging when needed) -> nvCOMP batched compress -> layout kernel
@@ -24,9 +24,11 @@
 //   would leave most of the GPU idle and serialize a page's checksum and copies.
 //
 // Workspaces are allocated at configure time for the largest batch, two per direction ("lanes",
-// each with its own internal stream); workspace.h sizes them from the layout's real chunks. A call is cut into batches that
-// alternate between the lanes, so one batch's PCIe transfer overlaps the next one's
-// (de)compression; the lanes wait for the caller's stream through an event and the caller's
+// each with its own internal stream); workspace.h sizes them from the layout's real chunks. A
+// call is cut into batches that alternate between the lanes, so one batch's PCIe transfer
+// overlaps the next one's (de)compression; the lanes wait for the caller's stream through an
+// event and the caller's stream waits for both lanes, so the call is ordered on the caller's
+// stream as if enqueued there.
 #pragma once
 
 #include <cstddef>
