@@ -307,23 +307,6 @@ struct alignas(8) ColdPageEnvelope
 static_assert(sizeof(ColdPageEnvelope) == 32);
 static_assert(std::is_trivially_copyable_v<ColdPageEnvelope>);
 
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF),
-/// bitwise reference. Continue a running CRC by passing the previous result as `crc`.
-constexpr uint32_t crc32c(void const* data, size_t bytes, uint32_t crc = 0) noexcept
-{
-    auto const* p = static_cast<unsigned char const*>(data);
-    crc = ~crc;
-    for (size_t i = 0; i < bytes; ++i)
-    {
-        crc ^= p[i];
-        for (int k = 0; k < 8; ++k)
-        {
-            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-        }
-    }
-    return ~crc;
-}
-
 /// Result of checking a blob's envelope on the host.
 enum class EnvelopeStatus : int32_t
 {

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// Fast CRC-32C on the host, header-only so that the SDK, its disk tier and separately compiled
-// plugins share one implementation. Same function as the bitwise reference kvcodec::crc32c in
-// codec.h (Castagnoli, reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF,
-// chainable through `crc`).
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF,
+// chainable through `crc`): the one implementation of the SDK, its disk tier and its codecs,
+// built-in or plugin, on the host and on the device. Header-only.
 //
-// Dispatch: the SSE4.2 crc32 instruction on x86-64 (checked once at run time), the ARMv8 CRC32
-// extension on AArch64 (checked once at run time on Linux), else slicing-by-8 tables. The
+//   crc32c()             bitwise reference (host and device; the envelope's 28-byte header).
+//   crc32cFast()         host, fast: the CPU's CRC instruction when it has one, else slicing-by-8.
+//   crcMulMod() ...      the raw CRC register's algebra (host and device): pieces of a message
+//                        checksummed apart (threads of a block, blocks of a batch) and joined.
+//
+// Host dispatch: the SSE4.2 crc32 instruction on x86-64 (checked once at run time), the ARMv8
+// CRC32 extension on AArch64 (checked once at run time on Linux), else slicing-by-8 tables. The
 // hardware paths run three independent streams over 3 x 4 KiB blocks and join them with a
 // carry-less shift, so one core reaches several GB/s on large buffers.
 #pragma once
@@ -24,33 +28,240 @@
 #define KVCODEC_CRC32C_ARM 1
 #endif
 
-namespace kvcodec {
-namespace crc32c_detail {
+/// Marks a function for the host and the device under nvcc; nothing for a host compiler.
+#if !defined(KVCODEC_HD)
+#if defined(__CUDACC__)
+#define KVCODEC_HD __host__ __device__
+#else
+#define KVCODEC_HD
+#endif
+#endif
 
-inline constexpr uint32_t kPoly = 0x82F63B78u;
+/// Inlined on the device (the CRC steps sit in the kernels' inner loops); plain inline on the host.
+#if !defined(KVCODEC_FORCEINLINE)
+#if defined(__CUDACC__)
+#define KVCODEC_FORCEINLINE __forceinline__
+#else
+#define KVCODEC_FORCEINLINE inline
+#endif
+#endif
+
+namespace kvcodec {
+/// The reflected CRC-32C polynomial.
+inline constexpr uint32_t kCrc32cPoly = 0x82F63B78u;
+
+/// CRC-32C, bitwise reference (host and device). Continue a running CRC by passing the previous
+/// result as `crc`.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crc32c(void const* data, size_t bytes, uint32_t crc = 0) noexcept
+{
+    auto const* p = static_cast<unsigned char const*>(data);
+    crc = ~crc;
+    for (size_t i = 0; i < bytes; ++i)
+    {
+        crc ^= p[i];
+        for (int k = 0; k < 8; ++k)
+        {
+            crc = (crc >> 1) ^ (kCrc32cPoly & (0u - (crc & 1u)));
+        }
+    }
+    return ~crc;
+}
+
+// ---- The raw register's algebra -------------------------------------------------------------
+//
+// The raw CRC register update (initial value 0, no final XOR) is linear, so the CRC of A||B is
+// shift(raw(A), |B|) ^ raw(B), where shift multiplies by x^(8|B|) modulo the polynomial.
+// Polynomials are reflected: bit 31 holds x^0.
+
+/// a * b modulo the CRC-32C polynomial. Branch-free with a fixed trip count, so the compiler
+/// unrolls it: the only serial chain is b's 32 steps of one multiplication by x, which keeps
+/// the kernels that join pieces (a chain of these per tree level) short.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcMulMod(uint32_t a, uint32_t b) noexcept
+{
+    uint32_t p = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 31; i >= 0; --i)
+    {
+        p ^= b & (0u - ((a >> i) & 1u)); // a's bit i is x^(31 - i)
+        b = (b >> 1) ^ (kCrc32cPoly & (0u - (b & 1u)));
+    }
+    return p;
+}
+
+/// Fills xpow[k] = x^(2^k) mod P for k in [0, 64).
+constexpr void crcPowerTable(uint32_t* xpow) noexcept
+{
+    xpow[0] = 1u << 30; // x^1
+    for (int k = 1; k < 64; ++k)
+    {
+        xpow[k] = crcMulMod(xpow[k - 1], xpow[k - 1]);
+    }
+}
+
+/// x^0: the operator of an empty piece.
+inline constexpr uint32_t kCrcOne = 1u << 31;
+
+/// x^(8 * bytes) mod P; a power of two costs one table read.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcShiftOperator(uint64_t bytes, uint32_t const* xpow) noexcept
+{
+    uint32_t r = kCrcOne;
+    uint64_t e = bytes;
+    for (int k = 3; e != 0; ++k, e >>= 1)
+    {
+        if (e & 1)
+        {
+            r = r == kCrcOne ? xpow[k] : crcMulMod(xpow[k], r);
+        }
+    }
+    return r;
+}
+
+/// Standard CRC-32C of a message whose raw CRC is `raw` and whose operator is `op`.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcFinishOp(uint32_t raw, uint32_t op) noexcept
+{
+    return ~(crcMulMod(op, 0xFFFFFFFFu) ^ raw);
+}
+
+/// Standard CRC-32C of a message of `bytes` whose raw CRC is `raw`.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcFinish(uint32_t raw, uint64_t bytes, uint32_t const* xpow) noexcept
+{
+    return crcFinishOp(raw, crcShiftOperator(bytes, xpow));
+}
+
+/// rawA extended by a piece B of `bytesB` bytes whose raw CRC is rawB: raw(A||B).
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcCombine(
+    uint32_t rawA, uint32_t rawB, uint64_t bytesB, uint32_t const* xpow) noexcept
+{
+    return crcMulMod(crcShiftOperator(bytesB, xpow), rawA) ^ rawB;
+}
+
+/// A piece of a message: its raw CRC and its operator x^(8 * its length). Pieces join without
+/// knowing their lengths, at two multiplications per join.
+struct CrcPiece
+{
+    uint32_t raw;
+    uint32_t op;
+};
+
+/// The piece A||B.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr CrcPiece crcJoin(CrcPiece a, CrcPiece b) noexcept
+{
+    if (b.op == kCrcOne) return a; // empty
+    if (a.op == kCrcOne) return b;
+    return CrcPiece{crcMulMod(b.op, a.raw) ^ b.raw, crcMulMod(a.op, b.op)};
+}
+
+/// Entry i of the byte table: the raw register after byte i from register 0.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcByteTableEntry(uint32_t i) noexcept
+{
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k)
+    {
+        c = (c >> 1) ^ (kCrc32cPoly & (0u - (c & 1u)));
+    }
+    return c;
+}
+
+/// Raw register `c` advanced by one byte already XORed into its low byte (a zero byte: `c`
+/// itself), with the byte table t0.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcAdvanceByte(uint32_t c, uint32_t const* t0) noexcept
+{
+    return (c >> 8) ^ t0[c & 0xffu];
+}
+
+/// Raw register after one little-endian 32-bit word, with slicing-by-4 tables (crcSliceTables).
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint32_t crcWord(uint32_t c, uint32_t word, uint32_t const (*t)[256]) noexcept
+{
+    c ^= word;
+    return t[3][c & 0xffu] ^ t[2][(c >> 8) & 0xffu] ^ t[1][(c >> 16) & 0xffu] ^ t[0][c >> 24];
+}
+
+/// Raw register `c` advanced over `n` bytes at `p`: 16 bytes per step when p is 16-byte aligned.
+KVCODEC_HD KVCODEC_FORCEINLINE uint32_t crcUpdate(
+    uint32_t c, unsigned char const* p, uint64_t n, uint32_t const (*t)[256]) noexcept
+{
+    uint64_t b = 0;
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0)
+    {
+        for (; b + 16 <= n; b += 16)
+        {
+            uint32_t w[4];
+#if defined(__CUDA_ARCH__)
+            uint4 const v = *reinterpret_cast<uint4 const*>(p + b);
+            w[0] = v.x;
+            w[1] = v.y;
+            w[2] = v.z;
+            w[3] = v.w;
+#else
+            for (int j = 0; j < 4; ++j)
+            {
+                w[j] = uint32_t(p[b + 4 * j]) | (uint32_t(p[b + 4 * j + 1]) << 8) | (uint32_t(p[b + 4 * j + 2]) << 16)
+                    | (uint32_t(p[b + 4 * j + 3]) << 24);
+            }
+#endif
+            for (int j = 0; j < 4; ++j)
+            {
+                c = crcWord(c, w[j], t);
+            }
+        }
+    }
+    for (; b < n; ++b)
+    {
+        c = crcAdvanceByte(c ^ p[b], t[0]);
+    }
+    return c;
+}
+
+/// The bytes [b0, b1) of a message of `bytes` bytes that thread `t` of `threads` (a power of two)
+/// checksums, with `seg` = crcSegmentBytes(bytes, threads). The message is taken as preceded by
+/// zeros up to threads * seg bytes, which leaves its raw CRC unchanged: every thread's piece then
+/// has seg bytes, and pieces join with operators read from the power table. b0 is congruent to
+/// `bytes` modulo 16, so 16-byte aligned loads stay aligned for a multiple of 16.
+KVCODEC_HD KVCODEC_FORCEINLINE void crcLeadingZeroSegment(
+    uint64_t bytes, uint64_t seg, uint32_t threads, uint32_t t, uint64_t& b0, uint64_t& b1) noexcept
+{
+    uint64_t const z = uint64_t(threads) * seg - bytes;
+    uint64_t const s = uint64_t(t) * seg;
+    b0 = s > z ? s - z : 0;
+    b1 = s + seg > z ? s + seg - z : 0;
+}
+
+/// Segment length used by `threads` cooperating threads on `bytes`: a power of two >= 16.
+KVCODEC_HD KVCODEC_FORCEINLINE constexpr uint64_t crcSegmentBytes(uint64_t bytes, uint32_t threads) noexcept
+{
+    uint64_t per = (bytes + threads - 1) / threads;
+    uint64_t seg = 16;
+    while (seg < per)
+    {
+        seg <<= 1;
+    }
+    return seg;
+}
+
+// ---- Host tables and fast host paths ----------------------------------------------------------
+
+namespace crc32c_detail {
 
 struct Tables
 {
     uint32_t t[8][256];
 };
 
+// Slicing tables: t[0] is the byte table; t[s][i] advances t[s-1][i] by one zero byte.
 constexpr Tables makeTables() noexcept
 {
     Tables tab{};
     for (uint32_t i = 0; i < 256; ++i)
     {
-        uint32_t c = i;
-        for (int k = 0; k < 8; ++k)
-        {
-            c = (c >> 1) ^ (kPoly & (0u - (c & 1u)));
-        }
-        tab.t[0][i] = c;
+        tab.t[0][i] = crcByteTableEntry(i);
     }
     for (uint32_t i = 0; i < 256; ++i)
     {
         for (int s = 1; s < 8; ++s)
         {
-            tab.t[s][i] = (tab.t[s - 1][i] >> 8) ^ tab.t[0][tab.t[s - 1][i] & 0xFFu];
+            tab.t[s][i] = crcAdvanceByte(tab.t[s - 1][i], tab.t[0]);
         }
     }
     return tab;
@@ -58,40 +269,24 @@ constexpr Tables makeTables() noexcept
 
 inline constexpr Tables kTables = makeTables();
 
-// Multiplication in GF(2)[x] modulo the reflected polynomial (bit 31 = x^0).
-constexpr uint32_t mulMod(uint32_t a, uint32_t b) noexcept
+struct Powers
 {
-    uint32_t product = 0;
-    for (int i = 0; i < 32; ++i)
-    {
-        product ^= (0u - ((b >> 31) & 1u)) & a;
-        a = (a >> 1) ^ (kPoly & (0u - (a & 1u)));
-        b <<= 1;
-    }
-    return product;
+    uint32_t x[64];
+};
+
+constexpr Powers makePowers() noexcept
+{
+    Powers p{};
+    crcPowerTable(p.x);
+    return p;
 }
 
-// x^(8 * bytes) mod P in the reflected representation.
-constexpr uint32_t shiftOp(uint64_t bytes) noexcept
-{
-    uint32_t result = 0x80000000u; // x^0
-    uint32_t square = 0x00800000u; // x^8 (one byte)
-    while (bytes != 0)
-    {
-        if (bytes & 1u)
-        {
-            result = mulMod(result, square);
-        }
-        square = mulMod(square, square);
-        bytes >>= 1;
-    }
-    return result;
-}
+inline constexpr Powers kPowers = makePowers();
 
-// Raw (un-inverted) CRC state of `crc` followed by `bytes` zero bytes.
+// Raw (un-inverted) CRC state shift of `bytes` zero bytes.
 inline constexpr size_t kBlock = 4096;
-inline constexpr uint32_t kBlockShift = shiftOp(kBlock);
-inline constexpr uint32_t kDoubleBlockShift = shiftOp(2 * kBlock);
+inline constexpr uint32_t kBlockShift = crcShiftOperator(kBlock, kPowers.x);
+inline constexpr uint32_t kDoubleBlockShift = crcShiftOperator(2 * kBlock, kPowers.x);
 
 inline uint32_t slicing8(unsigned char const* p, size_t bytes, uint32_t state) noexcept
 {
@@ -168,7 +363,7 @@ KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t by
         }
         // state(A||B||C) = shift(state(A), 2 blocks) ^ shift(state(B), 1 block) ^ state(C),
         // where B and C start from a zero state (raw, un-inverted CRCs are linear).
-        c0 = mulMod(uint32_t(c0), kDoubleBlockShift) ^ mulMod(uint32_t(c1), kBlockShift) ^ uint32_t(c2);
+        c0 = crcMulMod(kDoubleBlockShift, uint32_t(c0)) ^ crcMulMod(kBlockShift, uint32_t(c1)) ^ uint32_t(c2);
         p += 3 * kBlock;
         bytes -= 3 * kBlock;
     }
@@ -190,6 +385,13 @@ KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t by
 #endif
 
 } // namespace crc32c_detail
+
+/// Slicing-by-4 tables for crcWord / crcUpdate: t[0] is the byte table; t[k][i] advances
+/// t[k-1][i] by one zero byte (the first four of the host's slicing-by-8 tables).
+inline void crcSliceTables(uint32_t (*t)[256]) noexcept
+{
+    std::memcpy(t, crc32c_detail::kTables.t, 4 * sizeof(crc32c_detail::kTables.t[0]));
+}
 
 /// CRC-32C by table lookup only (slicing-by-8); always available.
 inline uint32_t crc32cSlicing8(void const* data, size_t bytes, uint32_t crc = 0) noexcept

@@ -25,8 +25,7 @@
 
 #include <nvcomp/native/gdeflate_cpu.h>
 
-#include "codec_base.h"
-#include "codec_factories.h"
+#include "codec_cpu.h"
 #include "lz4_block.h"
 
 namespace kvcodec::nvcomp_plugin {
@@ -246,6 +245,41 @@ char const* envelopeText(uint8_t status)
 }
 
 // The compressed chunks of the pages of one decode window, decompressed together.
+void writeHotPage(HotLayout::Group const& group, int32_t slot, std::vector<uint8_t> const& page)
+{
+    uint64_t off = 0;
+    for (auto const& pool : group.pools)
+    {
+        std::memcpy(reinterpret_cast<void*>(pool.base + uint64_t(slot) * pool.slotBytes), page.data() + off,
+            pool.slotBytes);
+        off += pool.slotBytes;
+    }
+}
+
+// Pages compressed together: nvCOMP's CPU gdeflate has a large fixed cost per call.
+constexpr size_t kWindowPages = 1024;
+
+std::vector<uint64_t> poolOffsets(HotLayout::Group const& group)
+{
+    std::vector<uint64_t> off(group.pools.size(), 0);
+    for (size_t p = 1; p < group.pools.size(); ++p)
+    {
+        off[p] = off[p - 1] + group.pools[p - 1].slotBytes;
+    }
+    return off;
+}
+
+uint8_t refuse(uint8_t status, std::string* why, std::string const& reason)
+{
+    if (why != nullptr)
+    {
+        *why = reason;
+    }
+    return status;
+}
+
+} // namespace
+
 struct ChunkLists
 {
     std::vector<uint8_t const*> in;
@@ -256,480 +290,420 @@ struct ChunkLists
     std::vector<size_t> page;    // index in the window
 };
 
-class NvcompCodecCpu final : public NvcompCodecBase
+NvcompCodecCpu::NvcompCodecCpu(Params const& params)
+    : NvcompCodec(params, KVCODEC_DEVICE_CPU)
 {
-public:
-    using NvcompCodecBase::NvcompCodecBase;
-
-private:
-    bool configureBackend() override
+    if (!algorithmInfo(params.algorithm).hasCpu)
     {
-        return true;
+        throw CodecCreateError(std::string(algorithmInfo(params.algorithm).name)
+            + " has no CPU implementation: nvCOMP's CPU library offers no coder of its chunk format; use device='cuda'");
     }
+}
 
-    PageIndexLocation location() const noexcept override
+// Compresses every chunk (data[c], raw[c] bytes) into out[c]; sizes[c] = compressed size, or
+// 0 when it did not shrink. gdeflate goes through nvCOMP's CPU library in one batched call
+// per page (its per-call set-up dominates small chunks).
+void NvcompCodecCpu::compressChunks(std::vector<uint8_t const*> const& data, std::vector<size_t> const& raw,
+    std::vector<std::vector<uint8_t>>& out, std::vector<size_t>& sizes) const
+{
+    size_t const n = data.size();
+    out.resize(n);
+    sizes.assign(n, 0);
+    if (options_.algorithm == Algorithm::kLz4)
     {
-        return PageIndexLocation::kHost;
-    }
-
-    // Compresses every chunk (data[c], raw[c] bytes) into out[c]; sizes[c] = compressed size, or
-    // 0 when it did not shrink. gdeflate goes through nvCOMP's CPU library in one batched call
-    // per page (its per-call set-up dominates small chunks).
-    void compressChunks(std::vector<uint8_t const*> const& data, std::vector<size_t> const& raw,
-        std::vector<std::vector<uint8_t>>& out, std::vector<size_t>& sizes) const
-    {
-        size_t const n = data.size();
-        out.resize(n);
-        sizes.assign(n, 0);
-        if (options_.algorithm == Algorithm::kLz4)
-        {
-            for (size_t c = 0; c < n; ++c)
-            {
-                out[c].resize(lz4::compressBound(raw[c]));
-                sizes[c] = lz4::compress(data[c], raw[c], out[c].data(), raw[c] - 1);
-            }
-            return;
-        }
-        if (options_.algorithm != Algorithm::kGdeflate)
-        {
-            throw std::runtime_error(std::string(algorithmInfo(options_.algorithm).name) + " has no CPU implementation");
-        }
-        size_t cap = 0;
-        nvcomp::gdeflate::compressCPUGetMaxOutputChunkSize(options_.chunkBytes, &cap);
-        std::vector<void const*> in(data.begin(), data.end());
-        std::vector<void*> outs(n);
         for (size_t c = 0; c < n; ++c)
         {
-            out[c].resize(cap);
-            outs[c] = out[c].data();
+            out[c].resize(lz4::compressBound(raw[c]));
+            sizes[c] = lz4::compress(data[c], raw[c], out[c].data(), raw[c] - 1);
         }
-        // Level 1: the CPU reference needs the format, not the best ratio (level 12, the default, runs
-        // at a few MB/s).
-        nvcomp::gdeflate::compressCPU(in.data(), raw.data(), options_.chunkBytes, n, outs.data(), sizes.data(), 1);
+        return;
+    }
+    if (options_.algorithm != Algorithm::kGdeflate)
+    {
+        throw std::runtime_error(std::string(algorithmInfo(options_.algorithm).name) + " has no CPU implementation");
+    }
+    size_t cap = 0;
+    nvcomp::gdeflate::compressCPUGetMaxOutputChunkSize(options_.chunkBytes, &cap);
+    std::vector<void const*> in(data.begin(), data.end());
+    std::vector<void*> outs(n);
+    for (size_t c = 0; c < n; ++c)
+    {
+        out[c].resize(cap);
+        outs[c] = out[c].data();
+    }
+    // Level 1: the CPU reference needs the format, not the best ratio (level 12, the default, runs
+    // at a few MB/s).
+    nvcomp::gdeflate::compressCPU(in.data(), raw.data(), options_.chunkBytes, n, outs.data(), sizes.data(), 1);
+    for (size_t c = 0; c < n; ++c)
+    {
+        sizes[c] = sizes[c] < raw[c] ? sizes[c] : 0;
+    }
+}
+
+// Decompresses every listed chunk; failed[x] is 1 for each chunk that does not decode to
+// exactly raw[x] bytes.
+void NvcompCodecCpu::decompressChunks(ChunkLists const& l, std::vector<uint8_t>& failed) const
+{
+    size_t const n = l.in.size();
+    failed.assign(n, 0);
+    if (options_.algorithm == Algorithm::kLz4)
+    {
         for (size_t c = 0; c < n; ++c)
         {
-            sizes[c] = sizes[c] < raw[c] ? sizes[c] : 0;
+            failed[c] = lz4::decompress(l.in[c], l.inBytes[c], l.out[c], l.raw[c]) != int64_t(l.raw[c]);
         }
+        return;
     }
-
-    // Decompresses every listed chunk; failed[x] is 1 for each chunk that does not decode to
-    // exactly raw[x] bytes.
-    void decompressChunks(ChunkLists const& l, std::vector<uint8_t>& failed) const
+    if (n == 0) return;
+    std::vector<void const*> ins(l.in.begin(), l.in.end());
+    std::vector<void*> outs(l.out.begin(), l.out.end());
+    std::vector<size_t> got(n, 0);
+    std::vector<size_t> capacity(l.raw); // the API takes a mutable array
+    try
     {
-        size_t const n = l.in.size();
-        failed.assign(n, 0);
-        if (options_.algorithm == Algorithm::kLz4)
-        {
-            for (size_t c = 0; c < n; ++c)
-            {
-                failed[c] = lz4::decompress(l.in[c], l.inBytes[c], l.out[c], l.raw[c]) != int64_t(l.raw[c]);
-            }
-            return;
-        }
-        if (n == 0) return;
-        std::vector<void const*> ins(l.in.begin(), l.in.end());
-        std::vector<void*> outs(l.out.begin(), l.out.end());
-        std::vector<size_t> got(n, 0);
-        std::vector<size_t> capacity(l.raw); // the API takes a mutable array
-        try
-        {
-            nvcomp::gdeflate::decompressCPU(ins.data(), l.inBytes.data(), n, outs.data(), capacity.data(), got.data());
-        }
-        catch (std::bad_alloc const&)
-        {
-            throw;
-        }
-        catch (...)
-        {
-            // The library throws for a chunk it cannot decode, which fails the whole batch: find
-            // the chunks that do not decode one by one.
-            for (size_t c = 0; c < n; ++c)
-            {
-                got[c] = 0;
-                capacity[c] = l.raw[c];
-                try
-                {
-                    nvcomp::gdeflate::decompressCPU(&ins[c], &l.inBytes[c], 1, &outs[c], &capacity[c], &got[c]);
-                }
-                catch (std::bad_alloc const&)
-                {
-                    throw;
-                }
-                catch (...)
-                {
-                    got[c] = ~size_t(0);
-                }
-            }
-        }
+        nvcomp::gdeflate::decompressCPU(ins.data(), l.inBytes.data(), n, outs.data(), capacity.data(), got.data());
+    }
+    catch (std::bad_alloc const&)
+    {
+        throw;
+    }
+    catch (...)
+    {
+        // The library throws for a chunk it cannot decode, which fails the whole batch: find
+        // the chunks that do not decode one by one.
         for (size_t c = 0; c < n; ++c)
         {
-            failed[c] = got[c] != l.raw[c];
+            got[c] = 0;
+            capacity[c] = l.raw[c];
+            try
+            {
+                nvcomp::gdeflate::decompressCPU(&ins[c], &l.inBytes[c], 1, &outs[c], &capacity[c], &got[c]);
+            }
+            catch (std::bad_alloc const&)
+            {
+                throw;
+            }
+            catch (...)
+            {
+                got[c] = ~size_t(0);
+            }
         }
     }
-
-    bool submit(PoolGroupIndex g, uintptr_t blobBase, PageIndexPair const* pairs, size_t n, cudaStream_t,
-        bool encode, uint8_t* pageStatus) override
+    for (size_t c = 0; c < n; ++c)
     {
-        auto const& group = layout_.groups()[g];
-        auto const& plan = plans_[g];
+        failed[c] = got[c] != l.raw[c];
+    }
+}
+
+bool NvcompCodecCpu::submit(CodecCall const& call)
+{
+    auto const& group = call.group;
+    auto const& plan = plans_[call.groupIndex];
+    uintptr_t const blobBase = call.coldBase;
+    PageIndexPair const* pairs = call.pages;
+    size_t const n = call.numPages;
+    bool const encode = call.encoding;
+    uint8_t* const pageStatus = call.pageStatus;
+    if (pageStatus != nullptr)
+    {
+        // A checked decode reports a bad index pair as that page's status (CodecBase checked the
+        // indices of every other call).
         for (size_t i = 0; i < n; ++i)
         {
-            int32_t const hot = encode ? pairs[i].src : pairs[i].dst;
-            int32_t const cold = encode ? pairs[i].dst : pairs[i].src;
+            int32_t const hot = pairs[i].dst;
             bool const hotOk = hot >= 0 && uint64_t(hot) < group.numSlots;
-            if (pageStatus != nullptr)
-            {
-                // A checked decode reports a bad index pair as that page's status.
-                pageStatus[i] = hotOk && cold >= 0 ? kPageOk : kPageBadIndex;
-                continue;
-            }
-            if (!hotOk)
-            {
-                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "src" : "dst") + " is "
-                    + std::to_string(hot) + "; hot slot indices are 0.." + std::to_string(group.numSlots - 1));
-            }
-            if (cold < 0)
-            {
-                return fail("pageIndices[" + std::to_string(i) + "]." + (encode ? "dst" : "src") + " is "
-                    + std::to_string(cold) + "; cold slot indices must be >= 0");
-            }
+            pageStatus[i] = hotOk && pairs[i].src >= 0 ? kPageOk : kPageBadIndex;
         }
-        if (encode)
+    }
+    if (encode)
+    {
+        for (size_t first = 0; first < n; first += kWindowPages)
         {
-            for (size_t first = 0; first < n; first += kWindowPages)
-            {
-                encodeWindow(group, plan, blobBase, pairs + first, std::min(kWindowPages, n - first));
-            }
-            return true;
+            encodeWindow(group, plan, blobBase, pairs + first, std::min(kWindowPages, n - first));
         }
-        if (pageStatus != nullptr)
-        {
-            // Checked: each window's good pages are written as soon as the window is decoded; a
-            // bad page's hot slot is left untouched.
-            std::vector<std::vector<uint8_t>> pages;
-            for (size_t first = 0; first < n; first += kWindowPages)
-            {
-                size_t const m = std::min(kWindowPages, n - first);
-                pages.assign(m, {});
-                decodeWindow(group, plan, blobBase, pairs, first, m, pages, pageStatus + first, nullptr);
-                for (size_t j = 0; j < m; ++j)
-                {
-                    if (pageStatus[first + j] == kPageOk)
-                    {
-                        writeHotPage(group, pairs[first + j].dst, pages[j]);
-                    }
-                }
-            }
-            return true;
-        }
-        // Every blob is checked and decoded into scratch before any hot slot is written: a bad
-        // blob fails the call and leaves the hot pages untouched.
-        std::vector<std::vector<uint8_t>> pages(n);
-        std::vector<uint8_t> status(n, kPageOk);
+        return true;
+    }
+    if (pageStatus != nullptr)
+    {
+        // Checked: each window's good pages are written as soon as the window is decoded; a
+        // bad page's hot slot is left untouched.
+        std::vector<std::vector<uint8_t>> pages;
         for (size_t first = 0; first < n; first += kWindowPages)
         {
             size_t const m = std::min(kWindowPages, n - first);
-            std::vector<std::vector<uint8_t>> window(m);
-            std::string err;
-            decodeWindow(group, plan, blobBase, pairs, first, m, window, status.data() + first, &err);
-            if (!err.empty())
-            {
-                return fail("decode(): " + err + "; no hot page was written");
-            }
+            pages.assign(m, {});
+            decodeWindow(group, plan, blobBase, pairs, first, m, pages, pageStatus + first, nullptr);
             for (size_t j = 0; j < m; ++j)
             {
-                pages[first + j] = std::move(window[j]);
-            }
-        }
-        for (size_t i = 0; i < n; ++i)
-        {
-            writeHotPage(group, pairs[i].dst, pages[i]);
-        }
-        return true;
-    }
-
-    static void writeHotPage(HotLayout::Group const& group, int32_t slot, std::vector<uint8_t> const& page)
-    {
-        uint64_t off = 0;
-        for (auto const& pool : group.pools)
-        {
-            std::memcpy(reinterpret_cast<void*>(pool.base + uint64_t(slot) * pool.slotBytes), page.data() + off,
-                pool.slotBytes);
-            off += pool.slotBytes;
-        }
-    }
-
-    // Pages compressed together: nvCOMP's CPU gdeflate has a large fixed cost per call.
-    static constexpr size_t kWindowPages = 1024;
-
-    void encodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
-        PageIndexPair const* pairs, size_t m) const
-    {
-        uint32_t const numChunks = uint32_t(plan.chunks.size());
-        std::vector<std::vector<uint8_t>> shuffled(options_.bitshuffle ? m * numChunks : 0);
-        std::vector<uint8_t const*> data(m * numChunks);
-        std::vector<size_t> raw(m * numChunks);
-        for (size_t i = 0; i < m; ++i)
-        {
-            for (uint32_t c = 0; c < numChunks; ++c)
-            {
-                size_t const k = i * numChunks + c;
-                auto const& chunk = plan.chunks[c];
-                auto const& pool = group.pools[chunk.pool];
-                data[k] = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(pairs[i].src) * pool.slotBytes + chunk.offset);
-                raw[k] = chunk.bytes;
-                if (options_.bitshuffle)
+                if (pageStatus[first + j] == kPageOk)
                 {
-                    shuffled[k].resize(chunk.bytes);
-                    shuffleChunk(data[k], shuffled[k].data(), chunk.bytes, options_.elementBytes);
-                    data[k] = shuffled[k].data();
+                    writeHotPage(group, pairs[first + j].dst, pages[j]);
                 }
             }
         }
-        std::vector<std::vector<uint8_t>> packed;
-        std::vector<size_t> sizes;
-        compressChunks(data, raw, packed, sizes);
-        for (size_t i = 0; i < m; ++i)
+        return true;
+    }
+    // Every blob is checked and decoded into scratch before any hot slot is written: a bad
+    // blob fails the call and leaves the hot pages untouched.
+    std::vector<std::vector<uint8_t>> pages(n);
+    std::vector<uint8_t> status(n, kPageOk);
+    for (size_t first = 0; first < n; first += kWindowPages)
+    {
+        size_t const m = std::min(kWindowPages, n - first);
+        std::vector<std::vector<uint8_t>> window(m);
+        std::string err;
+        decodeWindow(group, plan, blobBase, pairs, first, m, window, status.data() + first, &err);
+        if (!err.empty())
         {
-            size_t const k0 = i * numChunks;
-            writeBlob(group, plan, reinterpret_cast<uint8_t*>(blobBase + uint64_t(pairs[i].dst) * plan.coldBytes),
-                &data[k0], &raw[k0], &packed[k0], &sizes[k0]);
+            return fail("decode(): " + err + "; no hot page was written");
+        }
+        for (size_t j = 0; j < m; ++j)
+        {
+            pages[first + j] = std::move(window[j]);
         }
     }
-
-    void writeBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t* blob, uint8_t const* const* data,
-        size_t const* raw, std::vector<uint8_t> const* packed, size_t const* sizes) const
+    for (size_t i = 0; i < n; ++i)
     {
-        uint32_t const numChunks = uint32_t(plan.chunks.size());
-        std::vector<uint8_t> out(plan.boundBytes, 0);
-        put32(&out[32], numChunks);
-        put32(&out[36], uint32_t(options_.chunkBytes));
-        out[40] = uint8_t(options_.algorithm);
-        out[41] = uint8_t(options_.elementBytes);
-        out[42] = options_.bitshuffle ? 1 : 0;
-        uint64_t pos = plan.headerBytes;
-        bool anyCompressed = false;
+        writeHotPage(group, pairs[i].dst, pages[i]);
+    }
+    return true;
+}
+
+void NvcompCodecCpu::encodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
+    PageIndexPair const* pairs, size_t m) const
+{
+    uint32_t const numChunks = uint32_t(plan.chunks.size());
+    std::vector<std::vector<uint8_t>> shuffled(options_.bitshuffle ? m * numChunks : 0);
+    std::vector<uint8_t const*> data(m * numChunks);
+    std::vector<size_t> raw(m * numChunks);
+    for (size_t i = 0; i < m; ++i)
+    {
         for (uint32_t c = 0; c < numChunks; ++c)
         {
-            bool const compressed = sizes[c] != 0 && sizes[c] < raw[c];
-            uint32_t const stored = uint32_t(compressed ? sizes[c] : raw[c]);
-            std::memcpy(&out[pos], compressed ? packed[c].data() : data[c], stored);
-            put32(&out[kChunkTableOffset + 4 * c], stored | (compressed ? kChunkCompressedBit : 0));
-            pos += roundUp(stored, kPayloadAlign);
-            anyCompressed = anyCompressed || compressed;
+            size_t const k = i * numChunks + c;
+            auto const& chunk = plan.chunks[c];
+            auto const& pool = group.pools[chunk.pool];
+            data[k] = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(pairs[i].src) * pool.slotBytes + chunk.offset);
+            raw[k] = chunk.bytes;
+            if (options_.bitshuffle)
+            {
+                shuffled[k].resize(chunk.bytes);
+                shuffleChunk(data[k], shuffled[k].data(), chunk.bytes, options_.elementBytes);
+                data[k] = shuffled[k].data();
+            }
         }
-        ColdPageEnvelope env{};
-        env.magic = kColdPageEnvelopeMagic;
-        env.formatVersion = kFormatVersion;
-        env.rawBytes = group.pageBytes;
-        if (pos > plan.coldBytes)
-        {
-            env.flags = kEnvelopeDidNotFit;
-            env.headerBytes = sizeof(ColdPageEnvelope);
-            pos = sizeof(ColdPageEnvelope);
-        }
-        else
-        {
-            env.flags = anyCompressed ? kEnvelopeCompressed : kEnvelopeStoredRaw;
-            env.headerBytes = plan.headerBytes;
-            env.payloadBytes = uint32_t(pos - plan.headerBytes);
-            env.checksum = crc32cFast(&out[32], pos - 32);
-        }
-        env.headerCrc = crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc));
-        std::memcpy(out.data(), &env, sizeof(env));
-        std::memcpy(blob, out.data(), pos);
     }
-
-    // Checks and decodes pages [first, first + m) of the call into pages[0, m). status[j] holds
-    // each page's PageStatus on entry (kPageBadIndex pages are skipped) and its outcome on return;
-    // only kPageOk pages are complete. With `why` (plain decode), stops at the first bad page and
-    // sets *why to the reason naming it.
-    void decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase, PageIndexPair const* pairs,
-        size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status, std::string* why) const
+    std::vector<std::vector<uint8_t>> packed;
+    std::vector<size_t> sizes;
+    compressChunks(data, raw, packed, sizes);
+    for (size_t i = 0; i < m; ++i)
     {
-        std::vector<std::vector<uint8_t>> scratch(options_.bitshuffle ? m : 0);
-        ChunkLists lists;
-        auto where = [&](size_t j) {
-            return "pageIndices[" + std::to_string(first + j) + "] (cold slot " + std::to_string(pairs[first + j].src) + "): ";
-        };
+        size_t const k0 = i * numChunks;
+        writeBlob(group, plan, reinterpret_cast<uint8_t*>(blobBase + uint64_t(pairs[i].dst) * plan.coldBytes),
+            &data[k0], &raw[k0], &packed[k0], &sizes[k0]);
+    }
+}
+
+void NvcompCodecCpu::writeBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t* blob, uint8_t const* const* data,
+    size_t const* raw, std::vector<uint8_t> const* packed, size_t const* sizes) const
+{
+    uint32_t const numChunks = uint32_t(plan.chunks.size());
+    std::vector<uint8_t> out(plan.boundBytes, 0);
+    put32(&out[32], numChunks);
+    put32(&out[36], uint32_t(options_.chunkBytes));
+    out[40] = uint8_t(options_.algorithm);
+    out[41] = uint8_t(options_.elementBytes);
+    out[42] = options_.bitshuffle ? 1 : 0;
+    uint64_t pos = plan.headerBytes;
+    bool anyCompressed = false;
+    for (uint32_t c = 0; c < numChunks; ++c)
+    {
+        bool const compressed = sizes[c] != 0 && sizes[c] < raw[c];
+        uint32_t const stored = uint32_t(compressed ? sizes[c] : raw[c]);
+        std::memcpy(&out[pos], compressed ? packed[c].data() : data[c], stored);
+        put32(&out[kChunkTableOffset + 4 * c], stored | (compressed ? kChunkCompressedBit : 0));
+        pos += roundUp(stored, kPayloadAlign);
+        anyCompressed = anyCompressed || compressed;
+    }
+    ColdPageEnvelope env{};
+    env.magic = kColdPageEnvelopeMagic;
+    env.formatVersion = kFormatVersion;
+    env.rawBytes = group.pageBytes;
+    if (pos > plan.coldBytes)
+    {
+        env.flags = kEnvelopeDidNotFit;
+        env.headerBytes = sizeof(ColdPageEnvelope);
+        pos = sizeof(ColdPageEnvelope);
+    }
+    else
+    {
+        env.flags = anyCompressed ? kEnvelopeCompressed : kEnvelopeStoredRaw;
+        env.headerBytes = plan.headerBytes;
+        env.payloadBytes = uint32_t(pos - plan.headerBytes);
+        env.checksum = crc32cFast(&out[32], pos - 32);
+    }
+    env.headerCrc = crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc));
+    std::memcpy(out.data(), &env, sizeof(env));
+    std::memcpy(blob, out.data(), pos);
+}
+
+// Checks and decodes pages [first, first + m) of the call into pages[0, m). status[j] holds
+// each page's PageStatus on entry (kPageBadIndex pages are skipped) and its outcome on return;
+// only kPageOk pages are complete. With `why` (plain decode), stops at the first bad page and
+// sets *why to the reason naming it.
+void NvcompCodecCpu::decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase, PageIndexPair const* pairs,
+    size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status, std::string* why) const
+{
+    std::vector<std::vector<uint8_t>> scratch(options_.bitshuffle ? m : 0);
+    ChunkLists lists;
+    auto where = [&](size_t j) {
+        return "pageIndices[" + std::to_string(first + j) + "] (cold slot " + std::to_string(pairs[first + j].src) + "): ";
+    };
+    for (size_t j = 0; j < m; ++j)
+    {
+        if (status[j] != kPageOk)
+        {
+            continue;
+        }
+        auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[first + j].src) * plan.coldBytes);
+        pages[j].resize(group.pageBytes);
+        uint8_t* dst = pages[j].data();
+        if (options_.bitshuffle)
+        {
+            scratch[j].resize(group.pageBytes);
+            dst = scratch[j].data();
+        }
+        std::string reason;
+        status[j] = parseBlob(group, plan, blob, dst, j, lists, why ? &reason : nullptr);
+        if (status[j] != kPageOk && why != nullptr)
+        {
+            *why = where(j) + reason;
+            return;
+        }
+    }
+    std::vector<uint8_t> failed;
+    decompressChunks(lists, failed);
+    for (size_t x = 0; x < failed.size(); ++x)
+    {
+        size_t const j = lists.page[x];
+        if (failed[x] && status[j] == kPageOk)
+        {
+            status[j] = kPageDecodeFailed;
+            if (why != nullptr)
+            {
+                uint32_t const c = lists.chunk[x];
+                *why = where(j) + "chunk " + std::to_string(c) + " does not decompress to "
+                    + std::to_string(plan.chunks[c].bytes) + " bytes";
+                return;
+            }
+        }
+    }
+    if (options_.bitshuffle)
+    {
+        std::vector<uint64_t> poolOffset = poolOffsets(group);
         for (size_t j = 0; j < m; ++j)
         {
             if (status[j] != kPageOk)
             {
                 continue;
             }
-            auto const* blob = reinterpret_cast<uint8_t const*>(blobBase + uint64_t(pairs[first + j].src) * plan.coldBytes);
-            pages[j].resize(group.pageBytes);
-            uint8_t* dst = pages[j].data();
-            if (options_.bitshuffle)
+            for (auto const& chunk : plan.chunks)
             {
-                scratch[j].resize(group.pageBytes);
-                dst = scratch[j].data();
-            }
-            std::string reason;
-            status[j] = parseBlob(group, plan, blob, dst, j, lists, why ? &reason : nullptr);
-            if (status[j] != kPageOk && why != nullptr)
-            {
-                *why = where(j) + reason;
-                return;
-            }
-        }
-        std::vector<uint8_t> failed;
-        decompressChunks(lists, failed);
-        for (size_t x = 0; x < failed.size(); ++x)
-        {
-            size_t const j = lists.page[x];
-            if (failed[x] && status[j] == kPageOk)
-            {
-                status[j] = kPageDecodeFailed;
-                if (why != nullptr)
-                {
-                    uint32_t const c = lists.chunk[x];
-                    *why = where(j) + "chunk " + std::to_string(c) + " does not decompress to "
-                        + std::to_string(plan.chunks[c].bytes) + " bytes";
-                    return;
-                }
-            }
-        }
-        if (options_.bitshuffle)
-        {
-            std::vector<uint64_t> poolOffset = poolOffsets(group);
-            for (size_t j = 0; j < m; ++j)
-            {
-                if (status[j] != kPageOk)
-                {
-                    continue;
-                }
-                for (auto const& chunk : plan.chunks)
-                {
-                    uint64_t const at = poolOffset[chunk.pool] + chunk.offset;
-                    unshuffleChunk(scratch[j].data() + at, pages[j].data() + at, chunk.bytes, options_.elementBytes);
-                }
+                uint64_t const at = poolOffset[chunk.pool] + chunk.offset;
+                unshuffleChunk(scratch[j].data() + at, pages[j].data() + at, chunk.bytes, options_.elementBytes);
             }
         }
     }
+}
 
-    static std::vector<uint64_t> poolOffsets(HotLayout::Group const& group)
-    {
-        std::vector<uint64_t> off(group.pools.size(), 0);
-        for (size_t p = 1; p < group.pools.size(); ++p)
-        {
-            off[p] = off[p - 1] + group.pools[p - 1].slotBytes;
-        }
-        return off;
-    }
-
-    static uint8_t refuse(uint8_t status, std::string* why, std::string const& reason)
-    {
-        if (why != nullptr)
-        {
-            *why = reason;
-        }
-        return status;
-    }
-
-    // Checks one blob (envelope, codec header, chunk table, then the checksum), copies its raw
-    // chunks to `page` and appends its compressed chunks to `lists` (as page `j` of the window).
-    // Returns kPageOk, or the PageStatus with the reason in *why when `why` is given; a bad blob
-    // appends nothing.
-    uint8_t parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
-        size_t j, ChunkLists& lists, std::string* why) const
-    {
-        ColdPageEnvelope env;
-        std::memcpy(&env, blob, sizeof(env));
-        if (env.magic != kColdPageEnvelopeMagic)
-        {
-            return refuse(kPageBadMagic, why, envelopeText(kPageBadMagic));
-        }
-        if (crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc)
-        {
-            return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
-        }
-        if (env.formatVersion != kFormatVersion)
-        {
-            return refuse(kPageBadFormatVersion, why,
-                std::string(envelopeText(kPageBadFormatVersion)) + " (" + std::to_string(env.formatVersion)
-                    + "; this codec reads " + std::to_string(kFormatVersion) + ")");
-        }
-        if (env.flags & kEnvelopeDidNotFit)
-        {
-            return refuse(kPageDidNotFit, why, envelopeText(kPageDidNotFit));
-        }
-        if (env.headerBytes < sizeof(ColdPageEnvelope) || env.headerBytes > plan.coldBytes
-            || env.payloadBytes > plan.coldBytes - env.headerBytes)
-        {
-            return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
-        }
-        uint32_t const numChunks = uint32_t(plan.chunks.size());
-        if (env.rawBytes != group.pageBytes || env.headerBytes != plan.headerBytes || get32(blob + 32) != numChunks
-            || get32(blob + 36) != options_.chunkBytes || blob[40] != uint8_t(options_.algorithm)
-            || blob[41] != options_.elementBytes || blob[42] != (options_.bitshuffle ? 1 : 0))
-        {
-            return refuse(kPageBadHeader, why,
-                "the blob was written with another layout or parameters (raw bytes, chunk count, chunk_bytes, "
-                "algorithm, data_type or bitshuffle differ)");
-        }
-        uint64_t const end = uint64_t(env.headerBytes) + env.payloadBytes;
-        uint64_t pos = env.headerBytes;
-        for (uint32_t c = 0; c < numChunks; ++c)
-        {
-            uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
-            uint32_t const stored = entry & kChunkSizeMask;
-            bool const compressed = (entry & kChunkCompressedBit) != 0;
-            uint32_t const raw = plan.chunks[c].bytes;
-            if (pos + stored > end || (compressed ? (stored == 0 || stored >= raw) : stored != raw))
-            {
-                return refuse(kPageBadHeader, why, "chunk " + std::to_string(c) + " table entry is invalid");
-            }
-            pos += roundUp(stored, kPayloadAlign);
-        }
-        if (pos != end)
-        {
-            return refuse(kPageBadHeader, why,
-                "payloadBytes " + std::to_string(env.payloadBytes) + " disagrees with the chunk table");
-        }
-        if (crc32cFast(blob + sizeof(ColdPageEnvelope), end - sizeof(ColdPageEnvelope)) != env.checksum)
-        {
-            return refuse(kPageBadChecksum, why, envelopeText(kPageBadChecksum));
-        }
-        std::vector<uint64_t> const poolOffset = poolOffsets(group);
-        pos = env.headerBytes;
-        for (uint32_t c = 0; c < numChunks; ++c)
-        {
-            auto const& chunk = plan.chunks[c];
-            uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
-            uint32_t const stored = entry & kChunkSizeMask;
-            uint8_t* target = page + poolOffset[chunk.pool] + chunk.offset;
-            if (entry & kChunkCompressedBit)
-            {
-                lists.in.push_back(blob + pos);
-                lists.inBytes.push_back(stored);
-                lists.out.push_back(target);
-                lists.raw.push_back(chunk.bytes);
-                lists.chunk.push_back(c);
-                lists.page.push_back(j);
-            }
-            else
-            {
-                std::memcpy(target, blob + pos, stored);
-            }
-            pos += roundUp(stored, kPayloadAlign);
-        }
-        return kPageOk;
-    }
-};
-
-} // namespace
-
-IKvCacheColdPageCodec* createCpuCodec(CodecOptions const& options, std::string& error)
+// Checks one blob (envelope, codec header, chunk table, then the checksum), copies its raw
+// chunks to `page` and appends its compressed chunks to `lists` (as page `j` of the window).
+// Returns kPageOk, or the PageStatus with the reason in *why when `why` is given; a bad blob
+// appends nothing.
+uint8_t NvcompCodecCpu::parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
+    size_t j, ChunkLists& lists, std::string* why) const
 {
-    if (!algorithmInfo(options.algorithm).hasCpu)
+    ColdPageEnvelope env;
+    std::memcpy(&env, blob, sizeof(env));
+    if (env.magic != kColdPageEnvelopeMagic)
     {
-        error = std::string(algorithmInfo(options.algorithm).name)
-            + " has no CPU implementation: nvCOMP's CPU library offers no coder of its chunk format; use device='cuda'";
-        return nullptr;
+        return refuse(kPageBadMagic, why, envelopeText(kPageBadMagic));
     }
-    return new NvcompCodecCpu(options);
+    if (crc32cFast(&env, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc)
+    {
+        return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
+    }
+    if (env.formatVersion != kFormatVersion)
+    {
+        return refuse(kPageBadFormatVersion, why,
+            std::string(envelopeText(kPageBadFormatVersion)) + " (" + std::to_string(env.formatVersion)
+                + "; this codec reads " + std::to_string(kFormatVersion) + ")");
+    }
+    if (env.flags & kEnvelopeDidNotFit)
+    {
+        return refuse(kPageDidNotFit, why, envelopeText(kPageDidNotFit));
+    }
+    if (env.headerBytes < sizeof(ColdPageEnvelope) || env.headerBytes > plan.coldBytes
+        || env.payloadBytes > plan.coldBytes - env.headerBytes)
+    {
+        return refuse(kPageBadHeader, why, envelopeText(kPageBadHeader));
+    }
+    uint32_t const numChunks = uint32_t(plan.chunks.size());
+    if (env.rawBytes != group.pageBytes || env.headerBytes != plan.headerBytes || get32(blob + 32) != numChunks
+        || get32(blob + 36) != options_.chunkBytes || blob[40] != uint8_t(options_.algorithm)
+        || blob[41] != options_.elementBytes || blob[42] != (options_.bitshuffle ? 1 : 0))
+    {
+        return refuse(kPageBadHeader, why,
+            "the blob was written with another layout or parameters (raw bytes, chunk count, chunk_bytes, "
+            "algorithm, data_type or bitshuffle differ)");
+    }
+    uint64_t const end = uint64_t(env.headerBytes) + env.payloadBytes;
+    uint64_t pos = env.headerBytes;
+    for (uint32_t c = 0; c < numChunks; ++c)
+    {
+        uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
+        uint32_t const stored = entry & kChunkSizeMask;
+        bool const compressed = (entry & kChunkCompressedBit) != 0;
+        uint32_t const raw = plan.chunks[c].bytes;
+        if (pos + stored > end || (compressed ? (stored == 0 || stored >= raw) : stored != raw))
+        {
+            return refuse(kPageBadHeader, why, "chunk " + std::to_string(c) + " table entry is invalid");
+        }
+        pos += roundUp(stored, kPayloadAlign);
+    }
+    if (pos != end)
+    {
+        return refuse(kPageBadHeader, why,
+            "payloadBytes " + std::to_string(env.payloadBytes) + " disagrees with the chunk table");
+    }
+    if (crc32cFast(blob + sizeof(ColdPageEnvelope), end - sizeof(ColdPageEnvelope)) != env.checksum)
+    {
+        return refuse(kPageBadChecksum, why, envelopeText(kPageBadChecksum));
+    }
+    std::vector<uint64_t> const poolOffset = poolOffsets(group);
+    pos = env.headerBytes;
+    for (uint32_t c = 0; c < numChunks; ++c)
+    {
+        auto const& chunk = plan.chunks[c];
+        uint32_t const entry = get32(blob + kChunkTableOffset + 4 * c);
+        uint32_t const stored = entry & kChunkSizeMask;
+        uint8_t* target = page + poolOffset[chunk.pool] + chunk.offset;
+        if (entry & kChunkCompressedBit)
+        {
+            lists.in.push_back(blob + pos);
+            lists.inBytes.push_back(stored);
+            lists.out.push_back(target);
+            lists.raw.push_back(chunk.bytes);
+            lists.chunk.push_back(c);
+            lists.page.push_back(j);
+        }
+        else
+        {
+            std::memcpy(target, blob + pos, stored);
+        }
+        pos += roundUp(stored, kPayloadAlign);
+    }
+    return kPageOk;
 }
 
 } // namespace kvcodec::nvcomp_plugin

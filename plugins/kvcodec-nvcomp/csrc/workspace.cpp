@@ -28,7 +28,7 @@ struct Temp
 
 } // namespace
 
-WorkspacePlan planWorkspace(CodecOptions const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
+WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
     NvcompOps const& ops)
 {
     WorkspacePlan w;
@@ -121,83 +121,6 @@ WorkspacePlan planWorkspace(CodecOptions const& options, HotLayout const& layout
     w.decodeLaneBytes = w.maxChunks * (dtables + kDummyRawBytes + (w.decodeStaging ? w.chunkStride : 0)) + w.blobBytes
         + 24 * w.maxPages + w.decompressTempBytes;
     return w;
-}
-
-namespace {
-
-// Runs NvcompCodecBase::configure (the same validation and chunk plans as the real codecs) and
-// then only plans the CUDA workspace.
-class WorkspaceProbe final : public NvcompCodecBase
-{
-public:
-    explicit WorkspaceProbe(CodecOptions options) : NvcompCodecBase(options) {}
-
-    WorkspacePlan plan;
-
-private:
-    bool configureBackend() override
-    {
-        try
-        {
-            auto ops = makeNvcompOps(options_.algorithm, options_.elementBytes);
-            plan = planWorkspace(options_, layout_, plans_, *ops);
-            return true;
-        }
-        catch (std::exception const& e)
-        {
-            return fail(std::string("configure(): ") + e.what());
-        }
-    }
-
-    PageIndexLocation location() const noexcept override
-    {
-        return PageIndexLocation::kDevice;
-    }
-
-    bool submit(PoolGroupIndex, uintptr_t, PageIndexPair const*, size_t, cudaStream_t, bool, uint8_t*) override
-    {
-        return fail("a workspace probe neither encodes nor decodes");
-    }
-};
-
-} // namespace
-
-bool probeWorkspace(Algorithm algorithm, char const* paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
-    std::vector<uint64_t> const& numSlots, WorkspacePlan& out, std::string& error)
-{
-    if (slotBytes.size() != numSlots.size())
-    {
-        error = "slot_bytes has " + std::to_string(slotBytes.size()) + " groups but num_slots has "
-            + std::to_string(numSlots.size()) + "; give one slot count per group";
-        return false;
-    }
-    CodecOptions options;
-    if (!parseOptions(paramsJson, algorithm, options, error))
-    {
-        return false;
-    }
-    std::vector<std::vector<PoolDesc>> pools(slotBytes.size());
-    std::vector<LifeCycleDesc> lifeCycles(slotBytes.size());
-    std::vector<PoolGroupDesc> groups(slotBytes.size());
-    uintptr_t base = uintptr_t(1) << 20; // Never dereferenced: only the alignment matters.
-    for (size_t g = 0; g < slotBytes.size(); ++g)
-    {
-        for (uint64_t s : slotBytes[g])
-        {
-            pools[g].push_back({reinterpret_cast<void*>(base), s, numSlots[g]});
-            base += roundUp(s * numSlots[g], 4096) + 4096;
-        }
-        lifeCycles[g] = {LifeCycleId(g), 0, nullptr};
-        groups[g] = {PoolGroupIndex(g), uint32_t(pools[g].size()), pools[g].data(), 1, &lifeCycles[g]};
-    }
-    WorkspaceProbe probe(options);
-    if (!probe.configure(groups.data(), PoolGroupIndex(groups.size())))
-    {
-        error = probe.lastError();
-        return false;
-    }
-    out = probe.plan;
-    return true;
 }
 
 } // namespace kvcodec::nvcomp_plugin

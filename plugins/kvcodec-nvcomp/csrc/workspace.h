@@ -10,16 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "codec_base.h"
+#include "codec.h"
+#include "kernels.h" // kDummyRawBytes, kStagingAlign
 #include "nvcomp_ops.h"
 
 namespace kvcodec::nvcomp_plugin {
 
-/// Raw size of the small compressed chunk decoding hands nvCOMP in place of chunks it must not
-/// decompress (raw chunks, bad pages); also the stride of its outputs.
-inline constexpr uint64_t kDummyRawBytes = 256;
-/// Alignment of every staged chunk and blob (above every nvCOMP alignment requirement).
-inline constexpr uint64_t kStagingAlign = 256;
 /// nvCOMP temp memory a batch may always use: tiny chunks (whose temp cost is per chunk, not per
 /// byte) get fewer pages per batch rather than gigabytes of temp memory.
 inline constexpr uint64_t kTempBudgetFloor = 256ull << 20;
@@ -46,17 +42,11 @@ struct WorkspacePlan
     uint64_t decodeLaneBytes = 0;     ///< Device bytes of one decode lane.
 };
 
-/// Sizes the CUDA workspaces for `plans` (built by NvcompCodecBase::configure) and lowers their
+/// Sizes the CUDA workspaces for `plans` (built by NvcompCodec::plan) and lowers their
 /// maxPagesPerBatch until nvCOMP's temp memory fits the budget: max(kTempBudgetFloor, the temp
 /// of a max_batch_bytes batch of full chunk_bytes chunks). Throws std::runtime_error when an
 /// nvCOMP query fails.
-WorkspacePlan planWorkspace(CodecOptions const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
+WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
     NvcompOps const& ops);
-
-/// The plan the CUDA implementation would make for pools of `slotBytes[g][p]` bytes with
-/// `numSlots[g]` slots per group (pool bases taken as 4 KiB aligned). Needs no device. Returns
-/// false with `error` set when the parameters or the layout are rejected.
-bool probeWorkspace(Algorithm algorithm, char const* paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
-    std::vector<uint64_t> const& numSlots, WorkspacePlan& out, std::string& error);
 
 } // namespace kvcodec::nvcomp_plugin

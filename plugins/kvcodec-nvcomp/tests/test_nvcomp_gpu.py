@@ -359,7 +359,7 @@ def test_blob_does_not_depend_on_the_rest_of_the_call(name, shape, params, strea
 
 
 #: Algorithms whose compressed-chunk slots the codec clears before nvCOMP writes them
-#: (codec_cuda.cu, zeroCompressed()).
+#: (codec_cuda.h, zeroCompressed()).
 OUTPUT_CLEARED = {"gdeflate", "ans"}
 
 

@@ -1,23 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
+//
+// Test and benchmark hooks of kvcodec_nvcomp._ext, kept out of the codec's sources: host
+// emulations of the kernels' CRC steps and the workspace plan (testing.cpp), and nvCOMP run
+// directly on device memory (bench_hooks.cu).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "codec_base.h"
-#include "kvcodec/plugin.h"
+#include <cuda_runtime_api.h>
+
+#include "format.h"
+#include "workspace.h"
+
+namespace pybind11 {
+class module_;
+}
 
 namespace kvcodec::nvcomp_plugin {
-
-/// The CPU reference, or null with `error` set when the algorithm has none.
-IKvCacheColdPageCodec* createCpuCodec(CodecOptions const& options, std::string& error);
-
-/// The CUDA implementation on `device`, or null with `error` set.
-IKvCacheColdPageCodec* createCudaCodec(CodecOptions const& options, int device, std::string& error);
-
-/// The factory of one algorithm (a static object).
-KvcodecCodecFactory const* codecFactory(Algorithm algorithm) noexcept;
 
 /// Host emulation of the GPU's segmented CRC-32C (for tests of the combination step).
 uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads);
@@ -28,6 +29,12 @@ uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads);
 /// threads, pages combined by `pageThreads`. For tests of the combination steps.
 uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<uint32_t> const& stored,
     uint32_t chunkThreads, uint32_t pageThreads);
+
+/// The plan the CUDA implementation would make for pools of `slotBytes[g][p]` bytes with
+/// `numSlots[g]` slots per group (pool bases taken as 4 KiB aligned). Needs no device. Returns
+/// false with `error` set when the parameters or the layout are rejected.
+bool probeWorkspace(Algorithm algorithm, char const* paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
+    std::vector<uint64_t> const& numSlots, WorkspacePlan& out, std::string& error);
 
 /// Result of compressing and decompressing chunks with nvCOMP's batched API directly.
 struct DirectResult
@@ -51,5 +58,8 @@ DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr
 /// tests of what nvCOMP's output depends on. Throws std::runtime_error on failure.
 std::vector<std::string> compressChunksForTest(Algorithm algorithm, uint32_t elementBytes, uintptr_t data,
     std::vector<uint64_t> const& sizes, uint8_t inFill, uint8_t outFill, uint8_t tempFill);
+
+/// Adds the hooks above (and the CPU reference's LZ4 block coder) to the extension module.
+void addTestHooks(pybind11::module_& m);
 
 } // namespace kvcodec::nvcomp_plugin

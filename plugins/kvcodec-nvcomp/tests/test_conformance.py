@@ -1,5 +1,6 @@
-"""The SDK's conformance suite (every clause of codec.h) on the nvCOMP codecs: CPU reference and
-CUDA (CUDA cases skip without a device). Golden vectors pin format version 1."""
+"""The SDK's conformance suite (every clause of codec.h) on the nvCOMP codecs, one class per
+algorithm (and one for bit-shuffled LZ4): CPU reference and CUDA (CUDA cases skip without a
+device). Golden vectors pin format version 1."""
 
 from __future__ import annotations
 
