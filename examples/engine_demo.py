@@ -14,7 +14,7 @@ import importlib.util
 
 import numpy as np
 
-from kvcodec_sdk import BufferConfig, CacheLevel, DType, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role
+from kvcodec_sdk import BufferDesc, CacheLevel, DType, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role
 
 TOKENS, HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 4
 
@@ -22,7 +22,7 @@ TOKENS, HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 4
 def kv_buffers(layers):
     shape = dict(dtype=DType.BFLOAT16, tokens_per_page=TOKENS, num_heads=HEADS, head_dim=HEAD_DIM)
     nbytes = TOKENS * HEADS * HEAD_DIM * 2
-    return [BufferConfig(layer, role, nbytes, **shape) for layer in layers for role in (Role.KEY, Role.VALUE)]
+    return [BufferDesc(layer, role, bytes=nbytes, **shape) for layer in layers for role in (Role.KEY, Role.VALUE)]
 
 
 def random_kv(framework, shape, device, rng):

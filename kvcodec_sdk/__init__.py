@@ -20,6 +20,12 @@ except ImportError as _exc:  # the source tree on sys.path (e.g. Python started 
             "from outside the source folder"
         ) from None
     raise _exc
+if getattr(_native, "__file__", None) is None:  # only the stubs' folder (_native/*.pyi) was found
+    raise ImportError(
+        f"kvcodec_sdk is imported from its source tree ({__path__[0]}), which holds no compiled "
+        "kvcodec_sdk._native: install the package (`pip install .` in the repository) and import it "
+        "from outside the source folder"
+    )
 from .codec import Codec
 from .errors import (
     CodecCallError,
@@ -30,7 +36,19 @@ from .errors import (
     UnknownCodecError,
 )
 from .hookspecs import hookimpl, hookspec
-from .layout import BufferDesc, DType, LifeCycleDesc, PageIndexLocation, PageStatus, PoolDesc, PoolGroupDesc, Role
+from .layout import (
+    BufferConfig,
+    BufferDesc,
+    BufferRole,
+    DataType,
+    DType,
+    LifeCycleDesc,
+    PageIndexLocation,
+    PageStatus,
+    PoolDesc,
+    PoolGroupDesc,
+    Role,
+)
 from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
 from .spec import CodecSpec, ParamSpec
 from .version import __version__
@@ -40,6 +58,7 @@ __all__ = [
     "ABI_VERSION",
     "BufferConfig",
     "BufferDesc",
+    "BufferRole",
     "CacheLevel",
     "Codec",
     "CodecCallError",
@@ -47,6 +66,7 @@ __all__ = [
     "CodecParamError",
     "CodecRegistry",
     "CodecSpec",
+    "DataType",
     "DType",
     "DiskTierConfig",
     "KVCacheConfig",
@@ -103,7 +123,6 @@ def get_cmake_dir() -> str:
 # The manager is imported on first use, so that importing the package (which build tools do to
 # find the CMake package) never depends on more of the native module than the codec contract.
 _LAZY = {
-    "BufferConfig": "kvcm_config",
     "DiskTierConfig": "kvcm_config",
     "KVCacheConfig": "kvcm_config",
     "KVCacheConfigError": "kvcm_config",

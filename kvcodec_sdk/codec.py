@@ -95,9 +95,14 @@ class Codec:
         """Fixed cold-page size of a lifecycle; 0 for an unknown lifecycle."""
         return int(self._live().query_cold_page_bytes(int(lifecycle)))
 
-    def batching_layer_group_id(self, lifecycle: int) -> int:
-        """Batching representative of a lifecycle; negative for an unknown lifecycle."""
+    def batching_representative(self, lifecycle: int) -> int:
+        """Batching representative of a lifecycle (``getBatchingLayerGroupId``); negative for an
+        unknown lifecycle."""
         return int(self._live().get_batching_layer_group_id(int(lifecycle)))
+
+    def batching_layer_group_id(self, lifecycle: int) -> int:
+        """The former name of :meth:`batching_representative`, after the C++ method."""
+        return self.batching_representative(lifecycle)
 
     def page_index_location(self, lifecycle: int) -> PageIndexLocation:
         """Where the lifecycle's page-index array must live; ``BAD`` for an unknown lifecycle."""

@@ -187,15 +187,19 @@ def _unlock(view: Any) -> None:
         view.release()
 
 
-def _fault_rules(rules: Sequence[Mapping[str, Any]] | None) -> list[tuple]:
-    out = []
+def _fault_rules(rules: Sequence[Mapping[str, Any]] | None) -> list:
+    """Test-only fault rules as ``_native.disk.FaultRule`` structs."""
+    from ._boundary import fault_rules_to_native
+
+    checked = []
     for r in rules or ():
         op = r.get("op", "any")
         if op not in _FAULT_OPS:
             raise ValueError(f"fault op is {op!r}; valid: {', '.join(_FAULT_OPS)}")
-        out.append((op, str(r.get("path", "")), int(r.get("after", 0)), int(r.get("errno", 5)),
-                    bool(r.get("torn", False)), int(r.get("count", 0))))
-    return out
+        checked.append({"op": op, "path": str(r.get("path", "")), "after": int(r.get("after", 0)),
+                        "errno": int(r.get("errno", 5)), "torn": bool(r.get("torn", False)),
+                        "count": int(r.get("count", 0))})
+    return fault_rules_to_native(checked)
 
 
 class DiskRegion:
@@ -262,10 +266,12 @@ class DiskRegion:
         self._native = None
         self._refs: dict[int, Any] = {}
         self._native = _native.disk.DiskRegion(
-            path, name or os.path.basename(path.rstrip("/")) or "region", slot_bytes, max_bytes, container_bytes,
-            identity.name, identity.format_version, param_hash, params_json, IO_MODES[io_mode],
-            WHEN_FULL[when_full], io_threads, snapshot_every, max_batch, layout_json, _read_only,
-            _fault_rules(_faults), IO_BACKENDS[io_backend], queue_depth)
+            dir=path, name=name or os.path.basename(path.rstrip("/")) or "region", slot_bytes=slot_bytes,
+            max_bytes=max_bytes, container_bytes=container_bytes, codec_name=identity.name,
+            format_version=identity.format_version, param_hash=param_hash, params_json=params_json,
+            io_mode=IO_MODES[io_mode], when_full=WHEN_FULL[when_full], io_threads=io_threads,
+            snapshot_every=snapshot_every, max_batch=max_batch, layout_json=layout_json, read_only=_read_only,
+            faults=_fault_rules(_faults), io_backend=IO_BACKENDS[io_backend], queue_depth=queue_depth)
         for message in self._native.recovery()["warnings"]:
             log.warning("%s", message)
             warnings.warn(message, DiskTierWarning, stacklevel=2)
@@ -335,13 +341,13 @@ class DiskRegion:
                 raise ValueError(f"timeout is {timeout}; it must be None (wait for ever) or a number of seconds >= 0")
         # An infinite timeout waits for ever, like None (the native wait takes -1 for that).
         raw = self._live().wait(ticket, -1.0 if timeout is None or timeout == float("inf") else timeout)
-        if raw[0] == "pending":
+        if raw.status == "pending":
             raise TimeoutError(f"disk ticket {ticket} did not complete within {timeout} s")
         return self._finish(ticket, raw)
 
-    def _finish(self, ticket: int, raw: tuple) -> Completion:
+    def _finish(self, ticket: int, raw: Any) -> Completion:
         _unlock(self._refs.pop(ticket, None))
-        status, message, tag = raw
+        status, message, tag = raw.status, raw.message, raw.tag
         self._log_events()
         if status in _ERRORS:
             raise _ERRORS[status](status, message)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import KvcodecError
-from .layout import DType, Role
+from .layout import BufferConfig, BufferDesc, DataType, BufferRole
 
-__all__ = ["BufferConfig", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
+# BufferConfig: the deprecated spelling of BufferDesc, kept importable from here.
+__all__ = ["BufferConfig", "BufferDesc", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
 
 MiB = 1 << 20
 
@@ -46,30 +47,15 @@ def _int(where: str, value: object, minimum: int, maximum: int = _U64_MAX) -> in
 
 
 @dataclass(frozen=True)
-class BufferConfig:
-    """One buffer of one layer in a page: ``bytes`` bytes of ``dtype``.
-
-    Set ``tokens_per_page``, ``num_heads`` and ``head_dim`` together (the buffer is then
-    ``[token][head][dim]`` elements and ``bytes`` must match) or leave all three 0 (opaque).
-    """
-
-    layer: int
-    role: Role
-    bytes: int
-    dtype: DType = DType.UINT8
-    tokens_per_page: int = 0
-    num_heads: int = 0
-    head_dim: int = 0
-
-
-@dataclass(frozen=True)
 class LayerGroupConfig:
-    """A layer group: the buffers of one of its pages."""
+    """A layer group: the buffers of one of its pages (:class:`~kvcodec_sdk.BufferDesc` with
+    ``layer_id``, ``role``, ``bytes`` and optionally ``dtype`` and the shape; the manager places
+    them, so ``pool_index`` and ``byte_offset`` stay 0)."""
 
-    buffers: Sequence[BufferConfig]
+    buffers: Sequence[BufferDesc]
 
 
-_IO_MODES = {"auto": 0, "direct": 1, "buffered": 2}
+from ._boundary import IO_MODES as _IO_MODES
 
 
 @dataclass(frozen=True)
@@ -154,18 +140,23 @@ class KVCacheConfig:
                 raise KVCacheConfigError(f"{gw}.buffers is empty; a layer group needs at least one buffer")
             for b, buf in enumerate(group.buffers):
                 bw = f"{gw}.buffers[{b}]"
-                if not isinstance(buf, BufferConfig):
-                    raise KVCacheConfigError(f"{bw} is a {type(buf).__name__}; it must be a BufferConfig")
-                _int(f"{bw}.layer", buf.layer, 0, _I32_MAX)
+                if not isinstance(buf, BufferDesc):
+                    raise KVCacheConfigError(f"{bw} is a {type(buf).__name__}; it must be a BufferDesc")
+                _int(f"{bw}.layer_id", buf.layer_id, 0, _I32_MAX)
+                for placed in ("pool_index", "byte_offset"):
+                    if getattr(buf, placed) != 0:
+                        raise KVCacheConfigError(
+                            f"{bw}.{placed} is {getattr(buf, placed)!r}; the manager places configured buffers, "
+                            f"leave it 0")
                 _int(f"{bw}.bytes", buf.bytes, 1)
                 try:
-                    Role(buf.role)
+                    BufferRole(buf.role)
                 except ValueError:
-                    raise KVCacheConfigError(f"{bw}.role is {buf.role!r}; valid roles are {[r.name for r in Role]}") from None
+                    raise KVCacheConfigError(f"{bw}.role is {buf.role!r}; valid roles are {[r.name for r in BufferRole]}") from None
                 try:
-                    dtype = DType(buf.dtype)
+                    dtype = DataType(buf.dtype)
                 except ValueError:
-                    raise KVCacheConfigError(f"{bw}.dtype is {buf.dtype!r}; valid dtypes are {[d.name for d in DType]}") from None
+                    raise KVCacheConfigError(f"{bw}.dtype is {buf.dtype!r}; valid dtypes are {[d.name for d in DataType]}") from None
                 shape = [_int(f"{bw}.{n}", getattr(buf, n), 0, _I32_MAX) for n in ("tokens_per_page", "num_heads", "head_dim")]
                 if any(shape) and not all(shape):
                     raise KVCacheConfigError(
@@ -226,34 +217,15 @@ class KVCacheConfig:
         """What shapes a cold page besides the codec: every layer group's buffers (hashed into the
         disk tier's codec identity, so a restart with other layer groups invalidates it)."""
         return [
-            [[int(b.layer), int(b.role), int(b.dtype), int(b.bytes), int(b.tokens_per_page), int(b.num_heads),
+            [[int(b.layer_id), int(b.role), int(b.dtype), int(b.bytes), int(b.tokens_per_page), int(b.num_heads),
               int(b.head_dim)] for b in group.buffers]
             for group in self.layer_groups
         ]
 
-    def to_native(self, envelope_format_version: int = -1, identity: object = None) -> tuple:
-        """The tuple ``_native.kvcm.KvcmCore`` takes (call :meth:`validate` first). ``identity``
-        is the disk tier's :class:`~kvcodec_sdk.disk.CodecIdentity` (required with ``disk``)."""
-        groups = [
-            [
-                (int(b.layer), int(b.role), int(b.dtype), int(b.bytes), int(b.tokens_per_page), int(b.num_heads),
-                 int(b.head_dim))
-                for b in group.buffers
-            ]
-            for group in self.layer_groups
-        ]
-        disk: tuple = ("", 0, 0, 0, 1, "", 0, "", "", "", [])
-        if self.disk is not None:
-            import json
+    def to_native(self, envelope_format_version: int = -1, identity: object = None) -> Any:
+        """The ``_native.kvcm.KvcmConfig`` that ``_native.kvcm.KvcmCore`` takes (call :meth:`validate`
+        first). ``identity`` is the disk tier's :class:`~kvcodec_sdk.disk.CodecIdentity` (required
+        with ``disk``)."""
+        from ._boundary import config_to_native
 
-            from .disk import _fault_rules
-
-            d = self.disk
-            disk = (str(d.path), int(d.max_bytes), int(d.container_bytes), _IO_MODES[d.io_mode], int(d.io_threads),
-                    identity.name, int(identity.format_version), identity.param_hash,
-                    json.dumps(dict(identity.params), sort_keys=True), json.dumps(identity.layout, sort_keys=True),
-                    _fault_rules(d._faults))
-        return (groups, int(self.gpu_quota), int(self.host_quota), self.weights(), int(self.index_ring_bytes),
-                int(envelope_format_version), disk,
-                [int(n) for n in self.min_hot_slots] if self.min_hot_slots is not None else [], bool(self.auto_evict),
-                int(self.max_gpu_quota) if self.max_gpu_quota is not None else 0)
+        return config_to_native(self, envelope_format_version, identity)  # type: ignore[arg-type]

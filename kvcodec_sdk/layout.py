@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = [
+    "DataType",
+    "BufferRole",
     "DType",
     "Role",
     "PageIndexLocation",
+    "PageStatus",
     "PoolDesc",
     "BufferDesc",
     "LifeCycleDesc",
@@ -22,7 +25,7 @@ __all__ = [
 ]
 
 
-class DType(enum.IntEnum):
+class DataType(enum.IntEnum):
     """Element type of a buffer (``kvcodec::DataType``)."""
 
     UINT8 = 0
@@ -40,12 +43,17 @@ class DType(enum.IntEnum):
         return {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 1, 6: 1, 7: 4}[int(self)]
 
 
-class Role(enum.IntEnum):
+class BufferRole(enum.IntEnum):
     """Role of a buffer inside a hot slot (``kvcodec::BufferRole``)."""
 
     KEY = 0
     VALUE = 1
     OTHER = 2
+
+
+#: Short names of :class:`DataType` and :class:`BufferRole` (the same classes).
+DType = DataType
+Role = BufferRole
 
 
 class PageIndexLocation(enum.IntEnum):
@@ -81,9 +89,15 @@ class PoolDesc:
     num_slots: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BufferDesc:
-    """One buffer of one layer inside the slot of pool ``pool_index``.
+    """One buffer of one layer: ``bytes`` bytes of ``dtype``, inside the slot of pool ``pool_index``.
+
+    The one buffer type of the SDK: a :class:`~kvcodec_sdk.KVCacheConfig` lists buffers with
+    ``layer_id``, ``role``, ``bytes`` (and optionally ``dtype`` and shape) and leaves
+    ``pool_index`` and ``byte_offset`` 0 (the manager places them);
+    :meth:`~kvcodec_sdk.KVCacheManager.buffer_layout` answers with them filled in; a codec's
+    :class:`LifeCycleDesc` carries them for ``configure``.
 
     It covers bytes ``[byte_offset, byte_offset + bytes)`` of the slot. When ``tokens_per_page``,
     ``num_heads`` and ``head_dim`` are all set, the buffer is ``[token][head][dim]`` elements of
@@ -91,14 +105,88 @@ class BufferDesc:
     """
 
     layer_id: int
-    role: Role
-    pool_index: int
-    byte_offset: int
-    bytes: int
-    dtype: DType = DType.UINT8
+    role: BufferRole
+    pool_index: int = 0
+    byte_offset: int = 0
+    bytes: int = 0
+    dtype: DataType = DataType.UINT8
     tokens_per_page: int = 0
     num_heads: int = 0
     head_dim: int = 0
+
+    def _key(self) -> tuple:
+        return (self.layer_id, self.role, self.pool_index, self.byte_offset, self.bytes, self.dtype,
+                self.tokens_per_page, self.num_heads, self.head_dim)
+
+    def __eq__(self, other: object) -> bool:
+        # Instances of the deprecated spellings compare equal to the same BufferDesc.
+        return isinstance(other, BufferDesc) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def shape(self) -> tuple:
+        """``(tokens_per_page, num_heads, head_dim)``, or ``(bytes // itemsize,)`` when opaque."""
+        if self.tokens_per_page:
+            return (self.tokens_per_page, self.num_heads, self.head_dim)
+        return (self.bytes // DataType(self.dtype).itemsize,)
+
+    # The field names of the former BufferConfig and BufferLayout, read-only.
+    @property
+    def layer(self) -> int:
+        """``layer_id`` (the former BufferConfig/BufferLayout spelling)."""
+        return self.layer_id
+
+    @property
+    def pool(self) -> int:
+        """``pool_index`` (the former BufferLayout spelling)."""
+        return self.pool_index
+
+    @property
+    def offset(self) -> int:
+        """``byte_offset`` (the former BufferLayout spelling)."""
+        return self.byte_offset
+
+
+class _DeprecatedBufferAlias(type):
+    """Metaclass of the deprecated buffer spellings: every BufferDesc is an instance of them."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, BufferDesc)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, BufferDesc)
+
+
+def _deprecated(old: str) -> None:
+    import warnings
+
+    warnings.warn(f"{old} is deprecated; use kvcodec_sdk.BufferDesc (layer_id=, role=, bytes=, ...)",
+                  DeprecationWarning, stacklevel=3)
+
+
+class BufferConfig(BufferDesc, metaclass=_DeprecatedBufferAlias):
+    """Deprecated: a :class:`BufferDesc` built with the former configuration spelling
+    ``BufferConfig(layer, role, bytes, dtype, tokens_per_page, num_heads, head_dim)``."""
+
+    def __init__(self, layer: int, role: BufferRole, bytes: int, dtype: DataType = DataType.UINT8,
+                 tokens_per_page: int = 0, num_heads: int = 0, head_dim: int = 0):
+        _deprecated("BufferConfig")
+        super().__init__(layer_id=layer, role=role, bytes=bytes, dtype=dtype, tokens_per_page=tokens_per_page,
+                         num_heads=num_heads, head_dim=head_dim)
+
+
+class BufferLayout(BufferDesc, metaclass=_DeprecatedBufferAlias):
+    """Deprecated: a :class:`BufferDesc` built with the former layout spelling
+    ``BufferLayout(layer, role, pool, dtype, offset, bytes, shape)``."""
+
+    def __init__(self, layer: int, role: BufferRole, pool: int, dtype: DataType, offset: int, bytes: int,
+                 shape: tuple = ()):
+        _deprecated("BufferLayout")
+        dims = tuple(shape) if len(tuple(shape)) == 3 else (0, 0, 0)
+        super().__init__(layer_id=layer, role=role, pool_index=pool, byte_offset=offset, bytes=bytes, dtype=dtype,
+                         tokens_per_page=dims[0], num_heads=dims[1], head_dim=dims[2])
 
 
 @dataclass(frozen=True)
@@ -123,28 +211,7 @@ class PoolGroupDesc:
 
 
 def to_native(groups: Sequence[PoolGroupDesc]) -> list:
-    """Converts descriptors to the tuples ``_native.NativeCodec.configure`` takes."""
-    out = []
-    for g, group in enumerate(groups):
-        if not isinstance(group, PoolGroupDesc):
-            raise TypeError(f"groups[{g}] is a {type(group).__name__}; expected kvcodec_sdk.PoolGroupDesc")
-        pools = [(int(p.base), int(p.slot_bytes), int(p.num_slots)) for p in group.pools]
-        lifecycles = []
-        for lc in group.lifecycles:
-            buffers = [
-                (
-                    int(b.layer_id),
-                    int(b.role),
-                    int(b.pool_index),
-                    int(b.dtype),
-                    int(b.byte_offset),
-                    int(b.bytes),
-                    int(b.tokens_per_page),
-                    int(b.num_heads),
-                    int(b.head_dim),
-                )
-                for b in lc.buffers
-            ]
-            lifecycles.append((int(lc.lifecycle_id), buffers))
-        out.append((pools, lifecycles))
-    return out
+    """The native descriptors ``_native.NativeCodec.configure`` takes (see ``_boundary``)."""
+    from ._boundary import pool_groups_to_native
+
+    return pool_groups_to_native(groups)

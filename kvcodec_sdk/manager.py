@@ -4,11 +4,11 @@ The manager owns a hot tier (kernel-facing pools: GPU memory, or host memory on 
 and a host tier (pinned, GPU-mapped host memory holding fixed-size cold pages), and runs every
 migration through the cold-page codec it owns::
 
-    from kvcodec_sdk import KVCacheManager, KVCacheConfig, LayerGroupConfig, BufferConfig, Role
+    from kvcodec_sdk import KVCacheManager, KVCacheConfig, LayerGroupConfig, BufferDesc, BufferRole
 
     config = KVCacheConfig(
-        layer_groups=[LayerGroupConfig([BufferConfig(layer=l, role=r, bytes=16384)
-                                        for l in range(4) for r in (Role.KEY, Role.VALUE)])],
+        layer_groups=[LayerGroupConfig([BufferDesc(layer_id=l, role=r, bytes=16384)
+                                        for l in range(4) for r in (BufferRole.KEY, BufferRole.VALUE)])],
         gpu_quota=1 << 30, host_quota=4 << 30)
     manager = KVCacheManager(config)                 # default lossless concat codec
     pages = manager.allocate(0, 128)                 # hot pages of layer group 0
@@ -25,6 +25,7 @@ Everything per page happens in C++: a :class:`PageList` is a numpy array of page
 from __future__ import annotations
 
 import contextlib
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,13 +35,16 @@ from . import _interop, _native
 from .codec import Codec
 from .errors import KvcodecError
 from .kvcm_config import KVCacheConfig
-from .layout import DType, PageIndexLocation, Role
+from ._boundary import buffer_from_native
+from .layout import BufferDesc, BufferLayout, DataType, PageIndexLocation
 
 __all__ = [
     "CacheLevel",
+    "BufferLayout",
     "CapacityError",
     "KVCacheManager",
     "MigrationError",
+    "MigrationFailure",
     "MigrationRecord",
     "MigrationResult",
     "PageHandle",
@@ -53,18 +57,32 @@ __all__ = [
 _core = _native.kvcm
 
 
-class CacheLevel:
+class _LevelName:
+    """``CacheLevel.name``: on a member its enum name ("HOST"); on the class the former helper
+    ``CacheLevel.label(level)``, the lower-case name of a level value ("host")."""
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return owner.label
+        return obj._name_
+
+
+class CacheLevel(enum.IntEnum):
     """Storage levels (values of ``kvcm::CacheLevel``)."""
 
     HOT = 0
     HOST = 1
     DISK = 2
-    _NAMES = {0: "hot", 1: "host", 2: "disk"}
+
+    name = _LevelName()  # type: ignore[assignment]
 
     @classmethod
-    def name(cls, level: int) -> str:
-        """Lower-case name of a level value ("hot", "host")."""
-        return cls._NAMES.get(int(level), str(level))
+    def label(cls, level: int) -> str:
+        """Lower-case name of a level value ("hot", "host"); the value itself when unknown."""
+        try:
+            return cls(int(level))._name_.lower()
+        except ValueError:
+            return str(level)
 
 
 class CapacityError(KvcodecError, RuntimeError):
@@ -82,6 +100,10 @@ class MigrationError(KvcodecError, RuntimeError):
     def __init__(self, message: str, committed_pages: int):
         super().__init__(message)
         self.committed_pages = committed_pages
+
+
+#: The former name of :class:`MigrationError` (the C++ core's ``kvcm::MigrationError``).
+MigrationFailure = MigrationError
 
 
 def page_ring_bytes(max_cold_page_bytes: int) -> int:
@@ -107,9 +129,8 @@ def _content_key(key: Any, where: str) -> bytes:
 def _native_errors():
     try:
         yield
-    except _core.MigrationFailure as exc:
-        message, committed = exc.args if len(exc.args) == 2 else (str(exc), 0)
-        raise MigrationError(message, int(committed)) from None
+    except _core.MigrationError as exc:
+        raise MigrationError(str(exc), int(getattr(exc, "committed_pages", 0))) from None
     except _core.CapacityError as exc:
         raise CapacityError(str(exc)) from None
     except _core.StalePageError as exc:
@@ -145,9 +166,19 @@ class MigrationRecord:
     dst_level: int
     src_pool_group: int
     dst_pool_group: int
-    representative: int  # batching representative of a codec transfer, else -1
+    batching_representative: int  # of a codec transfer, else -1
     pages: int
     bytes: int
+
+    @property
+    def representative(self) -> int:
+        """The former name of :attr:`batching_representative`."""
+        return self.batching_representative
+
+    @classmethod
+    def _from_native(cls, r: Any) -> MigrationRecord:
+        return cls(int(r.src_level), int(r.dst_level), int(r.src_pool_group), int(r.dst_pool_group),
+                   int(r.batching_representative), int(r.pages), int(r.bytes))
 
 
 class PageHandle:
@@ -172,29 +203,31 @@ class PageHandle:
     def key(self, value: bytes | str | None) -> None:
         self._manager.set_keys([self], [value])
 
-    def _info(self) -> tuple:
+    def _info(self) -> tuple[int, int, int, int]:
+        """(lifecycle, level, slot, pool group), read once from the native ``PageInfo``."""
         with _native_errors():
-            return self._manager._live().info(self.id)
+            i = self._manager._live().info(self.id)
+        return int(i.lifecycle), int(i.level), int(i.slot), int(i.pool_group)
 
     @property
     def lifecycle(self) -> int:
         """Layer group (lifecycle) of the page."""
-        return int(self._info()[0])
+        return self._info()[0]
 
     @property
     def level(self) -> int:
         """:class:`CacheLevel` value of where the page is now."""
-        return int(self._info()[1])
+        return self._info()[1]
 
     @property
     def slot(self) -> int:
         """Slot index of the page in its current level's pool group."""
-        return int(self._info()[2])
+        return self._info()[2]
 
     @property
     def pool_group(self) -> int:
         """Pool group at the page's current level (groups of different levels are unrelated)."""
-        return int(self._info()[3])
+        return self._info()[3]
 
     @property
     def is_live(self) -> bool:
@@ -211,7 +244,7 @@ class PageHandle:
         if not self.is_live:
             return f"<PageHandle {self.id:#x} stale>"
         lc, level, slot, group = self._info()
-        return f"<PageHandle {self.id:#x} layer group {lc} at {CacheLevel.name(level)} slot {slot} (pool group {group})>"
+        return f"<PageHandle {self.id:#x} layer group {lc} at {CacheLevel.label(level)} slot {slot} (pool group {group})>"
 
 
 class PageList(Sequence[PageHandle]):
@@ -270,31 +303,17 @@ class _CudaArray:
 
 
 _NUMPY_DTYPES = {
-    DType.UINT8: np.uint8, DType.INT8: np.int8, DType.FLOAT16: np.float16, DType.BFLOAT16: np.uint16,
-    DType.FLOAT32: np.float32, DType.FLOAT8_E4M3: np.uint8, DType.FLOAT8_E5M2: np.uint8, DType.INT32: np.int32,
+    DataType.UINT8: np.uint8, DataType.INT8: np.int8, DataType.FLOAT16: np.float16, DataType.BFLOAT16: np.uint16,
+    DataType.FLOAT32: np.float32, DataType.FLOAT8_E4M3: np.uint8, DataType.FLOAT8_E5M2: np.uint8, DataType.INT32: np.int32,
 }
 
 
-def _torch_dtype(torch: Any, dtype: DType) -> Any:
+def _torch_dtype(torch: Any, dtype: DataType) -> Any:
     return {
-        DType.UINT8: torch.uint8, DType.INT8: torch.int8, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16,
-        DType.FLOAT32: torch.float32, DType.FLOAT8_E4M3: torch.float8_e4m3fn, DType.FLOAT8_E5M2: torch.float8_e5m2,
-        DType.INT32: torch.int32,
+        DataType.UINT8: torch.uint8, DataType.INT8: torch.int8, DataType.FLOAT16: torch.float16, DataType.BFLOAT16: torch.bfloat16,
+        DataType.FLOAT32: torch.float32, DataType.FLOAT8_E4M3: torch.float8_e4m3fn, DataType.FLOAT8_E5M2: torch.float8_e5m2,
+        DataType.INT32: torch.int32,
     }[dtype]
-
-
-@dataclass(frozen=True)
-class BufferLayout:
-    """Where one configured buffer lives inside a hot page: pool ``pool``, bytes
-    ``[offset, offset + bytes)`` of the page's slot in that pool."""
-
-    layer: int
-    role: Role
-    pool: int
-    dtype: DType
-    offset: int
-    bytes: int
-    shape: tuple  # (tokens, heads, head_dim), or (bytes // itemsize,) for an opaque buffer
 
 
 class KVCacheManager:
@@ -502,8 +521,8 @@ class KVCacheManager:
     def _migrate(self, pages: Any, level: int, stream: Any, required: int | None) -> MigrationResult:
         ids = self._ids(pages)
         with _native_errors():
-            moved, dropped = self._live().migrate(ids, int(level), _interop.stream_handle(stream), required)
-        return MigrationResult(int(moved), PageList(self, dropped))
+            r = self._live().migrate(ids, int(level), _interop.stream_handle(stream), required)
+        return MigrationResult(int(r.moved), PageList(self, r.dropped))
 
     # -- eviction ------------------------------------------------------------------------------
 
@@ -642,7 +661,8 @@ class KVCacheManager:
     def slot_counts(self, level: int) -> list[tuple[int, int]]:
         """(slots, free slots) per pool group of ``level``."""
         core = self._live()
-        return [tuple(core.slots(int(level), g)) for g in range(self.num_pool_groups(level))]
+        counts = [core.slots(int(level), g) for g in range(self.num_pool_groups(level))]
+        return [(int(c.num_slots), int(c.free_slots)) for c in counts]
 
     def page_bytes(self, level: int, pool_group: int) -> int:
         """Bytes of one page of a pool group: hot = sum of pool slots, cold = blob bytes."""
@@ -650,24 +670,20 @@ class KVCacheManager:
 
     def cold_page_bytes(self, lifecycle: int) -> int:
         """The codec's fixed cold-page size for a layer group."""
-        return int(self._live().lifecycle_info(int(lifecycle))[1])
+        return int(self._live().lifecycle_info(int(lifecycle)).cold_page_bytes)
 
     def batching_representative(self, lifecycle: int) -> int:
         """The layer group whose ID the codec is called with for this layer group's pages."""
-        return int(self._live().lifecycle_info(int(lifecycle))[2])
+        return int(self._live().lifecycle_info(int(lifecycle)).batching_representative)
 
     def page_index_location(self, lifecycle: int) -> PageIndexLocation:
         """Where the codec takes this layer group's page indices (host or device)."""
-        return PageIndexLocation(self._live().lifecycle_info(int(lifecycle))[3])
+        return PageIndexLocation(self._live().lifecycle_info(int(lifecycle)).page_index_location)
 
-    def buffer_layout(self, lifecycle: int) -> list[BufferLayout]:
-        """Where each configured buffer of a layer group lives inside its hot pages."""
-        out = []
-        for layer, role, pool, dtype, offset, nbytes, tokens, heads, dim in self._live().lifecycle_info(int(lifecycle))[4]:
-            dt = DType(dtype)
-            shape = (tokens, heads, dim) if tokens else (nbytes // dt.itemsize,)
-            out.append(BufferLayout(layer, Role(role), pool, dt, offset, nbytes, shape))
-        return out
+    def buffer_layout(self, lifecycle: int) -> list[BufferDesc]:
+        """Where each configured buffer of a layer group lives inside its hot pages: its
+        :class:`~kvcodec_sdk.BufferDesc` with ``pool_index`` and ``byte_offset`` filled in."""
+        return [buffer_from_native(b) for b in self._live().lifecycle_info(int(lifecycle)).buffers]
 
     def _framework(self, framework: str) -> str:
         if framework not in ("auto", "numpy", "torch"):
@@ -692,10 +708,11 @@ class KVCacheManager:
         core = self._live()
         owner = core
         if level == CacheLevel.HOT:
-            pools = [tuple(p) for p in core.hot_pools(group)]
+            pools = [(int(p.base), int(p.slot_bytes), int(p.num_slots)) for p in core.hot_pools(group)]
         else:
-            ptr, page, slots, memory = core.cold_pool(level, group)
-            pools = [(ptr, page, slots)]
+            cold = core.cold_pool(level, group)
+            pools = [(int(cold.base), int(cold.page_bytes), int(cold.num_slots))]
+            memory = cold.owner
             # The core first (it owns the runtime that frees the memory), then the pool memory,
             # which a resize may replace while this view still reads it.
             owner = (core, memory)
@@ -748,12 +765,12 @@ class KVCacheManager:
         (or flat for opaque buffers), in configuration order."""
         lc, level, slot, group = page._info()
         if level != CacheLevel.HOT:
-            raise ValueError(f"page {page.id:#x} is at the {CacheLevel.name(level)} level; buffer views need a hot page")
+            raise ValueError(f"page {page.id:#x} is at the {CacheLevel.label(level)} level; buffer views need a hot page")
         fw = self._framework(framework)
         pools = self._pool_arrays(level, group, fw)
         out = []
         for b in self.buffer_layout(lc):
-            raw = pools[b.pool][slot, b.offset : b.offset + b.bytes]
+            raw = pools[b.pool_index][slot, b.byte_offset : b.byte_offset + b.bytes]
             if fw == "torch":
                 import torch
 
@@ -777,12 +794,13 @@ class KVCacheManager:
         core = self._live()
         level = int(level)
         if reset_peaks:
-            peaks = [int(p) for _, p in core.get_and_reset_iteration_peak_block_stats(level)]
+            peaks = [int(p.peak_used_slots) for p in core.get_and_reset_iteration_peak_block_stats(level)]
         else:
             peaks = [int(core.peak(level, g)) for g in range(self.num_pool_groups(level))]
         out = []
         for g, st in enumerate(core.stats(level)):
-            slots, free = core.slots(level, g)
+            counts = core.slots(level, g)
+            slots, free = int(counts.num_slots), int(counts.free_slots)
             out.append({
                 "slots": int(slots), "used": int(slots - free), "peak": peaks[g],
                 "evictable": int(core.evictable(level, g)),
@@ -792,13 +810,14 @@ class KVCacheManager:
 
     def get_and_reset_iteration_peak_block_stats(self, level: int) -> list[tuple[int, int]]:
         """(used slots now, peak used slots since the last call) per pool group of ``level``."""
-        return [tuple(x) for x in self._live().get_and_reset_iteration_peak_block_stats(int(level))]
+        return [(int(p.used_slots), int(p.peak_used_slots))
+                for p in self._live().get_and_reset_iteration_peak_block_stats(int(level))]
 
     def add_migration_observer(self, observer: Callable[[MigrationRecord], None]) -> int:
         """Calls ``observer(MigrationRecord)`` after every submitted transfer; returns an id for
         :meth:`remove_migration_observer`. An exception raised by an observer is re-raised by the
         migrating call after all its transfers committed."""
-        return int(self._live().add_observer(lambda t: observer(MigrationRecord(*t))))
+        return int(self._live().add_observer(lambda r: observer(MigrationRecord._from_native(r))))
 
     def remove_migration_observer(self, observer_id: int) -> bool:
         """Removes an observer added with add_migration_observer; False if it was not registered."""
@@ -810,7 +829,7 @@ class KVCacheManager:
         ring = self._live().page_ring()
         if ring is None:
             return None
-        return dict(zip(("capacity", "kind", "live_leases"), ring))
+        return {"capacity": int(ring.capacity), "kind": int(ring.kind), "live_leases": int(ring.live_leases)}
 
     def disk_stats(self, pool_group: int) -> dict:
         """The disk region of a cold pool group: directory, slot usage, puts, reads, checksum
@@ -824,7 +843,8 @@ class KVCacheManager:
         ring = self._live().index_ring()
         if ring is None:
             return None
-        return dict(zip(("capacity", "base", "cursor", "live_leases"), ring))
+        return {"capacity": int(ring.capacity), "base": int(ring.base), "cursor": int(ring.cursor),
+                "live_leases": int(ring.live_leases)}
 
     def __repr__(self) -> str:
         if self._core_obj is None:

@@ -41,10 +41,10 @@ def key_bytes(k: int) -> bytes:
 
 
 def make_config(disk_dir: str):
-    from kvcodec_sdk import BufferConfig, DiskTierConfig, KVCacheConfig, LayerGroupConfig, Role
+    from kvcodec_sdk import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig, Role
 
     def lg(layers, size):
-        return LayerGroupConfig([BufferConfig(l, r, size) for l in layers for r in (Role.KEY, Role.VALUE)])
+        return LayerGroupConfig([BufferDesc(l, r, bytes=size) for l in layers for r in (Role.KEY, Role.VALUE)])
 
     # Layer group 0: 2 layers x (K, V) x 512 B = 2 KiB pages; layer group 1: 1 layer x 2 x 1 KiB.
     # Hot: 8 + 16 slots, host: 8 + 16 slots, so the child's 32 keys and 24 fillers overflow both

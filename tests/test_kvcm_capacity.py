@@ -43,13 +43,13 @@ def test_pool_ratio_errors_name_the_field_and_value(ratio, message):
 def test_the_core_validates_the_pool_ratio_too(bad, message):
     # The C++ core is reachable without the Python dataclass: it checks on its own.
     cfg = config([group([0], [64]), group([1], [32])])
-    t = list(cfg.to_native())
-    t[3] = [1.0, bad]
+    native = cfg.to_native()
+    native.pool_ratio = [1.0, bad]
     with pytest.raises(ValueError, match=r"config.poolRatio\[1\] " + message + "; every weight must be a positive finite"):
-        _native.kvcm.KvcmCore(tuple(t), None, -1)
-    t[3] = [1.0]
+        _native.kvcm.KvcmCore(native, None, -1)
+    native.pool_ratio = [1.0]
     with pytest.raises(ValueError, match=r"config.poolRatio has 1 entries; it needs one per layer group \(2\)"):
-        _native.kvcm.KvcmCore(tuple(t), None, -1)
+        _native.kvcm.KvcmCore(native, None, -1)
 
 
 def test_projection_shared_hot_group_split_cold_group_and_vice_versa():

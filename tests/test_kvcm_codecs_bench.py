@@ -196,4 +196,4 @@ def test_layout_defaults_to_a_576_kib_bf16_page():
     assert lay.page_bytes == 576 * 1024 and lay.buffer_bytes == 48 * 1024
     cfgs = lay.buffer_configs()
     assert len(cfgs) == 12 and all(c.tokens_per_page and c.num_heads and c.head_dim for c in cfgs)
-    assert np.unique([c.layer for c in cfgs]).size == 6
+    assert np.unique([c.layer_id for c in cfgs]).size == 6

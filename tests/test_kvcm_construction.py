@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import BufferConfig, CacheLevel, KVCacheConfig, KVCacheConfigError, KVCacheManager, LayerGroupConfig, Role
+from kvcodec_sdk import BufferDesc, CacheLevel, KVCacheConfig, KVCacheConfigError, KVCacheManager, LayerGroupConfig, Role
 from kvcodec_sdk.errors import CodecConsumedError
 
 from test_kvcm_support import config, group, make_test_codec
@@ -24,18 +24,18 @@ def assert_consumed(codec):
     "mutate, field",
     [
         (lambda c: KVCacheConfig([], 1 << 16, device="cpu"), r"KVCacheConfig.layer_groups is \[\]"),
-        (lambda c: config([group([0], [64]), LayerGroupConfig([BufferConfig(0, Role.KEY, 0)])]),
+        (lambda c: config([group([0], [64]), LayerGroupConfig([BufferDesc(0, Role.KEY, bytes=0)])]),
          r"KVCacheConfig.layer_groups\[1\].buffers\[0\].bytes is 0; it must be positive"),
         (lambda c: config([LayerGroupConfig([])]), r"layer_groups\[0\].buffers is empty"),
         (lambda c: config([group([0], [64])], gpu_quota=0), r"KVCacheConfig.gpu_quota is 0"),
         (lambda c: config([group([0], [64])], host_quota=-1), r"KVCacheConfig.host_quota is -1"),
         (lambda c: config([group([0], [64])], pool_ratio=[1, 2]), r"pool_ratio has 2 entries; it needs one per layer group \(1\)"),
         (lambda c: config([group([0], [64])], pool_ratio=[0.0]), r"pool_ratio\[0\] is 0.0"),
-        (lambda c: config([LayerGroupConfig([BufferConfig(0, Role.KEY, 64, kv.DType.FLOAT16, 4, 2, 0)])]),
+        (lambda c: config([LayerGroupConfig([BufferDesc(0, Role.KEY, bytes=64, dtype=kv.DType.FLOAT16, tokens_per_page=4, num_heads=2, head_dim=0)])]),
          r"buffers\[0\] sets tokens_per_page/num_heads/head_dim to \(4, 2, 0\)"),
-        (lambda c: config([LayerGroupConfig([BufferConfig(0, Role.KEY, 64, kv.DType.FLOAT16, 4, 2, 2)])]),
+        (lambda c: config([LayerGroupConfig([BufferDesc(0, Role.KEY, bytes=64, dtype=kv.DType.FLOAT16, tokens_per_page=4, num_heads=2, head_dim=2)])]),
          r"buffers\[0\].bytes is 64 but tokens_per_page\*num_heads\*head_dim\*itemsize is 32"),
-        (lambda c: config([LayerGroupConfig([BufferConfig(0, Role.KEY, 63, kv.DType.FLOAT16)])]),
+        (lambda c: config([LayerGroupConfig([BufferDesc(0, Role.KEY, bytes=63, dtype=kv.DType.FLOAT16)])]),
          r"bytes is 63, not a multiple of the FLOAT16 item size 2"),
         (lambda c: config([group([0], [64])], index_ring_bytes=100), r"index_ring_bytes is 100; it must be a multiple of 8"),
     ],

@@ -100,7 +100,7 @@ def test_batching_class_is_one_codec_call_with_the_representative(rng):
     model = write_random(m, pages, rng)
     T.clear_codec_calls()
     m.evict(pages)
-    calls = sorted((op, lc, n) for op, lc, n, _ in T.codec_calls())
+    calls = sorted((c.kind, c.lifecycle, c.pages) for c in T.codec_calls())
     assert calls == [("encode", 0, 9), ("encode", 3, 5)]
     m.onboard(pages)
     check_all(m, model, {p.id: p.lifecycle for p in pages}, "test")
@@ -113,7 +113,7 @@ def test_batches_over_64_kib_of_indices_split_into_several_codec_calls(rng):
     pages = m.allocate(0, n)
     model = write_random(m, pages[:50], rng)
     m.evict(pages)
-    assert [c[2] for c in T.codec_calls()] == [MAX_PAIRS, MAX_PAIRS, 100]
+    assert [c.pages for c in T.codec_calls()] == [MAX_PAIRS, MAX_PAIRS, 100]
     assert m.stats(CacheLevel.HOT)[0].codec_calls == 3
     m.onboard(pages)
     check_all(m, model, {p: 0 for p in model}, "test")
@@ -134,10 +134,10 @@ def test_device_indices_go_through_a_lazily_allocated_ring(rng):
     ring = m.index_ring()
     assert ring["capacity"] == 1024 and ring["live_leases"] == 0
     calls = T.codec_calls()
-    assert sum(c[2] for c in calls) == 1000 and max(c[2] for c in calls) == 128 and len(calls) == 8
-    for _, _, k, ptr in calls:  # every index array lives inside the ring
-        assert ring["base"] <= ptr and ptr + 8 * k <= ring["base"] + 1024
-    assert len({c[3] for c in calls}) < len(calls)  # reused
+    assert sum(c.pages for c in calls) == 1000 and max(c.pages for c in calls) == 128 and len(calls) == 8
+    for c in calls:  # every index array lives inside the ring
+        assert ring["base"] <= c.indices and c.indices + 8 * c.pages <= ring["base"] + 1024
+    assert len({c.indices for c in calls}) < len(calls)  # reused
     m.onboard(pages)
     assert m.index_ring()["base"] == ring["base"]  # allocated once
     check_all(m, model, {p: 0 for p in model}, "test")
@@ -250,7 +250,7 @@ def test_observers_see_every_transfer_and_errors_surface_after_commit(rng):
     oid = m.add_migration_observer(seen.append)
     pages = m.allocate(0, 3) + m.allocate(1, 2)
     m.evict(pages)
-    assert sorted((r.src_level, r.dst_level, r.src_pool_group, r.dst_pool_group, r.representative, r.pages, r.bytes)
+    assert sorted((r.src_level, r.dst_level, r.src_pool_group, r.dst_pool_group, r.batching_representative, r.pages, r.bytes)
                   for r in seen) == [(0, 1, 0, 0, 0, 3, 192), (0, 1, 1, 1, 1, 2, 64)]
     assert m.remove_migration_observer(oid) and not m.remove_migration_observer(oid)
 
@@ -369,10 +369,10 @@ def test_bad_blobs_are_dropped_and_counted_by_reason(rng, checked, abi):
     free_hot = m.slot_counts(CacheLevel.HOT)[0][1]
     T.clear_codec_calls()
     r = m.onboard(pages)
-    decodes = [c for c in T.codec_calls() if c[0] == "decode"]
+    decodes = [c for c in T.codec_calls() if c.kind == "decode"]
     # The checked decode gets every page (and decodes the good ones one by one); the host check
     # hands only the 4 good pages to one plain decode call.
-    assert [c[2] for c in decodes] == ([1, 1, 1, 1] if checked and abi is None else [4])
+    assert [c.pages for c in decodes] == ([1, 1, 1, 1] if checked and abi is None else [4])
     bad = [pages[i] for i in (1, 3, 5, 6)]
     assert sorted(r.dropped.ids.tolist()) == sorted(p.id for p in bad) and r.moved == 4
     for p in bad:

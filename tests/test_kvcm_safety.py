@@ -162,16 +162,16 @@ def test_codec_refuses_read_only_or_strided_cold_arrays():
 
 @pytest.mark.parametrize("field,value,message", [
     ("pool_ratio", 5, r"pool_ratio is 5; it must be a sequence"),
-    ("layer", 2**31, r"layer is 2147483648; it must be at most 2147483647"),
+    ("layer", 2**31, r"layer_id is 2147483648; it must be at most 2147483647"),
     ("host_quota", 2**64, r"host_quota is 18446744073709551616; it must be at most"),
 ])
 def test_config_values_outside_the_native_range_name_the_field(field, value, message):
-    from kvcodec_sdk import BufferConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig, Role
+    from kvcodec_sdk import BufferDesc, KVCacheConfig, KVCacheConfigError, LayerGroupConfig, Role
 
     layer = value if field == "layer" else 0
     kw = {"pool_ratio": value} if field == "pool_ratio" else {"host_quota": value} if field == "host_quota" else {}
     with pytest.raises(KVCacheConfigError, match=message):
-        KVCacheConfig(layer_groups=[LayerGroupConfig([BufferConfig(layer, Role.KEY, 64)])], gpu_quota=1 << 16,
+        KVCacheConfig(layer_groups=[LayerGroupConfig([BufferDesc(layer, Role.KEY, bytes=64)])], gpu_quota=1 << 16,
                       device="cpu", **kw).validate()
 
 

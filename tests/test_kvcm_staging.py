@@ -9,7 +9,28 @@ import pytest
 
 from kvcodec_sdk import _native
 
-Harness = _native.kvcm_testing.StagingHarness
+
+
+class Harness:
+    """The native StagingHarness, its leases, ranges and log as tuples for compact assertions."""
+
+    def __init__(self, *args, **kwargs):
+        self._native = _native.kvcm_testing.StagingHarness(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._native, name)
+
+    def lease(self, lease_id):
+        lease = self._native.lease(lease_id)
+        return (lease.offset, lease.size, lease.stream, lease.data_offset)
+
+    def ranges(self):
+        return [(r.offset, r.size, r.live, r.event) for r in self._native.ranges()]
+
+    def log(self):
+        return [(o.op, o.event, o.stream) for o in self._native.log()]
+
+
 S1, S2, S3 = 0x1001, 0x1002, 0x1003  # stream handles (plain numbers under the recording runtime)
 
 

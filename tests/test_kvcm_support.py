@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcodec_sdk import BufferConfig, CacheLevel, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role, _native
+from kvcodec_sdk import BufferDesc, CacheLevel, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role, _native
 from kvcodec_sdk.codec import Codec
 from kvcodec_sdk.manager import PageHandle
 from kvcodec_sdk.spec import CodecSpec
@@ -36,7 +36,7 @@ def make_test_codec(abi_version: int | None = None, **params) -> Codec:
 
 def group(layers, sizes, role_cycle=(Role.KEY, Role.VALUE)) -> LayerGroupConfig:
     """A layer group with, per layer, one buffer per entry of ``sizes`` (roles cycling K, V)."""
-    return LayerGroupConfig([BufferConfig(l, role_cycle[i % len(role_cycle)], s) for l in layers for i, s in enumerate(sizes)])
+    return LayerGroupConfig([BufferDesc(l, role_cycle[i % len(role_cycle)], bytes=s) for l in layers for i, s in enumerate(sizes)])
 
 
 def config(groups, gpu_quota=1 << 16, host_quota=1 << 17, **kw) -> KVCacheConfig:

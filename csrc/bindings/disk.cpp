@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "kvcodec/crc32c.h"
@@ -22,13 +21,6 @@ using kvcodec::crc32cHardwareAvailable;
 using kvcodec::crc32cSlicing8;
 
 namespace {
-
-using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>;
-
-py::tuple statusTuple(Status const& s)
-{
-    return py::make_tuple(std::string(statusName(s.code)), s.message, s.tag);
-}
 
 py::dict pageDict(PageInfo const& p)
 {
@@ -101,6 +93,20 @@ void bindDisk(py::module_& parent)
 {
     py::module_ m = parent.def_submodule("disk", "The disk cold tier (crash-safe tablespace store).");
 
+    py::class_<Status>(m, "Status", "A ticket's outcome (disk::Status); status is the code's name.")
+        .def_property_readonly("status", [](Status const& s) { return std::string(statusName(s.code)); })
+        .def_readonly("message", &Status::message)
+        .def_readonly("tag", &Status::tag);
+
+    py::class_<FaultRule>(m, "FaultRule", "A test-only I/O fault rule (disk::FaultRule).")
+        .def(py::init<>())
+        .def_readwrite("op", &FaultRule::op)
+        .def_readwrite("path_contains", &FaultRule::pathContains)
+        .def_readwrite("after_ops", &FaultRule::afterOps)
+        .def_readwrite("error", &FaultRule::error)
+        .def_readwrite("torn", &FaultRule::torn)
+        .def_readwrite("count", &FaultRule::count);
+
     m.def("crc32c", [](py::buffer b, uint32_t crc) {
         auto [p, n] = bufferOf(b, false, "data");
         return crc32cFast(p, n, crc);
@@ -129,7 +135,7 @@ void bindDisk(py::module_& parent)
                           uint64_t containerBytes, std::string const& codecName, uint32_t formatVersion,
                           std::string const& paramHash, std::string const& paramsJson, int ioMode, int whenFull,
                           uint32_t ioThreads, uint64_t snapshotEvery, uint32_t maxBatch, std::string const& layoutJson,
-                          bool readOnly, std::vector<FaultTuple> const& faults, int ioBackend, uint32_t queueDepth) {
+                          bool readOnly, std::vector<FaultRule> faults, int ioBackend, uint32_t queueDepth) {
             RegionConfig c;
             c.name = name;
             c.slotBytes = slotBytes;
@@ -146,12 +152,7 @@ void bindDisk(py::module_& parent)
             c.layoutJson = layoutJson;
             c.readOnly = readOnly;
             if (!faults.empty())
-            {
-                std::vector<FaultRule> rules;
-                for (auto const& [op, pathPart, after, err, torn, count] : faults)
-                    rules.push_back({op, pathPart, after, err, torn, count});
-                c.fileIo = faultyFileIo(std::move(rules));
-            }
+                c.fileIo = faultyFileIo(std::move(faults));
             py::gil_scoped_release release;
             return DiskRegion::open(dir, std::move(c)).release();
         }),
@@ -176,17 +177,14 @@ void bindDisk(py::module_& parent)
         }, py::arg("key"), py::arg("dst"), py::arg("nbytes"))
         .def("submit_erase", [](DiskRegion& r, py::bytes const& key) { return r.submitErase(std::string(key)); },
             py::arg("key"))
-        .def("poll", [](DiskRegion& r, Ticket t) -> py::object {
-            std::optional<Status> s = r.poll(t);
-            return s ? py::object(statusTuple(*s)) : py::object(py::none());
-        }, py::arg("ticket"))
+        .def("poll", [](DiskRegion& r, Ticket t) { return r.poll(t); }, py::arg("ticket"))
         .def("wait", [](DiskRegion& r, Ticket t, double timeout) {
             Status s;
             {
                 py::gil_scoped_release release;
                 s = r.wait(t, timeout);
             }
-            return statusTuple(s);
+            return s;
         }, py::arg("ticket"), py::arg("timeout") = -1.0)
         .def("flush", &DiskRegion::flush, py::call_guard<py::gil_scoped_release>())
         .def("snapshot", &DiskRegion::snapshot, py::call_guard<py::gil_scoped_release>())

@@ -10,7 +10,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "kvcm/manager.h"
@@ -37,41 +36,149 @@ namespace {
     throw py::error_already_set();
 }
 
-using BufferTuple = std::tuple<int32_t, int32_t, int32_t, uint64_t, int32_t, int32_t, int32_t>;
-using FaultTuple = std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>;
-// (path, max bytes, container bytes, io mode, io threads, codec name, format version, param hash,
-//  params json, layout json, fault rules); an empty path means no disk tier.
-using DiskTuple = std::tuple<std::string, uint64_t, uint64_t, int32_t, uint32_t, std::string, uint32_t, std::string,
-    std::string, std::string, std::vector<FaultTuple>>;
-using ConfigTuple = std::tuple<std::vector<std::vector<BufferTuple>>, uint64_t, uint64_t, std::vector<double>, uint64_t,
-    int32_t, DiskTuple, std::vector<uint64_t>, bool, uint64_t>;
-
-kvcm::KvcmConfig toConfig(ConfigTuple const& t)
+// Results of KvcmCore queries that have no C++ struct of their own.
+struct SlotCounts
 {
-    auto const& [groups, gpu, host, ratio, ring, envelope, disk, minHotSlots, autoEvict, maxGpu] = t;
-    kvcm::KvcmConfig c;
-    for (auto const& buffers : groups)
-    {
-        kvcm::LayerGroupConfig g;
-        for (auto const& [layer, role, dtype, bytes, tokens, heads, dim] : buffers)
-        {
-            g.buffers.push_back({layer, BufferRole(role), DataType(dtype), bytes, tokens, heads, dim});
-        }
-        c.layerGroups.push_back(std::move(g));
-    }
-    c.gpuQuotaBytes = gpu;
-    c.hostQuotaBytes = host;
-    c.poolRatio = ratio;
-    c.indexRingBytes = ring;
-    c.envelopeFormatVersion = envelope;
-    c.minHotSlots = minHotSlots;
-    c.autoEvict = autoEvict;
-    c.maxGpuQuotaBytes = maxGpu;
-    auto const& [path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
-        layoutJson, faults] = disk;
-    c.disk = {path, maxBytes, containerBytes, ioMode, ioThreads, codecName, formatVersion, paramHash, paramsJson,
-        layoutJson, faults};
-    return c;
+    uint64_t numSlots = 0;
+    uint64_t freeSlots = 0;
+};
+
+struct SlotPeak
+{
+    uint64_t usedSlots = 0;
+    uint64_t peakUsedSlots = 0;
+};
+
+struct ColdPool
+{
+    uintptr_t base = 0;
+    uint64_t pageBytes = 0;
+    uint64_t numSlots = 0;
+    py::object owner; ///< Keeps the pool's memory allocated while a view holds it (None: the core does).
+};
+
+struct IndexRingInfo
+{
+    uint64_t capacity = 0;
+    uintptr_t base = 0;
+    uint64_t cursor = 0;
+    uint64_t liveLeases = 0;
+};
+
+struct PageRingInfo
+{
+    uint64_t capacity = 0;
+    int32_t kind = 0; ///< runtime::MemoryKind.
+    uint64_t liveLeases = 0;
+};
+
+// The configuration structs of kvcm/config.h with named fields; kvcodec_sdk/_boundary.py fills them.
+void bindConfig(py::module_& k)
+{
+    py::class_<kvcm::BufferConfig>(k, "BufferConfig", "One configured buffer of a page (kvcm::BufferConfig).")
+        .def(py::init<>())
+        .def_readwrite("layer", &kvcm::BufferConfig::layer)
+        .def_property(
+            "role", [](kvcm::BufferConfig const& b) { return int32_t(b.role); },
+            [](kvcm::BufferConfig& b, int32_t v) { b.role = BufferRole(v); })
+        .def_property(
+            "dtype", [](kvcm::BufferConfig const& b) { return int32_t(b.dtype); },
+            [](kvcm::BufferConfig& b, int32_t v) { b.dtype = DataType(v); })
+        .def_readwrite("bytes", &kvcm::BufferConfig::bytes)
+        .def_readwrite("tokens_per_page", &kvcm::BufferConfig::tokensPerPage)
+        .def_readwrite("num_heads", &kvcm::BufferConfig::numHeads)
+        .def_readwrite("head_dim", &kvcm::BufferConfig::headDim);
+
+    py::class_<kvcm::LayerGroupConfig>(k, "LayerGroupConfig", "A layer group (kvcm::LayerGroupConfig).")
+        .def(py::init<>())
+        .def_readwrite("buffers", &kvcm::LayerGroupConfig::buffers);
+
+    py::class_<kvcm::DiskTierConfig>(k, "DiskTierConfig", "The disk tier (kvcm::DiskTierConfig); an empty path: none.")
+        .def(py::init<>())
+        .def_readwrite("path", &kvcm::DiskTierConfig::path)
+        .def_readwrite("max_bytes", &kvcm::DiskTierConfig::maxBytes)
+        .def_readwrite("container_bytes", &kvcm::DiskTierConfig::containerBytes)
+        .def_readwrite("io_mode", &kvcm::DiskTierConfig::ioMode)
+        .def_readwrite("io_threads", &kvcm::DiskTierConfig::ioThreads)
+        .def_readwrite("codec_name", &kvcm::DiskTierConfig::codecName)
+        .def_readwrite("format_version", &kvcm::DiskTierConfig::formatVersion)
+        .def_readwrite("param_hash", &kvcm::DiskTierConfig::paramHash)
+        .def_readwrite("params_json", &kvcm::DiskTierConfig::paramsJson)
+        .def_readwrite("layout_json", &kvcm::DiskTierConfig::layoutJson)
+        .def_readwrite("faults", &kvcm::DiskTierConfig::faults);
+
+    py::class_<kvcm::KvcmConfig>(k, "KvcmConfig", "Everything the core needs (kvcm::KvcmConfig).")
+        .def(py::init<>())
+        .def_readwrite("layer_groups", &kvcm::KvcmConfig::layerGroups)
+        .def_readwrite("gpu_quota_bytes", &kvcm::KvcmConfig::gpuQuotaBytes)
+        .def_readwrite("max_gpu_quota_bytes", &kvcm::KvcmConfig::maxGpuQuotaBytes)
+        .def_readwrite("host_quota_bytes", &kvcm::KvcmConfig::hostQuotaBytes)
+        .def_readwrite("pool_ratio", &kvcm::KvcmConfig::poolRatio)
+        .def_readwrite("min_hot_slots", &kvcm::KvcmConfig::minHotSlots)
+        .def_readwrite("auto_evict", &kvcm::KvcmConfig::autoEvict)
+        .def_readwrite("index_ring_bytes", &kvcm::KvcmConfig::indexRingBytes)
+        .def_readwrite("envelope_format_version", &kvcm::KvcmConfig::envelopeFormatVersion)
+        .def_readwrite("disk", &kvcm::KvcmConfig::disk);
+}
+
+// Query results with named, read-only fields.
+void bindResults(py::module_& k)
+{
+    py::class_<kvcm::PageInfo>(k, "PageInfo", "Where a page is now (kvcm::PageInfo).")
+        .def_readonly("lifecycle", &kvcm::PageInfo::lifeCycle)
+        .def_property_readonly("level", [](kvcm::PageInfo const& i) { return int32_t(i.level); })
+        .def_readonly("slot", &kvcm::PageInfo::slot)
+        .def_readonly("pool_group", &kvcm::PageInfo::poolGroup);
+
+    py::class_<kvcm::MigrationResult>(k, "MigrationResult", "Outcome of migrate() (kvcm::MigrationResult).")
+        .def_readonly("moved", &kvcm::MigrationResult::moved)
+        .def_property_readonly("dropped", [](kvcm::MigrationResult const& r) {
+            py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.dropped.size()));
+            std::copy(r.dropped.begin(), r.dropped.end(), out.mutable_data());
+            return out;
+        });
+
+    py::class_<kvcm::MigrationRecord>(k, "MigrationRecord", "One submitted transfer (kvcm::MigrationRecord).")
+        .def_property_readonly("src_level", [](kvcm::MigrationRecord const& r) { return int32_t(r.srcLevel); })
+        .def_property_readonly("dst_level", [](kvcm::MigrationRecord const& r) { return int32_t(r.dstLevel); })
+        .def_readonly("src_pool_group", &kvcm::MigrationRecord::srcPoolGroup)
+        .def_readonly("dst_pool_group", &kvcm::MigrationRecord::dstPoolGroup)
+        .def_readonly("batching_representative", &kvcm::MigrationRecord::batchingRepresentative)
+        .def_readonly("pages", &kvcm::MigrationRecord::pages)
+        .def_readonly("bytes", &kvcm::MigrationRecord::bytes);
+
+    py::class_<kvcm::LifeCycleInfo>(k, "LifeCycleInfo", "What the manager knows about a lifecycle (kvcm::LifeCycleInfo).")
+        .def_readonly("hot_page_bytes", &kvcm::LifeCycleInfo::hotPageBytes)
+        .def_readonly("cold_page_bytes", &kvcm::LifeCycleInfo::coldPageBytes)
+        .def_readonly("batching_representative", &kvcm::LifeCycleInfo::batchingRepresentative)
+        .def_property_readonly(
+            "page_index_location", [](kvcm::LifeCycleInfo const& i) { return int32_t(i.location); })
+        .def_property_readonly("buffers", [](kvcm::LifeCycleInfo const& i) { return i.layout.buffers; });
+
+    py::class_<SlotCounts>(k, "SlotCounts", "Slots and free slots of a pool group.")
+        .def_readonly("num_slots", &SlotCounts::numSlots)
+        .def_readonly("free_slots", &SlotCounts::freeSlots);
+
+    py::class_<SlotPeak>(k, "SlotPeak", "Used slots now and their peak since the last reset.")
+        .def_readonly("used_slots", &SlotPeak::usedSlots)
+        .def_readonly("peak_used_slots", &SlotPeak::peakUsedSlots);
+
+    py::class_<ColdPool>(k, "ColdPool", "A cold pool's accessible memory: page_bytes per slot.")
+        .def_readonly("base", &ColdPool::base)
+        .def_readonly("page_bytes", &ColdPool::pageBytes)
+        .def_readonly("num_slots", &ColdPool::numSlots)
+        .def_readonly("owner", &ColdPool::owner);
+
+    py::class_<IndexRingInfo>(k, "IndexRingInfo", "The device index ring.")
+        .def_readonly("capacity", &IndexRingInfo::capacity)
+        .def_readonly("base", &IndexRingInfo::base)
+        .def_readonly("cursor", &IndexRingInfo::cursor)
+        .def_readonly("live_leases", &IndexRingInfo::liveLeases);
+
+    py::class_<PageRingInfo>(k, "PageRingInfo", "The pinned page ring staging disk transfers.")
+        .def_readonly("capacity", &PageRingInfo::capacity)
+        .def_readonly("kind", &PageRingInfo::kind)
+        .def_readonly("live_leases", &PageRingInfo::liveLeases);
 }
 
 std::unique_ptr<runtime::DeviceRuntime> makeRuntime(int32_t device)
@@ -232,21 +339,51 @@ public:
     int64_t next_ = 1;
 };
 
-void bindTesting(py::module_& t)
+// What the staging harness reports, with named fields.
+struct LeaseInfo
+{
+    size_t offset = 0;
+    size_t size = 0;
+    std::optional<uintptr_t> stream;
+    uintptr_t dataOffset = 0; ///< data() - base(): where the lease's bytes start in the backing.
+};
+
+struct StagingRange
+{
+    size_t offset = 0;
+    size_t size = 0;
+    bool live = false;
+    int64_t event = 0; ///< Id of the retired range's event (0: nothing outstanding).
+};
+
+void bindKvcmTesting(py::module_& t)
 {
     t.doc() = "Test support of the KV-cache manager: a knob-driven CPU codec and a staging harness.";
+    py::class_<kvcm::testing::CodecCall>(t, "CodecCall", "One encode/decode call of the test codec.")
+        .def_property_readonly("kind", [](kvcm::testing::CodecCall const& c) { return c.encode ? "encode" : "decode"; })
+        .def_readonly("lifecycle", &kvcm::testing::CodecCall::lifeCycle)
+        .def_readonly("pages", &kvcm::testing::CodecCall::pages)
+        .def_readonly("indices", &kvcm::testing::CodecCall::indices);
+    py::class_<LeaseInfo>(t, "LeaseInfo", "A live staging lease.")
+        .def_readonly("offset", &LeaseInfo::offset)
+        .def_readonly("size", &LeaseInfo::size)
+        .def_readonly("stream", &LeaseInfo::stream)
+        .def_readonly("data_offset", &LeaseInfo::dataOffset);
+    py::class_<StagingRange>(t, "StagingRange", "A range of the staging ring.")
+        .def_readonly("offset", &StagingRange::offset)
+        .def_readonly("size", &StagingRange::size)
+        .def_readonly("live", &StagingRange::live)
+        .def_readonly("event", &StagingRange::event);
+    py::class_<kvcm::testing::RuntimeOp>(t, "RuntimeOp", "One logged operation of the recording runtime.")
+        .def_readonly("op", &kvcm::testing::RuntimeOp::op)
+        .def_readonly("event", &kvcm::testing::RuntimeOp::event)
+        .def_readonly("stream", &kvcm::testing::RuntimeOp::stream);
+
     t.def("test_codec_factory", [](uint32_t abiVersion) {
         return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory(abiVersion)), KVCODEC_FACTORY_CAPSULE_NAME);
     }, py::arg("abi_version") = KVCODEC_PLUGIN_ABI_VERSION);
     t.def("fail_codec_calls_after", &kvcm::testing::failCodecCallsAfter, py::arg("after"));
-    t.def("codec_calls", [] {
-        py::list out;
-        for (auto const& c : kvcm::testing::codecCalls())
-        {
-            out.append(py::make_tuple(c.encode ? "encode" : "decode", c.lifeCycle, c.pages, c.indices));
-        }
-        return out;
-    });
+    t.def("codec_calls", [] { return kvcm::testing::codecCalls(); });
     t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
 
     py::class_<StagingHarness>(t, "StagingHarness")
@@ -271,15 +408,15 @@ void bindTesting(py::module_& t)
                 {
                     s = reinterpret_cast<uintptr_t>(*l.stream());
                 }
-                return py::make_tuple(l.offset(), l.size(), s,
-                    reinterpret_cast<uintptr_t>(l.data()) - reinterpret_cast<uintptr_t>(h.live().base()));
+                return LeaseInfo{l.offset(), l.size(), s,
+                    reinterpret_cast<uintptr_t>(l.data()) - reinterpret_cast<uintptr_t>(h.live().base())};
             })
         .def("ranges",
             [](StagingHarness& h) {
-                py::list out;
+                std::vector<StagingRange> out;
                 for (auto const& r : h.live().ranges())
                 {
-                    out.append(py::make_tuple(r.offset, r.size, r.live, kvcm::testing::eventId(r.event)));
+                    out.push_back({r.offset, r.size, r.live, kvcm::testing::eventId(r.event)});
                 }
                 return out;
             })
@@ -291,12 +428,7 @@ void bindTesting(py::module_& t)
         })
         .def("log",
             [](StagingHarness& h) {
-                py::list out;
-                for (auto const& op : *h.runtime_->log)
-                {
-                    out.append(py::make_tuple(op.op, op.event, op.stream));
-                }
-                return out;
+                return *h.runtime_->log;
             })
         .def("clear_log", [](StagingHarness& h) { h.runtime_->log->clear(); })
         .def("close", &StagingHarness::close);
@@ -309,7 +441,8 @@ void bindKvcm(py::module_& m)
     py::module_ k = m.def_submodule("kvcm", "The KV-cache manager's C++ core.");
     static py::exception<kvcm::CapacityError> capacityError(k, "CapacityError", PyExc_RuntimeError);
     static py::exception<kvcm::StalePageError> staleError(k, "StalePageError", PyExc_ValueError);
-    static py::object migrationError = py::exception<kvcm::MigrationFailure>(k, "MigrationFailure", PyExc_RuntimeError);
+    static py::object migrationError = py::exception<kvcm::MigrationError>(k, "MigrationError", PyExc_RuntimeError);
+    k.attr("MigrationFailure") = migrationError; // The former name.
     py::register_exception_translator([](std::exception_ptr p) {
         try
         {
@@ -318,9 +451,11 @@ void bindKvcm(py::module_& m)
                 std::rethrow_exception(p);
             }
         }
-        catch (kvcm::MigrationFailure const& e)
+        catch (kvcm::MigrationError const& e)
         {
-            PyErr_SetObject(migrationError.ptr(), py::make_tuple(e.what(), e.committedPages).ptr());
+            py::object error = migrationError(e.what());
+            error.attr("committed_pages") = e.committedPages;
+            PyErr_SetObject(migrationError.ptr(), error.ptr());
         }
         catch (kvcm::CapacityError const& e)
         {
@@ -332,9 +467,11 @@ void bindKvcm(py::module_& m)
         }
     });
     k.attr("MAX_PAIRS_PER_CALL") = kvcm::kMaxPairsPerCall;
+    bindConfig(k);
+    bindResults(k);
 
     py::class_<kvcm::KvCacheManager>(k, "KvcmCore")
-        .def(py::init([](ConfigTuple const& config, runtime::OwnedCodec* codec, int32_t device) {
+        .def(py::init([](kvcm::KvcmConfig config, runtime::OwnedCodec* codec, int32_t device) {
             // Consumptive: the codec leaves the Python object before anything can fail.
             runtime::CodecPtr owned = codec ? codec->take() : runtime::CodecPtr();
             int32_t const codecDevice = codec ? codec->device() : device;
@@ -342,8 +479,7 @@ void bindKvcm(py::module_& m)
             {
                 throw std::invalid_argument("the native codec was already released or consumed");
             }
-            kvcm::KvcmConfig c = toConfig(config);
-            return new kvcm::KvCacheManager(std::move(c), makeRuntime(device), std::move(owned), codecDevice);
+            return new kvcm::KvCacheManager(std::move(config), makeRuntime(device), std::move(owned), codecDevice);
         }),
             py::arg("config"), py::arg("codec").none(true), py::arg("device"))
         .def_property_readonly("device", [](kvcm::KvCacheManager& m) { return m.runtime().name(); })
@@ -385,16 +521,13 @@ void bindKvcm(py::module_& m)
                     py::gil_scoped_release release;
                     r = m.migrate(p, n, CacheLevel(level), toStream(stream), required);
                 }
-                py::array_t<uint64_t> dropped(static_cast<py::ssize_t>(r.dropped.size()));
-                std::copy(r.dropped.begin(), r.dropped.end(), dropped.mutable_data());
-                return py::make_tuple(r.moved, dropped);
+                return r;
             },
             py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none())
         .def("info",
             [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "info");
-                auto i = m.info(id);
-                return py::make_tuple(i.lifeCycle, int(i.level), i.slot, i.poolGroup);
+                return m.info(id);
             })
         .def("is_live", [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "is_live");
@@ -408,7 +541,7 @@ void bindKvcm(py::module_& m)
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "slots");
                 auto& pool = const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), groupArg(m, l, g));
-                return py::make_tuple(pool.numSlots(), pool.freeSlots());
+                return SlotCounts{pool.numSlots(), pool.freeSlots()};
             })
         .def("page_bytes",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
@@ -422,25 +555,18 @@ void bindKvcm(py::module_& m)
                     throw std::invalid_argument("lifecycle is " + std::to_string(lc) + "; configured layer groups are 0.."
                         + std::to_string(m.storage().numLifeCycles() - 1));
                 }
-                auto const& i = m.storage().lifeCycle(lc);
-                py::list buffers;
-                for (auto const& b : i.layout.buffers)
-                {
-                    buffers.append(py::make_tuple(b.layerId, int(b.role), b.poolIndex, int(b.dtype), b.byteOffset, b.bytes,
-                        b.tokensPerPage, b.numHeads, b.headDim));
-                }
-                return py::make_tuple(i.hotPageBytes, i.coldPageBytes, i.representative, int(i.location), buffers);
+                return m.storage().lifeCycle(lc);
             })
         .def("hot_pools",
             [](kvcm::KvCacheManager& m, int32_t g) {
                 PyGuard guard(m, "hot_pools");
                 auto const& group = m.storage().hotGroups()[size_t(groupArg(m, 0, g))];
-                py::list out;
+                std::vector<PoolDesc> out;
                 for (size_t p = 0; p < group.pools.size(); ++p)
                 {
                     // The whole reserve: views stay valid across resizes of the hot level.
-                    out.append(py::make_tuple(reinterpret_cast<uintptr_t>(group.pools[p].data()), group.slotBytes[p],
-                        group.capacitySlots));
+                    out.push_back({const_cast<void*>(static_cast<void const*>(group.pools[p].data())), group.slotBytes[p],
+                        group.capacitySlots});
                 }
                 return out;
             })
@@ -464,8 +590,8 @@ void bindKvcm(py::module_& m)
                                 PyCapsule_GetPointer(capsule, "kvcodec.pool_owner"));
                         });
                 }
-                return py::make_tuple(reinterpret_cast<uintptr_t>(cold->accessibleBase(g)), cold->pageBytes(g),
-                    cold->slots(g).numSlots(), owner);
+                return ColdPool{reinterpret_cast<uintptr_t>(cold->accessibleBase(g)), cold->pageBytes(g),
+                    cold->slots(g).numSlots(), owner};
             })
         .def("stats",
             [](kvcm::KvCacheManager& m, int32_t l) {
@@ -575,17 +701,21 @@ void bindKvcm(py::module_& m)
         .def("get_and_reset_iteration_peak_block_stats",
             [](kvcm::KvCacheManager& m, int32_t l) {
                 PyGuard guard(m, "get_and_reset_iteration_peak_block_stats");
-                return m.getAndResetIterationPeakBlockStats(levelArg(l));
+                std::vector<SlotPeak> out;
+                for (auto const& [used, peak] : m.getAndResetIterationPeakBlockStats(levelArg(l)))
+                {
+                    out.push_back({used, peak});
+                }
+                return out;
             })
         .def("add_observer",
-            [](kvcm::KvCacheManager& m, std::function<void(py::tuple)> fn) {
+            [](kvcm::KvCacheManager& m, std::function<void(kvcm::MigrationRecord const&)> fn) {
                 PyGuard guard(m, "add_observer");
                 return m.addObserver([fn](kvcm::MigrationRecord const& r) {
                     py::gil_scoped_acquire gil;
                     try
                     {
-                        fn(py::make_tuple(int(r.srcLevel), int(r.dstLevel), r.srcPoolGroup, r.dstPoolGroup,
-                            r.representative, r.pages, r.bytes));
+                        fn(r);
                     }
                     catch (py::error_already_set const& e)
                     {
@@ -599,15 +729,15 @@ void bindKvcm(py::module_& m)
                 return m.removeObserver(id);
             })
         .def("index_ring",
-            [](kvcm::KvCacheManager& m) -> py::object {
+            [](kvcm::KvCacheManager& m) -> std::optional<IndexRingInfo> {
                 PyGuard guard(m, "index_ring");
                 auto const* ring = m.storage().indexRing();
                 if (ring == nullptr)
                 {
-                    return py::none();
+                    return std::nullopt;
                 }
-                return py::make_tuple(ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(),
-                    ring->liveLeases());
+                return IndexRingInfo{ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(),
+                    ring->liveLeases()};
             })
         .def("synchronize", [](kvcm::KvCacheManager& m) {
             PyGuard guard(m, "synchronize");
@@ -636,14 +766,14 @@ void bindKvcm(py::module_& m)
                 return m.unclaimedOnDisk();
             })
         .def("page_ring",
-            [](kvcm::KvCacheManager& m) -> py::object {
+            [](kvcm::KvCacheManager& m) -> std::optional<PageRingInfo> {
                 PyGuard guard(m, "page_ring");
                 auto const* ring = m.storage().pageRing();
                 if (ring == nullptr)
                 {
-                    return py::none();
+                    return std::nullopt;
                 }
-                return py::make_tuple(ring->capacity(), int(ring->kind()), ring->liveLeases());
+                return PageRingInfo{ring->capacity(), int32_t(ring->kind()), ring->liveLeases()};
             })
         .def("disk_region_stats",
             [](kvcm::KvCacheManager& m, int32_t g) {
@@ -681,5 +811,5 @@ void bindKvcm(py::module_& m)
         "max(64 MiB, 3 * max_cold_page_bytes), the pinned page ring size (OverflowError past 64 bits).");
 
     py::module_ t = m.def_submodule("kvcm_testing");
-    bindTesting(t);
+    bindKvcmTesting(t);
 }

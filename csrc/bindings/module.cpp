@@ -7,7 +7,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "codecs/concat/concat_codec.h"
@@ -19,16 +18,68 @@
 namespace py = pybind11;
 using namespace kvcodec;
 
-void bindTesting(py::module_& m); // testing.cpp
+void bindConformanceTesting(py::module_& m); // testing.cpp
 void bindKvcm(py::module_& m); // bindings/kvcm.cpp
 void bindDisk(py::module_& m); // bindings/disk.cpp
 
 namespace {
 
-using BufferTuple = std::tuple<int32_t, int32_t, int32_t, int32_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;
-using PoolTuple = std::tuple<uintptr_t, uint64_t, uint64_t>;
-using LifeCycleTuple = std::tuple<int32_t, std::vector<BufferTuple>>;
-using GroupTuple = std::tuple<std::vector<PoolTuple>, std::vector<LifeCycleTuple>>;
+using runtime::HotLayoutStorage;
+
+// The hot-layout descriptors of codec.h as Python classes with named fields; kvcodec_sdk/_boundary.py
+// fills them from the facade's dataclasses.
+void bindLayout(py::module_& m)
+{
+    py::class_<PoolDesc>(m, "PoolDesc", "One hot pool (kvcodec::PoolDesc).")
+        .def(py::init([](uintptr_t base, uint64_t slotBytes, uint64_t numSlots) {
+            return PoolDesc{reinterpret_cast<void*>(base), slotBytes, numSlots};
+        }),
+            py::arg("base") = 0, py::arg("slot_bytes") = 0, py::arg("num_slots") = 0)
+        .def_property(
+            "base", [](PoolDesc const& p) { return reinterpret_cast<uintptr_t>(p.base); },
+            [](PoolDesc& p, uintptr_t v) { p.base = reinterpret_cast<void*>(v); })
+        .def_readwrite("slot_bytes", &PoolDesc::slotBytes)
+        .def_readwrite("num_slots", &PoolDesc::numSlots);
+
+    py::class_<BufferDesc>(m, "BufferDesc", "One buffer inside a hot slot (kvcodec::BufferDesc).")
+        .def(py::init([](int32_t layerId, int32_t role, int32_t poolIndex, int32_t dtype, uint64_t byteOffset,
+                          uint64_t bytes, int32_t tokensPerPage, int32_t numHeads, int32_t headDim) {
+            return BufferDesc{layerId, BufferRole(role), poolIndex, DataType(dtype), byteOffset, bytes, tokensPerPage,
+                numHeads, headDim, 0};
+        }),
+            py::arg("layer_id") = 0, py::arg("role") = 0, py::arg("pool_index") = 0, py::arg("dtype") = 0,
+            py::arg("byte_offset") = 0, py::arg("bytes") = 0, py::arg("tokens_per_page") = 0, py::arg("num_heads") = 0,
+            py::arg("head_dim") = 0)
+        .def_readwrite("layer_id", &BufferDesc::layerId)
+        .def_property(
+            "role", [](BufferDesc const& b) { return int32_t(b.role); },
+            [](BufferDesc& b, int32_t v) { b.role = BufferRole(v); })
+        .def_readwrite("pool_index", &BufferDesc::poolIndex)
+        .def_property(
+            "dtype", [](BufferDesc const& b) { return int32_t(b.dtype); },
+            [](BufferDesc& b, int32_t v) { b.dtype = DataType(v); })
+        .def_readwrite("byte_offset", &BufferDesc::byteOffset)
+        .def_readwrite("bytes", &BufferDesc::bytes)
+        .def_readwrite("tokens_per_page", &BufferDesc::tokensPerPage)
+        .def_readwrite("num_heads", &BufferDesc::numHeads)
+        .def_readwrite("head_dim", &BufferDesc::headDim);
+
+    py::class_<HotLayoutStorage::LifeCycle>(m, "LifeCycleDesc", "A lifecycle and its buffers (kvcodec::LifeCycleDesc).")
+        .def(py::init([](int32_t id, std::vector<BufferDesc> buffers) {
+            return HotLayoutStorage::LifeCycle{id, std::move(buffers)};
+        }),
+            py::arg("lifecycle_id") = 0, py::arg("buffers") = std::vector<BufferDesc>())
+        .def_readwrite("lifecycle_id", &HotLayoutStorage::LifeCycle::id)
+        .def_readwrite("buffers", &HotLayoutStorage::LifeCycle::buffers);
+
+    py::class_<HotLayoutStorage::Group>(m, "PoolGroupDesc", "A hot pool group (kvcodec::PoolGroupDesc).")
+        .def(py::init([](std::vector<PoolDesc> pools, std::vector<HotLayoutStorage::LifeCycle> lifecycles) {
+            return HotLayoutStorage::Group{std::move(pools), std::move(lifecycles)};
+        }),
+            py::arg("pools") = std::vector<PoolDesc>(), py::arg("lifecycles") = std::vector<HotLayoutStorage::LifeCycle>())
+        .def_readwrite("pools", &HotLayoutStorage::Group::pools)
+        .def_readwrite("lifecycles", &HotLayoutStorage::Group::lifeCycles);
+}
 
 KvcodecCodecFactory const* factoryFromCapsule(py::object const& obj)
 {
@@ -45,31 +96,6 @@ KvcodecCodecFactory const* factoryFromCapsule(py::object const& obj)
             + (name ? name : "<null>") + "'");
     }
     return static_cast<KvcodecCodecFactory const*>(PyCapsule_GetPointer(raw, name));
-}
-
-runtime::HotLayoutStorage toLayout(std::vector<GroupTuple> const& groups)
-{
-    runtime::HotLayoutStorage layout;
-    for (auto const& [pools, lifeCycles] : groups)
-    {
-        runtime::HotLayoutStorage::Group g;
-        for (auto const& [base, slotBytes, numSlots] : pools)
-        {
-            g.pools.push_back({reinterpret_cast<void*>(base), slotBytes, numSlots});
-        }
-        for (auto const& [id, buffers] : lifeCycles)
-        {
-            runtime::HotLayoutStorage::LifeCycle lc{id, {}};
-            for (auto const& [layer, role, pool, dtype, offset, bytes, tokens, heads, dim] : buffers)
-            {
-                lc.buffers.push_back(
-                    {layer, BufferRole(role), pool, DataType(dtype), offset, bytes, tokens, heads, dim, 0});
-            }
-            g.lifeCycles.push_back(std::move(lc));
-        }
-        layout.groups.push_back(std::move(g));
-    }
-    return layout;
 }
 
 // Bytes of a C-contiguous buffer; strided views are refused rather than hashed wrongly.
@@ -171,8 +197,9 @@ PYBIND11_MODULE(_native, m)
         .def_property_readonly("released", [](runtime::OwnedCodec const& c) { return c.get() == nullptr; })
         .def(
             "configure",
-            [](runtime::OwnedCodec& c, std::vector<GroupTuple> const& groups) {
-                runtime::HotLayoutStorage layout = toLayout(groups);
+            [](runtime::OwnedCodec& c, std::vector<HotLayoutStorage::Group> groups) {
+                HotLayoutStorage layout;
+                layout.groups = std::move(groups);
                 auto const& descs = layout.descs();
                 return live(c)->configure(descs.empty() ? nullptr : descs.data(), PoolGroupIndex(descs.size()));
             },
@@ -233,7 +260,15 @@ PYBIND11_MODULE(_native, m)
         .def("last_error", [](runtime::OwnedCodec& c) { return std::string(live(c)->lastError()); })
         .def("release", &runtime::OwnedCodec::release);
 
-    bindTesting(m);
+    bindLayout(m);
+    bindConformanceTesting(m);
+    bindDisk(m); // before kvcm: its DiskTierConfig holds disk.FaultRule values
     bindKvcm(m);
-    bindDisk(m);
+
+    // The submodules import by their dotted names too (type checkers and stubtest do so).
+    py::dict modules = py::module_::import("sys").attr("modules");
+    for (char const* sub : {"kvcm", "kvcm_testing", "disk"})
+    {
+        modules[py::str(py::str(m.attr("__name__")).cast<std::string>() + "." + sub)] = m.attr(sub);
+    }
 }

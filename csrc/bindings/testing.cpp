@@ -10,7 +10,7 @@
 
 namespace py = pybind11;
 
-void bindTesting(py::module_& m)
+void bindConformanceTesting(py::module_& m)
 {
     using kvcodec::runtime::StreamBlocker;
     py::class_<StreamBlocker>(m, "StreamBlocker",

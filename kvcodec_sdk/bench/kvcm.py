@@ -34,7 +34,7 @@ import numpy as np
 from ._common import Column, KiB, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, \
     steps as _steps
 from .. import _native
-from ..kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
+from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import KVCacheManager
 from ..registry import create_codec
@@ -133,7 +133,7 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
                    + (f", {resident} resident pages" if resident else ""))
     hot_resident = resident - resident // 2
     cfg = KVCacheConfig(
-        layer_groups=[LayerGroupConfig([BufferConfig(layer, Role.KEY, piece) for layer in range(pools)])],
+        layer_groups=[LayerGroupConfig([BufferDesc(layer, Role.KEY, bytes=piece) for layer in range(pools)])],
         gpu_quota=(2 * n + hot_resident) * pools * piece, host_quota=(n + resident // 2) * pools * piece,
         device=device)
     m = KVCacheManager(cfg)

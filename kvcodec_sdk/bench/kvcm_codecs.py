@@ -15,7 +15,7 @@ data, in one run:
   engine would otherwise use.
 
 Data: bf16 K and V buffers filled by :func:`kvcodec_sdk.testing.data.fill_page_bytes` (per-channel
-scales, outlier channels, smooth token structure), whose :class:`BufferConfig` carries dtype,
+scales, outlier channels, smooth token structure), whose :class:`BufferDesc` carries dtype,
 tokens, heads and head dim so quantizing codecs see them. The default page is a real model's
 page: 6 layers x (K, V), each 16 tokens x 12 heads x 128 dims of bf16 (48 KiB), 576 KiB per page.
 A set of distinct generated pages is tiled over the pages moved. On a GPU the data is generated on
@@ -58,7 +58,7 @@ import numpy as np
 from ._common import Column, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, steps as _steps
 from .. import _native
 from ..errors import KvcodecError
-from ..kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
+from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
 from ..layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import create_codec, default_registry, get_codec_spec
@@ -108,8 +108,9 @@ class Layout:
     def page_bytes(self) -> int:
         return self.layers * self.slot_bytes
 
-    def buffer_configs(self) -> list[BufferConfig]:
-        return [BufferConfig(layer, role, self.buffer_bytes, self.dt, self.tokens, self.heads, self.head_dim)
+    def buffer_configs(self) -> list[BufferDesc]:
+        return [BufferDesc(layer, role, bytes=self.buffer_bytes, dtype=self.dt, tokens_per_page=self.tokens,
+                           num_heads=self.heads, head_dim=self.head_dim)
                 for layer in range(self.layers) for role in (Role.KEY, Role.VALUE)]
 
     def pool_buffers(self, pool: int) -> list[BufferDesc]:

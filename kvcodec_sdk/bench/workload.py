@@ -42,7 +42,7 @@ import numpy as np
 
 from ._common import Column, KiB, Table, Unpadded, advance as _advance, log as _log, steps as _steps
 from .. import _native
-from ..kvcm_config import BufferConfig, DiskTierConfig, KVCacheConfig, LayerGroupConfig
+from ..kvcm_config import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
 
@@ -178,7 +178,7 @@ class _Engine:
 
     def __init__(self, w: Workload, device: str, torch, host_tier: bool, disk_dir: str | None):
         self.w, self.torch, self.device = w, torch, device
-        buffers = [BufferConfig(layer, role, w.piece_bytes) for layer in range(w.layers) for role in (Role.KEY, Role.VALUE)]
+        buffers = [BufferDesc(layer, role, bytes=w.piece_bytes) for layer in range(w.layers) for role in (Role.KEY, Role.VALUE)]
         disk = None
         if disk_dir is not None:
             disk = DiskTierConfig(disk_dir, max_bytes=2 * w.working_set() * w.page_bytes, io_threads=2)
@@ -224,7 +224,7 @@ class _Engine:
         return out, dt
 
     def _slots(self, ids: np.ndarray) -> np.ndarray:
-        return np.array([self.m._live().info(int(i))[2] for i in ids.tolist()], dtype=np.int64)
+        return np.array([self.m._live().info(int(i)).slot for i in ids.tolist()], dtype=np.int64)
 
     def _write(self, ids: np.ndarray, keys: list) -> None:
         exp = self.pattern.expected(keys)
@@ -258,7 +258,7 @@ class _Engine:
         page = self.pages.get(key)
         if page is None or not self.m._live().is_live(page):
             return -1
-        return int(self.m._live().info(page)[1])
+        return int(self.m._live().info(page).level)
 
     def turn(self, session: int, turn: int) -> None:
         w, m = self.w, self.m

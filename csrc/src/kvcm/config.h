@@ -6,10 +6,10 @@
 
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "kvcodec/codec.h"
+#include "tiers/disk/file_io.h"
 
 namespace kvcodec::kvcm {
 
@@ -56,8 +56,8 @@ struct DiskTierConfig
     std::string paramHash;  ///< Covers the codec parameters and the layer-group layout.
     std::string paramsJson;
     std::string layoutJson;
-    /// Test-only fault rules (op, path part, after ops, errno, torn, count) for the region I/O.
-    std::vector<std::tuple<std::string, std::string, uint64_t, int, bool, uint64_t>> faults;
+    /// Test-only fault rules for the region I/O.
+    std::vector<disk::FaultRule> faults;
 };
 
 struct KvcmConfig

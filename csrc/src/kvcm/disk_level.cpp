@@ -95,12 +95,7 @@ DiskColdLevel::DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig con
         rc.layoutJson = config.layoutJson;
         if (!config.faults.empty())
         {
-            std::vector<disk::FaultRule> rules;
-            for (auto const& [op, part, after, err, torn, count] : config.faults)
-            {
-                rules.push_back({op, part, after, err, torn, count});
-            }
-            rc.fileIo = disk::faultyFileIo(std::move(rules));
+            rc.fileIo = disk::faultyFileIo(config.faults);
         }
         std::string const dir = config.path + "/" + rc.name;
         Group group = std::move(prepared[g]);

@@ -143,7 +143,7 @@ void KvCacheManager::buildTransferKeys()
                 // pool groups only.
                 TransferKey key{src, dst, storage_->poolGroup(src, LifeCycleId(l)),
                     storage_->poolGroup(dst, LifeCycleId(l)),
-                    codecPath ? storage_->lifeCycle(LifeCycleId(l)).representative : -1, path};
+                    codecPath ? storage_->lifeCycle(LifeCycleId(l)).batchingRepresentative : -1, path};
                 auto it = std::find_if(keys.begin(), keys.end(), [&](TransferKey const& k) {
                     return k.srcGroup == key.srcGroup && k.dstGroup == key.dstGroup && k.rep == key.rep;
                 });

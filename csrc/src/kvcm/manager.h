@@ -40,16 +40,18 @@ public:
 /// A transfer failed synchronously. Transfers submitted before it stay committed
 /// (committedPages); the failed one and every later one were rolled back: their destination
 /// slots released, their pages left where they were, retryable.
-class MigrationFailure : public std::runtime_error
+class MigrationError : public std::runtime_error
 {
 public:
-    MigrationFailure(std::string const& message, size_t committed)
+    MigrationError(std::string const& message, size_t committed)
         : std::runtime_error(message)
         , committedPages(committed)
     {
     }
     size_t committedPages;
 };
+/// The former name of MigrationError.
+using MigrationFailure [[deprecated("use MigrationError")]] = MigrationError;
 
 /// One submitted transfer, as migration observers see it.
 struct MigrationRecord
@@ -58,7 +60,7 @@ struct MigrationRecord
     CacheLevel dstLevel;
     PoolGroupIndex srcPoolGroup;
     PoolGroupIndex dstPoolGroup;
-    LifeCycleId representative; ///< Batching representative of a codec transfer, else -1.
+    LifeCycleId batchingRepresentative; ///< Batching representative of a codec transfer, else -1.
     uint64_t pages;
     uint64_t bytes; ///< Bytes written at the destination.
 };

@@ -201,7 +201,7 @@ MigrationResult KvCacheManager::migrate(
             {
                 checkError = std::string(" (waiting for the committed pages' decode statuses failed too: ") + e.what() + ")";
             }
-            throw MigrationFailure("migration to the " + std::string(levelName(dst)) + " level failed after "
+            throw MigrationError("migration to the " + std::string(levelName(dst)) + " level failed after "
                     + std::to_string(result.moved) + " of " + std::to_string(count) + checkError
                     + " pages were committed; the other pages stay where they were and can be retried: " + error,
                 result.moved);

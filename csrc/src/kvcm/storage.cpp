@@ -253,11 +253,11 @@ void StorageManager::queryCodec()
             throw std::invalid_argument("the codec reports 0 cold-page bytes for layer group " + std::to_string(l)
                 + " (queryColdPageBytes failed): " + codec_->lastError());
         }
-        info.representative = codec_->getBatchingLayerGroupId(id);
-        if (info.representative < 0)
+        info.batchingRepresentative = codec_->getBatchingLayerGroupId(id);
+        if (info.batchingRepresentative < 0)
         {
             throw std::invalid_argument("the codec reports batching representative "
-                + std::to_string(info.representative) + " for layer group " + std::to_string(l)
+                + std::to_string(info.batchingRepresentative) + " for layer group " + std::to_string(l)
                 + " (getBatchingLayerGroupId failed)");
         }
         info.location = codec_->queryPageIndexLocation(id);
@@ -286,7 +286,7 @@ void StorageManager::validateBatchingAndMapCold()
     for (size_t l = 0; l < n; ++l)
     {
         LifeCycleInfo const& m = lifeCycles_[l];
-        LifeCycleId const r = m.representative;
+        LifeCycleId const r = m.batchingRepresentative;
         std::string const cls = "layer group " + std::to_string(l) + " has batching representative " + std::to_string(r);
         if (size_t(r) >= n)
         {
@@ -298,10 +298,10 @@ void StorageManager::validateBatchingAndMapCold()
                 + "lifecycle of its class");
         }
         LifeCycleInfo const& rep = lifeCycles_[size_t(r)];
-        if (rep.representative != r)
+        if (rep.batchingRepresentative != r)
         {
             throw std::invalid_argument(cls + ", but layer group " + std::to_string(r) + " maps to representative "
-                + std::to_string(rep.representative) + ", not to itself");
+                + std::to_string(rep.batchingRepresentative) + ", not to itself");
         }
         if (hotMap[l] != hotMap[size_t(r)])
         {

@@ -31,7 +31,7 @@ struct LifeCycleInfo
     HotSlotLayout layout;
     uint64_t hotPageBytes = 0;
     uint64_t coldPageBytes = 0;
-    LifeCycleId representative = -1; ///< Batching representative (codec-equivalence class).
+    LifeCycleId batchingRepresentative = -1; ///< Batching representative (codec-equivalence class).
     PageIndexLocation location = PageIndexLocation::kBadLocation;
 };
 
