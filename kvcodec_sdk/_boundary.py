@@ -26,6 +26,7 @@ __all__ = [
 
 # DiskTierConfig.io_mode -> disk::IoMode.
 IO_MODES = {"auto": 0, "direct": 1, "buffered": 2}
+IO_BACKENDS = {"auto": 0, "threads": 1, "io_uring": 2}  # disk::IoBackend
 
 
 def pool_groups_to_native(groups: Sequence[PoolGroupDesc]) -> list[_native.PoolGroupDesc]:
@@ -89,6 +90,8 @@ def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None) ->
     out.container_bytes = int(d.container_bytes)
     out.io_mode = IO_MODES[d.io_mode]
     out.io_threads = int(d.io_threads)
+    out.io_backend = IO_BACKENDS[d.io_backend]
+    out.queue_depth = int(d.queue_depth)
     out.codec_name = identity.name
     out.format_version = int(identity.format_version)
     out.param_hash = identity.param_hash

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from . import _native
+from ._boundary import IO_BACKENDS, IO_MODES
 from .errors import KvcodecError
 
 __all__ = [
@@ -40,8 +41,6 @@ __all__ = [
 
 log = logging.getLogger("kvcodec_sdk.disk")
 
-IO_MODES = {"auto": 0, "direct": 1, "buffered": 2}
-IO_BACKENDS = {"auto": 0, "threads": 1, "io_uring": 2}
 WHEN_FULL = {"refuse": 0, "evict": 1}
 _FAULT_OPS = ("pwrite", "pread", "fdatasync", "fallocate", "any")
 

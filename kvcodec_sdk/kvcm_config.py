@@ -55,7 +55,7 @@ class LayerGroupConfig:
     buffers: Sequence[BufferDesc]
 
 
-from ._boundary import IO_MODES as _IO_MODES
+from ._boundary import IO_BACKENDS, IO_MODES as _IO_MODES
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class DiskTierConfig:
     :param io_mode: ``"auto"`` (O_DIRECT where the file system accepts it), ``"direct"`` or
         ``"buffered"``.
     :param io_threads: I/O worker threads per region.
+    :param io_backend: ``"auto"`` (io_uring where the kernel allows it, else the thread pool),
+        ``"io_uring"`` or ``"threads"`` (see :class:`kvcodec_sdk.disk.DiskRegion`).
+    :param queue_depth: io_uring requests in flight per worker (1..4096).
     """
 
     path: str
@@ -77,6 +80,8 @@ class DiskTierConfig:
     container_bytes: int = 1 << 30
     io_mode: str = "auto"
     io_threads: int = 32
+    io_backend: str = "auto"
+    queue_depth: int = 8
     _faults: Sequence[dict] | None = None  # Test-only fault injection rules (see kvcodec_sdk.disk).
 
     def validate(self, where: str = "KVCacheConfig.disk") -> None:
@@ -90,6 +95,9 @@ class DiskTierConfig:
         _int(f"{where}.io_threads", self.io_threads, 1, 4096)
         if self.io_mode not in _IO_MODES:
             raise KVCacheConfigError(f"{where}.io_mode is {self.io_mode!r}; valid: {', '.join(_IO_MODES)}")
+        _int(f"{where}.queue_depth", self.queue_depth, 1, 4096)
+        if self.io_backend not in IO_BACKENDS:
+            raise KVCacheConfigError(f"{where}.io_backend is {self.io_backend!r}; valid: {', '.join(IO_BACKENDS)}")
 
 
 @dataclass(frozen=True)

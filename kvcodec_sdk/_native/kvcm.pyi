@@ -37,6 +37,7 @@ class DiskTierConfig(metaclass=_pybind11_type):
     container_bytes: int
     faults: list[kvcodec_sdk._native.disk.FaultRule]
     format_version: int
+    io_backend: int
     io_mode: int
     io_threads: int
     layout_json: str
@@ -44,6 +45,7 @@ class DiskTierConfig(metaclass=_pybind11_type):
     param_hash: str
     params_json: str
     path: str
+    queue_depth: int
     def __init__(self) -> None: ...
 
 class IndexRingInfo(metaclass=_pybind11_type):

@@ -92,6 +92,8 @@ DiskColdLevel::DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig con
         rc.ioMode = disk::IoMode(config.ioMode);
         rc.whenFull = disk::FullPolicy::kRefuse; // The manager owns placement: the region never evicts its pages.
         rc.ioThreads = config.ioThreads;
+        rc.ioBackend = disk::IoBackend(config.ioBackend);
+        rc.queueDepth = config.queueDepth;
         rc.layoutJson = config.layoutJson;
         if (!config.faults.empty())
         {

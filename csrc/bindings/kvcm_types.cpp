@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// Named fields for the KV-cache manager's configuration and query results (see kvcm_types.h).
+#include "kvcm_types.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "kvcm/manager.h"
+
+namespace kvcodec::bindings {
+
+using kvcm::CacheLevel;
+
+// The configuration structs of kvcm/config.h with named fields; kvcodec_sdk/_boundary.py fills them.
+void bindKvcmConfig(py::module_& k)
+{
+    py::class_<kvcm::BufferConfig>(k, "BufferConfig", "One configured buffer of a page (kvcm::BufferConfig).")
+        .def(py::init<>())
+        .def_readwrite("layer", &kvcm::BufferConfig::layer)
+        .def_property(
+            "role", [](kvcm::BufferConfig const& b) { return int32_t(b.role); },
+            [](kvcm::BufferConfig& b, int32_t v) { b.role = BufferRole(v); })
+        .def_property(
+            "dtype", [](kvcm::BufferConfig const& b) { return int32_t(b.dtype); },
+            [](kvcm::BufferConfig& b, int32_t v) { b.dtype = DataType(v); })
+        .def_readwrite("bytes", &kvcm::BufferConfig::bytes)
+        .def_readwrite("tokens_per_page", &kvcm::BufferConfig::tokensPerPage)
+        .def_readwrite("num_heads", &kvcm::BufferConfig::numHeads)
+        .def_readwrite("head_dim", &kvcm::BufferConfig::headDim);
+
+    py::class_<kvcm::LayerGroupConfig>(k, "LayerGroupConfig", "A layer group (kvcm::LayerGroupConfig).")
+        .def(py::init<>())
+        .def_readwrite("buffers", &kvcm::LayerGroupConfig::buffers);
+
+    py::class_<kvcm::DiskTierConfig>(k, "DiskTierConfig", "The disk tier (kvcm::DiskTierConfig); an empty path: none.")
+        .def(py::init<>())
+        .def_readwrite("path", &kvcm::DiskTierConfig::path)
+        .def_readwrite("max_bytes", &kvcm::DiskTierConfig::maxBytes)
+        .def_readwrite("container_bytes", &kvcm::DiskTierConfig::containerBytes)
+        .def_readwrite("io_mode", &kvcm::DiskTierConfig::ioMode)
+        .def_readwrite("io_threads", &kvcm::DiskTierConfig::ioThreads)
+        .def_readwrite("io_backend", &kvcm::DiskTierConfig::ioBackend)
+        .def_readwrite("queue_depth", &kvcm::DiskTierConfig::queueDepth)
+        .def_readwrite("codec_name", &kvcm::DiskTierConfig::codecName)
+        .def_readwrite("format_version", &kvcm::DiskTierConfig::formatVersion)
+        .def_readwrite("param_hash", &kvcm::DiskTierConfig::paramHash)
+        .def_readwrite("params_json", &kvcm::DiskTierConfig::paramsJson)
+        .def_readwrite("layout_json", &kvcm::DiskTierConfig::layoutJson)
+        .def_readwrite("faults", &kvcm::DiskTierConfig::faults);
+
+    py::class_<kvcm::KvcmConfig>(k, "KvcmConfig", "Everything the core needs (kvcm::KvcmConfig).")
+        .def(py::init<>())
+        .def_readwrite("layer_groups", &kvcm::KvcmConfig::layerGroups)
+        .def_readwrite("gpu_quota_bytes", &kvcm::KvcmConfig::gpuQuotaBytes)
+        .def_readwrite("max_gpu_quota_bytes", &kvcm::KvcmConfig::maxGpuQuotaBytes)
+        .def_readwrite("host_quota_bytes", &kvcm::KvcmConfig::hostQuotaBytes)
+        .def_readwrite("pool_ratio", &kvcm::KvcmConfig::poolRatio)
+        .def_readwrite("min_hot_slots", &kvcm::KvcmConfig::minHotSlots)
+        .def_readwrite("auto_evict", &kvcm::KvcmConfig::autoEvict)
+        .def_readwrite("index_ring_bytes", &kvcm::KvcmConfig::indexRingBytes)
+        .def_readwrite("envelope_format_version", &kvcm::KvcmConfig::envelopeFormatVersion)
+        .def_readwrite("disk", &kvcm::KvcmConfig::disk);
+}
+
+// Query results with named, read-only fields.
+void bindKvcmResults(py::module_& k)
+{
+    py::class_<kvcm::PageInfo>(k, "PageInfo", "Where a page is now (kvcm::PageInfo).")
+        .def_readonly("lifecycle", &kvcm::PageInfo::lifeCycle)
+        .def_property_readonly("level", [](kvcm::PageInfo const& i) { return int32_t(i.level); })
+        .def_readonly("slot", &kvcm::PageInfo::slot)
+        .def_readonly("pool_group", &kvcm::PageInfo::poolGroup);
+
+    py::class_<kvcm::MigrationResult>(k, "MigrationResult", "Outcome of migrate() (kvcm::MigrationResult).")
+        .def_readonly("moved", &kvcm::MigrationResult::moved)
+        .def_property_readonly("dropped", [](kvcm::MigrationResult const& r) {
+            py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.dropped.size()));
+            std::copy(r.dropped.begin(), r.dropped.end(), out.mutable_data());
+            return out;
+        });
+
+    py::class_<kvcm::MigrationRecord>(k, "MigrationRecord", "One submitted transfer (kvcm::MigrationRecord).")
+        .def_property_readonly("src_level", [](kvcm::MigrationRecord const& r) { return int32_t(r.srcLevel); })
+        .def_property_readonly("dst_level", [](kvcm::MigrationRecord const& r) { return int32_t(r.dstLevel); })
+        .def_readonly("src_pool_group", &kvcm::MigrationRecord::srcPoolGroup)
+        .def_readonly("dst_pool_group", &kvcm::MigrationRecord::dstPoolGroup)
+        .def_readonly("batching_representative", &kvcm::MigrationRecord::batchingRepresentative)
+        .def_readonly("pages", &kvcm::MigrationRecord::pages)
+        .def_readonly("bytes", &kvcm::MigrationRecord::bytes);
+
+    py::class_<kvcm::LifeCycleInfo>(k, "LifeCycleInfo", "What the manager knows about a lifecycle (kvcm::LifeCycleInfo).")
+        .def_readonly("hot_page_bytes", &kvcm::LifeCycleInfo::hotPageBytes)
+        .def_readonly("cold_page_bytes", &kvcm::LifeCycleInfo::coldPageBytes)
+        .def_readonly("batching_representative", &kvcm::LifeCycleInfo::batchingRepresentative)
+        .def_property_readonly(
+            "page_index_location", [](kvcm::LifeCycleInfo const& i) { return int32_t(i.location); })
+        .def_property_readonly("buffers", [](kvcm::LifeCycleInfo const& i) { return i.layout.buffers; });
+
+    py::class_<SlotCounts>(k, "SlotCounts", "Slots and free slots of a pool group.")
+        .def_readonly("num_slots", &SlotCounts::numSlots)
+        .def_readonly("free_slots", &SlotCounts::freeSlots);
+
+    py::class_<SlotPeak>(k, "SlotPeak", "Used slots now and their peak since the last reset.")
+        .def_readonly("used_slots", &SlotPeak::usedSlots)
+        .def_readonly("peak_used_slots", &SlotPeak::peakUsedSlots);
+
+    py::class_<ColdPool>(k, "ColdPool", "A cold pool's accessible memory: page_bytes per slot.")
+        .def_readonly("base", &ColdPool::base)
+        .def_readonly("page_bytes", &ColdPool::pageBytes)
+        .def_readonly("num_slots", &ColdPool::numSlots)
+        .def_readonly("owner", &ColdPool::owner);
+
+    py::class_<IndexRingInfo>(k, "IndexRingInfo", "The device index ring.")
+        .def_readonly("capacity", &IndexRingInfo::capacity)
+        .def_readonly("base", &IndexRingInfo::base)
+        .def_readonly("cursor", &IndexRingInfo::cursor)
+        .def_readonly("live_leases", &IndexRingInfo::liveLeases);
+
+    py::class_<PageRingInfo>(k, "PageRingInfo", "The pinned page ring staging disk transfers.")
+        .def_readonly("capacity", &PageRingInfo::capacity)
+        .def_readonly("kind", &PageRingInfo::kind)
+        .def_readonly("live_leases", &PageRingInfo::liveLeases);
+}
+
+} // namespace kvcodec::bindings

@@ -1,0 +1,281 @@
+"""Levels, page handles, migration results and errors of the KV-cache manager (re-exported by
+:mod:`kvcodec_sdk.manager`, which holds :class:`~kvcodec_sdk.manager.KVCacheManager` itself)."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+from . import _native
+from .errors import KvcodecError
+from .layout import DataType
+
+if TYPE_CHECKING:
+    from .manager import KVCacheManager
+
+_core = _native.kvcm
+
+
+class _LevelName:
+    """``CacheLevel.name``: on a member its enum name ("HOST"); on the class the former helper
+    ``CacheLevel.label(level)``, the lower-case name of a level value ("host")."""
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return owner.label
+        return obj._name_
+
+
+class CacheLevel(enum.IntEnum):
+    """Storage levels (values of ``kvcm::CacheLevel``)."""
+
+    HOT = 0
+    HOST = 1
+    DISK = 2
+
+    name = _LevelName()  # type: ignore[assignment]
+
+    @classmethod
+    def label(cls, level: int) -> str:
+        """Lower-case name of a level value ("hot", "host"); the value itself when unknown."""
+        try:
+            return cls(int(level))._name_.lower()
+        except ValueError:
+            return str(level)
+
+
+class CapacityError(KvcodecError, RuntimeError):
+    """A level has too few free slots for the request; nothing was changed."""
+
+
+class StalePageError(KvcodecError, ValueError):
+    """A page handle was freed or dropped (or belongs to another manager)."""
+
+
+class MigrationError(KvcodecError, RuntimeError):
+    """A transfer failed on submission. Transfers before it stay committed
+    (``committed_pages``); every other page stays where it was and can be migrated again."""
+
+    def __init__(self, message: str, committed_pages: int):
+        super().__init__(message)
+        self.committed_pages = committed_pages
+
+
+#: The former name of :class:`MigrationError` (the C++ core's ``kvcm::MigrationError``).
+MigrationFailure = MigrationError
+
+
+def page_ring_bytes(max_cold_page_bytes: int) -> int:
+    """Size of the pinned page ring for the largest cold page: ``max(64 MiB, 3 * max)``, with the
+    multiplication checked (OverflowError past 64 bits)."""
+    return int(_core.page_ring_bytes(int(max_cold_page_bytes)))
+
+
+def _content_key(key: Any, where: str) -> bytes:
+    if key is None:
+        return b""
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{where} is a {type(key).__name__}; content keys are bytes or str")
+    key = bytes(key)
+    if not 1 <= len(key) <= 254:
+        raise ValueError(f"{where} is {len(key)} bytes; content keys are 1..254 bytes")
+    return key
+
+
+@contextlib.contextmanager
+def _native_errors():
+    try:
+        yield
+    except _core.MigrationError as exc:
+        raise MigrationError(str(exc), int(getattr(exc, "committed_pages", 0))) from None
+    except _core.CapacityError as exc:
+        raise CapacityError(str(exc)) from None
+    except _core.StalePageError as exc:
+        raise StalePageError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class PoolGroupStats:
+    """Counters of one pool group of one level (see ``docs/kvcm.md``)."""
+
+    pages_offloaded: int
+    bytes_offloaded: int
+    pages_onboarded: int
+    bytes_onboarded: int
+    pages_copied: int
+    pages_dropped: int
+    codec_calls: int
+    codec_seconds: float
+    evictions: int = 0  # pages the eviction controller moved out of this group
+    drops: int = 0  # pages the eviction controller dropped here (last level only)
+    hits: int = 0  # touch() calls on pages in this group
+    #: ``pages_dropped`` per reason: the codec's page statuses (``bad_magic``,
+    #: ``bad_format_version``, ``bad_header``, ``did_not_fit``, ``bad_checksum``,
+    #: ``decode_failed``, ``bad_index``) and the disk tier's (``missing``, ``disk_checksum``).
+    dropped_by_reason: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigrationRecord:
+    """One submitted transfer, as migration observers receive it."""
+
+    src_level: int
+    dst_level: int
+    src_pool_group: int
+    dst_pool_group: int
+    batching_representative: int  # of a codec transfer, else -1
+    pages: int
+    bytes: int
+
+    @property
+    def representative(self) -> int:
+        """The former name of :attr:`batching_representative`."""
+        return self.batching_representative
+
+    @classmethod
+    def _from_native(cls, r: Any) -> MigrationRecord:
+        return cls(int(r.src_level), int(r.dst_level), int(r.src_pool_group), int(r.dst_pool_group),
+                   int(r.batching_representative), int(r.pages), int(r.bytes))
+
+
+class PageHandle:
+    """One page of a manager. Stable across migrations; stale once freed or dropped."""
+
+    __slots__ = ("_manager", "id")
+
+    def __init__(self, manager: KVCacheManager, page_id: int):
+        self._manager = manager
+        self.id = int(page_id)
+
+    @property
+    def key(self) -> bytes | None:
+        """The page's content key (None when unset). Setting it (bytes or str, 1..254 bytes;
+        unique among live pages; before the page goes to disk) names its disk blob, so a later
+        manager on the same disk tier can find it (:meth:`~kvcodec_sdk.manager.KVCacheManager.find_on_disk`)."""
+        with _native_errors():
+            k = self._manager._live().key(self.id)
+        return bytes(k) or None
+
+    @key.setter
+    def key(self, value: bytes | str | None) -> None:
+        self._manager.set_keys([self], [value])
+
+    def _info(self) -> tuple[int, int, int, int]:
+        """(lifecycle, level, slot, pool group), read once from the native ``PageInfo``."""
+        with _native_errors():
+            i = self._manager._live().info(self.id)
+        return int(i.lifecycle), int(i.level), int(i.slot), int(i.pool_group)
+
+    @property
+    def lifecycle(self) -> int:
+        """Layer group (lifecycle) of the page."""
+        return self._info()[0]
+
+    @property
+    def level(self) -> int:
+        """:class:`CacheLevel` value of where the page is now."""
+        return self._info()[1]
+
+    @property
+    def slot(self) -> int:
+        """Slot index of the page in its current level's pool group."""
+        return self._info()[2]
+
+    @property
+    def pool_group(self) -> int:
+        """Pool group at the page's current level (groups of different levels are unrelated)."""
+        return self._info()[3]
+
+    @property
+    def is_live(self) -> bool:
+        """False once the page was freed or dropped (the handle is then stale)."""
+        return bool(self._manager._live().is_live(self.id))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PageHandle) and other._manager is self._manager and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash((id(self._manager), self.id))
+
+    def __repr__(self) -> str:
+        if not self.is_live:
+            return f"<PageHandle {self.id:#x} stale>"
+        lc, level, slot, group = self._info()
+        return f"<PageHandle {self.id:#x} layer group {lc} at {CacheLevel.label(level)} slot {slot} (pool group {group})>"
+
+
+class PageList(Sequence[PageHandle]):
+    """Pages as a numpy array of ids (``ids``); indexing gives :class:`PageHandle` objects."""
+
+    __slots__ = ("_manager", "ids")
+
+    def __init__(self, manager: KVCacheManager, ids: np.ndarray):
+        self._manager = manager
+        self.ids = np.ascontiguousarray(ids, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice) or isinstance(i, np.ndarray) or isinstance(i, list):
+            return PageList(self._manager, self.ids[i])
+        return PageHandle(self._manager, int(self.ids[i]))
+
+    def __iter__(self) -> Iterator[PageHandle]:
+        for x in self.ids.tolist():
+            yield PageHandle(self._manager, x)
+
+    def __add__(self, other: PageList) -> PageList:
+        return PageList(self._manager, np.concatenate([self.ids, other.ids]))
+
+    def __repr__(self) -> str:
+        return f"<PageList of {len(self)} pages>"
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """``moved``: pages now at the destination; ``dropped``: cold pages the envelope check
+    dropped (their handles are stale: the engine sees a cache miss)."""
+
+    moved: int
+    dropped: PageList
+
+
+class _HostArray:
+    """Exposes raw host memory through ``__array_interface__``; keeps its owner alive."""
+
+    def __init__(self, owner: Any, ptr: int, shape: tuple, typestr: str = "|u1"):
+        self._owner = owner
+        self.__array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3}
+
+
+class _CudaArray:
+    """Exposes raw device memory through ``__cuda_array_interface__``; keeps its owner alive."""
+
+    def __init__(self, owner: Any, ptr: int, shape: tuple, typestr: str = "|u1"):
+        self._owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None, "stream": None,
+        }
+
+
+_NUMPY_DTYPES = {
+    DataType.UINT8: np.uint8, DataType.INT8: np.int8, DataType.FLOAT16: np.float16, DataType.BFLOAT16: np.uint16,
+    DataType.FLOAT32: np.float32, DataType.FLOAT8_E4M3: np.uint8, DataType.FLOAT8_E5M2: np.uint8, DataType.INT32: np.int32,
+}
+
+
+def _torch_dtype(torch: Any, dtype: DataType) -> Any:
+    return {
+        DataType.UINT8: torch.uint8, DataType.INT8: torch.int8, DataType.FLOAT16: torch.float16, DataType.BFLOAT16: torch.bfloat16,
+        DataType.FLOAT32: torch.float32, DataType.FLOAT8_E4M3: torch.float8_e4m3fn, DataType.FLOAT8_E5M2: torch.float8_e5m2,
+        DataType.INT32: torch.int32,
+    }[dtype]
+
+
