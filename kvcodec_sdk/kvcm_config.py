@@ -17,8 +17,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ._boundary import IO_BACKENDS
+from ._boundary import IO_MODES as _IO_MODES
 from .errors import KvcodecError
-from .layout import BufferConfig, BufferDesc, DataType, BufferRole
+from .layout import BufferConfig, BufferDesc, BufferRole, DataType
 
 # BufferConfig: the deprecated spelling of BufferDesc, kept importable from here.
 __all__ = ["BufferConfig", "BufferDesc", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
@@ -54,8 +56,6 @@ class LayerGroupConfig:
 
     buffers: Sequence[BufferDesc]
 
-
-from ._boundary import IO_BACKENDS, IO_MODES as _IO_MODES
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,10 @@ import os
 
 import numpy as np
 import pytest
+from sdk_helpers import HotLayout, random_hot_layout
 
 import kvcodec_sdk
 from kvcodec_sdk.registry import _reset_default_registry
-
-from sdk_helpers import HotLayout, random_hot_layout
 
 # Child interpreters (python -m kvcodec_sdk, crash-test writers) start in the repository root;
 # without this they would import the source tree's kvcodec_sdk, which has no built extension,

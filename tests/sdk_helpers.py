@@ -10,11 +10,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-import pytest
 
-import kvcodec_sdk
 from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
-from kvcodec_sdk.registry import _reset_default_registry
 
 #: Bytes of guard memory before and after every pool; a codec write outside its slots lands here.
 GUARD_BYTES = 64

@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import kvcodec_sdk
 from sdk_helpers import (
     GUARD_BYTES,
     ODD_SLOT_SIZES,
@@ -24,6 +22,8 @@ from sdk_helpers import (
     pairs,
     random_bytes,
 )
+
+import kvcodec_sdk
 from kvcodec_sdk import (
     BufferDesc,
     CodecCallError,

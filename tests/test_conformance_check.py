@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-pytest_plugins = ["pytester"]
+from test_conformance_suite import broken_lib  # noqa: F401  (session fixture: builds libbroken_codecs)
 
 from kvcodec_sdk.testing import CLAUSES, harness
-from test_conformance_suite import broken_lib  # noqa: F401  (session fixture: builds libbroken_codecs)
+
+pytest_plugins = ["pytester"]
 
 HERE = Path(__file__).parent
 
@@ -59,7 +59,7 @@ def test_bad_params_are_an_error():
 
 
 @pytest.fixture
-def installed_broken_codec(tmp_path, broken_lib):
+def installed_broken_codec(tmp_path, broken_lib):  # noqa: F811  (the imported fixture, requested by name)
     """A fake installed plugin registering broken codecs: write_past_slot, decode_ignores_lifecycle,
     throws_on_empty, cuda_only (a correct codec declaring only a CUDA implementation) and
     golden_none (a correct codec shipping golden vectors next to its spec)."""

@@ -7,7 +7,6 @@ to asynchronous reads and writes stay locked until their ticket completes."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import warnings
@@ -178,9 +177,10 @@ def test_manager_regions_with_damaged_region_json_are_repaired_and_resized(tmp_p
     """The KV-cache manager opens its regions with resize_on_open: a damaged region.json whose
     recorded identity differs from the configuration only in the container count is repaired
     as recorded, then resized in place; every page is found again, byte-exact."""
-    from kvcodec_sdk import CacheLevel, KVCacheManager
     from test_kvcm_disk_resize import CONTAINER, disk_config, on_disk
     from test_kvcm_support import hot_bytes
+
+    from kvcodec_sdk import CacheLevel, KVCacheManager
 
     m = KVCacheManager(disk_config(tmp_path))
     pages, model = on_disk(m, np.random.default_rng(5), [4, 4], keys=True)

@@ -13,11 +13,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from test_kvcm_support import config, expected_blob, group, hot_bytes, make_test_codec, write_random
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheConfigError, KVCacheManager, _native
 from kvcodec_sdk.manager import CapacityError, PageHandle, StalePageError
-
-from test_kvcm_support import config, expected_blob, group, hot_bytes, make_test_codec, write_random
 
 # -- pool ratio ------------------------------------------------------------------------------------
 

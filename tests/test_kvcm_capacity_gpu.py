@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
-
-from kvcodec_sdk import CacheLevel, KVCacheManager, _native
-
 from test_kvcm_capacity import CapacityMachine
 from test_kvcm_support import config, group, hot_bytes
+
+from kvcodec_sdk import CacheLevel, KVCacheManager, _native
 
 torch = pytest.importorskip("torch")
 

@@ -4,12 +4,19 @@ projection, batching-class validation and consumptive codec ownership (host back
 from __future__ import annotations
 
 import pytest
+from test_kvcm_support import config, group, make_test_codec
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import BufferDesc, CacheLevel, KVCacheConfig, KVCacheConfigError, KVCacheManager, LayerGroupConfig, Role
+from kvcodec_sdk import (
+    BufferDesc,
+    CacheLevel,
+    KVCacheConfig,
+    KVCacheConfigError,
+    KVCacheManager,
+    LayerGroupConfig,
+    Role,
+)
 from kvcodec_sdk.errors import CodecConsumedError
-
-from test_kvcm_support import config, group, make_test_codec
 
 
 def assert_consumed(codec):

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import kvcm_crash_child as child
+
 from kvcodec_sdk import CacheLevel, KVCacheManager
 
 CHILD = str(Path(child.__file__).resolve())

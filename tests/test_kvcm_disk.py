@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kvcm_support import config, group, hot_bytes, make_test_codec, write_random
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheConfigError, KVCacheManager
 from kvcodec_sdk.manager import MigrationError, StalePageError, page_ring_bytes
-
-from test_kvcm_support import config, group, hot_bytes, make_test_codec, write_random
 
 GROUPS = [group([0, 1], [64, 32]), group([2], [48])]  # two cold pool groups (192- and 48-byte pages)
 

@@ -9,12 +9,11 @@ import errno
 
 import numpy as np
 import pytest
+from test_kvcm_support import config, group, hot_bytes, write_random
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager
 from kvcodec_sdk.disk import DiskIoError, DiskRegion
 from kvcodec_sdk.manager import CapacityError
-
-from test_kvcm_support import config, group, hot_bytes, write_random
 
 GROUPS = [group([0, 1], [64, 32]), group([2], [48])]  # lifecycle = cold pool group (192- and 48-byte pages)
 CONTAINER = 4 * 4096  # four slots per container file (slots are padded to 4 KiB)

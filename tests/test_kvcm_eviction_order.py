@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kvcm_support import config, group
 
 from kvcodec_sdk import CacheLevel, KVCacheManager
 from kvcodec_sdk.manager import CapacityError
-
-from test_kvcm_support import config, group
 
 HOT_SLOTS, HOST_SLOTS = 16, 24
 

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kvcm_support import config, group, hot_bytes, make_test_codec
 
 import kvcodec_sdk as kv
 from kvcodec_sdk import CacheLevel, KVCacheManager, _native
 from kvcodec_sdk.errors import CodecConsumedError
-
-from test_kvcm_support import config, group, hot_bytes, make_test_codec
 
 torch = pytest.importorskip("torch")
 

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kvcm_support import T, check_all, config, group, hot_bytes, make_test_codec, write_random
 
 from kvcodec_sdk import CacheLevel, KVCacheManager, _native
 from kvcodec_sdk.manager import CapacityError, MigrationError, MigrationRecord, StalePageError
-
-from test_kvcm_support import T, check_all, config, expected_blob, group, hot_bytes, make_test_codec, write_random
 
 MAX_PAIRS = _native.kvcm.MAX_PAIRS_PER_CALL
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheConfigError, KVCacheManager
-from kvcodec_sdk.manager import CapacityError, PageHandle
-
 from test_kvcm_support import config, expected_blob, group, hot_bytes, make_test_codec, write_random
+
+from kvcodec_sdk import CacheLevel, KVCacheConfigError, KVCacheManager
+from kvcodec_sdk.manager import CapacityError, PageHandle
 
 ONE = [group([0], [48, 16])]  # one hot pool group of 64-byte pages (two pools)
 TWO = [group([0], [64]), group([1], [32])]

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kvcm_support import config, group, hot_bytes
 
 from kvcodec_sdk import CacheLevel, KVCacheManager, _native
-
-from test_kvcm_support import config, group, hot_bytes
 
 torch = pytest.importorskip("torch")
 

@@ -10,10 +10,9 @@ import threading
 
 import numpy as np
 import pytest
+from test_kvcm_support import config, group, hot_bytes, make_test_codec
 
 from kvcodec_sdk import CacheLevel, KVCacheManager
-
-from test_kvcm_support import config, group, hot_bytes, make_test_codec
 
 
 def _run_threads(target, n):

@@ -10,7 +10,6 @@ import pytest
 from kvcodec_sdk import _native
 
 
-
 class Harness:
     """The native StagingHarness, its leases, ranges and log as tuples for compact assertions."""
 

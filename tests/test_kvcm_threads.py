@@ -54,11 +54,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kvcm_support import config, group
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager, _native
 from kvcodec_sdk.manager import CapacityError, StalePageError
-
-from test_kvcm_support import config, group
 
 HOT, HOST, DISK = CacheLevel.HOT, CacheLevel.HOST, CacheLevel.DISK
 

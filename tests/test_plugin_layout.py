@@ -8,10 +8,10 @@ file too long to read make that comparison cheap. These checks read the source t
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "templates" / "codec-plugin" / "{{cookiecutter.distribution_name}}"

@@ -18,9 +18,9 @@ import warnings
 
 import numpy as np
 import pytest
+from sdk_helpers import pairs
 
 import kvcodec_sdk
-from sdk_helpers import pairs
 from kvcodec_sdk import (
     CodecParamError,
     CodecRegistry,

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "kvcm_types.h"
 #include "kvcm/manager.h"
 #include "kvcm/staging.h"
 #include "kvcm/testing/recording_runtime.h"
 #include "kvcm/testing/test_codec.h"
+#include "kvcm_types.h"
 #include "runtime/device_runtime.h"
 #include "runtime/owned_codec.h"
 
@@ -48,7 +48,8 @@ runtime::Stream toStream(uintptr_t handle)
     return reinterpret_cast<runtime::Stream>(handle);
 }
 
-std::pair<kvcm::PageId const*, size_t> pageIds(py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids)
+std::pair<kvcm::PageId const*, size_t> pageIds(
+    py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids)
 {
     return {ids.data(), size_t(ids.size())};
 }
@@ -58,8 +59,8 @@ CacheLevel levelArg(int32_t level, char const* field = "level")
 {
     if (level < 0 || level >= kvcm::kNumLevels)
     {
-        throw std::invalid_argument(std::string(field) + " is " + std::to_string(level)
-            + "; valid levels are 0 (hot), 1 (host) and 2 (disk)");
+        throw std::invalid_argument(
+            std::string(field) + " is " + std::to_string(level) + "; valid levels are 0 (hot), 1 (host) and 2 (disk)");
     }
     return CacheLevel(level);
 }
@@ -141,8 +142,8 @@ public:
         manager_ = std::make_unique<kvcm::StagingManager>(*runtime_, std::move(backing));
     }
 
-    std::optional<int64_t> acquire(size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment,
-        std::optional<uintptr_t> stream)
+    std::optional<int64_t> acquire(
+        size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment, std::optional<uintptr_t> stream)
     {
         std::optional<runtime::Stream> owner;
         if (stream)
@@ -236,9 +237,13 @@ void bindKvcmTesting(py::module_& t)
         .def_readonly("event", &kvcm::testing::RuntimeOp::event)
         .def_readonly("stream", &kvcm::testing::RuntimeOp::stream);
 
-    t.def("test_codec_factory", [](uint32_t abiVersion) {
-        return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory(abiVersion)), KVCODEC_FACTORY_CAPSULE_NAME);
-    }, py::arg("abi_version") = KVCODEC_PLUGIN_ABI_VERSION);
+    t.def(
+        "test_codec_factory",
+        [](uint32_t abiVersion) {
+            return py::capsule(const_cast<KvcodecCodecFactory*>(kvcm::testing::testCodecFactory(abiVersion)),
+                KVCODEC_FACTORY_CAPSULE_NAME);
+        },
+        py::arg("abi_version") = KVCODEC_PLUGIN_ABI_VERSION);
     t.def("fail_codec_calls_after", &kvcm::testing::failCodecCallsAfter, py::arg("after"));
     t.def("codec_calls", [] { return kvcm::testing::codecCalls(); });
     t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
@@ -280,13 +285,9 @@ void bindKvcmTesting(py::module_& t)
         .def_property_readonly("cursor", [](StagingHarness& h) { return h.live().cursor(); })
         .def_property_readonly("capacity", [](StagingHarness& h) { return h.live().capacity(); })
         .def_property_readonly("base", [](StagingHarness& h) { return reinterpret_cast<uintptr_t>(h.live().base()); })
-        .def_property_readonly("kind", [](StagingHarness& h) {
-            return h.live().kind() == runtime::MemoryKind::kDevice ? "device" : "host";
-        })
-        .def("log",
-            [](StagingHarness& h) {
-                return *h.runtime_->log;
-            })
+        .def_property_readonly("kind",
+            [](StagingHarness& h) { return h.live().kind() == runtime::MemoryKind::kDevice ? "device" : "host"; })
+        .def("log", [](StagingHarness& h) { return *h.runtime_->log; })
         .def("clear_log", [](StagingHarness& h) { h.runtime_->log->clear(); })
         .def("close", &StagingHarness::close);
 }
@@ -386,14 +387,16 @@ void bindKvcm(py::module_& m)
                 PyGuard guard(m, "info");
                 return m.info(id);
             })
-        .def("is_live", [](kvcm::KvCacheManager& m, uint64_t id) {
+        .def("is_live",
+            [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "is_live");
                 return m.isLive(id);
             })
         .def("num_lifecycles", [](kvcm::KvCacheManager& m) { return m.storage().numLifeCycles(); })
         .def("has_level", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().hasLevel(CacheLevel(l)); })
         .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(levelArg(l)); })
-        .def("num_pool_groups", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(levelArg(l)); })
+        .def("num_pool_groups",
+            [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().numPoolGroups(levelArg(l)); })
         .def("slots",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "slots");
@@ -409,8 +412,8 @@ void bindKvcm(py::module_& m)
             [](kvcm::KvCacheManager& m, int32_t lc) {
                 if (lc < 0 || size_t(lc) >= m.storage().numLifeCycles())
                 {
-                    throw std::invalid_argument("lifecycle is " + std::to_string(lc) + "; configured layer groups are 0.."
-                        + std::to_string(m.storage().numLifeCycles() - 1));
+                    throw std::invalid_argument("lifecycle is " + std::to_string(lc)
+                        + "; configured layer groups are 0.." + std::to_string(m.storage().numLifeCycles() - 1));
                 }
                 return m.storage().lifeCycle(lc);
             })
@@ -422,8 +425,8 @@ void bindKvcm(py::module_& m)
                 for (size_t p = 0; p < group.pools.size(); ++p)
                 {
                     // The whole reserve: views stay valid across resizes of the hot level.
-                    out.push_back({const_cast<void*>(static_cast<void const*>(group.pools[p].data())), group.slotBytes[p],
-                        group.capacitySlots});
+                    out.push_back({const_cast<void*>(static_cast<void const*>(group.pools[p].data())),
+                        group.slotBytes[p], group.capacitySlots});
                 }
                 return out;
             })
@@ -441,8 +444,8 @@ void bindKvcm(py::module_& m)
                 py::object owner = py::none();
                 if (auto keep = cold->memoryOwner(g))
                 {
-                    owner = py::capsule(new std::shared_ptr<void const>(std::move(keep)), "kvcodec.pool_owner",
-                        [](PyObject* capsule) {
+                    owner = py::capsule(
+                        new std::shared_ptr<void const>(std::move(keep)), "kvcodec.pool_owner", [](PyObject* capsule) {
                             delete static_cast<std::shared_ptr<void const>*>(
                                 PyCapsule_GetPointer(capsule, "kvcodec.pool_owner"));
                         });
@@ -480,16 +483,20 @@ void bindKvcm(py::module_& m)
                 auto [p, n] = pageIds(ids);
                 m.setPriority(p, n, priority);
             })
-        .def("pins", [](kvcm::KvCacheManager& m, uint64_t id) {
+        .def("pins",
+            [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "pins");
                 return m.pins(id);
             })
         .def("peak",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "peak");
-                return const_cast<kvcm::StorageManager&>(m.storage()).slots(CacheLevel(l), groupArg(m, l, g)).peakUsedSlots();
+                return const_cast<kvcm::StorageManager&>(m.storage())
+                    .slots(CacheLevel(l), groupArg(m, l, g))
+                    .peakUsedSlots();
             })
-        .def("evictable", [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
+        .def("evictable",
+            [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "evictable");
                 return m.evictable(CacheLevel(l), groupArg(m, l, g));
             })
@@ -543,7 +550,8 @@ void bindKvcm(py::module_& m)
                 }
             },
             py::arg("level"), py::arg("stream").none(true))
-        .def("hot_capacity_slots", [](kvcm::KvCacheManager& m, int32_t g) {
+        .def("hot_capacity_slots",
+            [](kvcm::KvCacheManager& m, int32_t g) {
                 PyGuard guard(m, "hot_capacity_slots");
                 return m.hotCapacitySlots(groupArg(m, 0, g));
             })
@@ -581,7 +589,8 @@ void bindKvcm(py::module_& m)
                     }
                 });
             })
-        .def("remove_observer", [](kvcm::KvCacheManager& m, int64_t id) {
+        .def("remove_observer",
+            [](kvcm::KvCacheManager& m, int64_t id) {
                 PyGuard guard(m, "remove_observer");
                 return m.removeObserver(id);
             })
@@ -593,16 +602,22 @@ void bindKvcm(py::module_& m)
                 {
                     return std::nullopt;
                 }
-                return IndexRingInfo{ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(),
-                    ring->liveLeases()};
+                return IndexRingInfo{
+                    ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(), ring->liveLeases()};
             })
-        .def("synchronize", [](kvcm::KvCacheManager& m) {
-            PyGuard guard(m, "synchronize");
-            py::gil_scoped_release release;
-            m.synchronize();
-        })
-        .def("set_key", [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) { PyGuard guard(m, "set_key"); m.setKey(id, std::string(key)); })
-        .def("key", [](kvcm::KvCacheManager& m, uint64_t id) {
+        .def("synchronize",
+            [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "synchronize");
+                py::gil_scoped_release release;
+                m.synchronize();
+            })
+        .def("set_key",
+            [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) {
+                PyGuard guard(m, "set_key");
+                m.setKey(id, std::string(key));
+            })
+        .def("key",
+            [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "key");
                 return py::bytes(m.key(id));
             })
@@ -614,11 +629,13 @@ void bindKvcm(py::module_& m)
                 m.findOnDisk(k.data(), k.size(), out.mutable_data());
                 return out;
             })
-        .def("forget_unclaimed_on_disk", [](kvcm::KvCacheManager& m) {
+        .def("forget_unclaimed_on_disk",
+            [](kvcm::KvCacheManager& m) {
                 PyGuard guard(m, "forget_unclaimed_on_disk");
                 return m.forgetUnclaimedOnDisk();
             })
-        .def("unclaimed_on_disk", [](kvcm::KvCacheManager& m) {
+        .def("unclaimed_on_disk",
+            [](kvcm::KvCacheManager& m) {
                 PyGuard guard(m, "unclaimed_on_disk");
                 return m.unclaimedOnDisk();
             })

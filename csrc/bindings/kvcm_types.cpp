@@ -89,12 +89,12 @@ void bindKvcmResults(py::module_& k)
         .def_readonly("pages", &kvcm::MigrationRecord::pages)
         .def_readonly("bytes", &kvcm::MigrationRecord::bytes);
 
-    py::class_<kvcm::LifeCycleInfo>(k, "LifeCycleInfo", "What the manager knows about a lifecycle (kvcm::LifeCycleInfo).")
+    py::class_<kvcm::LifeCycleInfo>(
+        k, "LifeCycleInfo", "What the manager knows about a lifecycle (kvcm::LifeCycleInfo).")
         .def_readonly("hot_page_bytes", &kvcm::LifeCycleInfo::hotPageBytes)
         .def_readonly("cold_page_bytes", &kvcm::LifeCycleInfo::coldPageBytes)
         .def_readonly("batching_representative", &kvcm::LifeCycleInfo::batchingRepresentative)
-        .def_property_readonly(
-            "page_index_location", [](kvcm::LifeCycleInfo const& i) { return int32_t(i.location); })
+        .def_property_readonly("page_index_location", [](kvcm::LifeCycleInfo const& i) { return int32_t(i.location); })
         .def_property_readonly("buffers", [](kvcm::LifeCycleInfo const& i) { return i.layout.buffers; });
 
     py::class_<SlotCounts>(k, "SlotCounts", "Slots and free slots of a pool group.")

@@ -19,8 +19,8 @@ namespace py = pybind11;
 using namespace kvcodec;
 
 void bindConformanceTesting(py::module_& m); // testing.cpp
-void bindKvcm(py::module_& m); // bindings/kvcm.cpp
-void bindDisk(py::module_& m); // bindings/disk.cpp
+void bindKvcm(py::module_& m);               // bindings/kvcm.cpp
+void bindDisk(py::module_& m);               // bindings/disk.cpp
 
 namespace {
 
@@ -76,7 +76,8 @@ void bindLayout(py::module_& m)
         .def(py::init([](std::vector<PoolDesc> pools, std::vector<HotLayoutStorage::LifeCycle> lifecycles) {
             return HotLayoutStorage::Group{std::move(pools), std::move(lifecycles)};
         }),
-            py::arg("pools") = std::vector<PoolDesc>(), py::arg("lifecycles") = std::vector<HotLayoutStorage::LifeCycle>())
+            py::arg("pools") = std::vector<PoolDesc>(),
+            py::arg("lifecycles") = std::vector<HotLayoutStorage::LifeCycle>())
         .def_readwrite("pools", &HotLayoutStorage::Group::pools)
         .def_readwrite("lifecycles", &HotLayoutStorage::Group::lifeCycles);
 }
@@ -92,7 +93,8 @@ KvcodecCodecFactory const* factoryFromCapsule(py::object const& obj)
     char const* name = PyCapsule_GetName(raw);
     if (name == nullptr || std::strcmp(name, KVCODEC_FACTORY_CAPSULE_NAME) != 0)
     {
-        throw py::type_error(std::string("expected a PyCapsule named '" KVCODEC_FACTORY_CAPSULE_NAME "', got one named '")
+        throw py::type_error(
+            std::string("expected a PyCapsule named '" KVCODEC_FACTORY_CAPSULE_NAME "', got one named '")
             + (name ? name : "<null>") + "'");
     }
     return static_cast<KvcodecCodecFactory const*>(PyCapsule_GetPointer(raw, name));
@@ -135,7 +137,8 @@ PYBIND11_MODULE(_native, m)
     m.def(
         "concat_factory",
         [] {
-            return py::capsule(const_cast<KvcodecCodecFactory*>(concat::concatCodecFactory()), KVCODEC_FACTORY_CAPSULE_NAME);
+            return py::capsule(
+                const_cast<KvcodecCodecFactory*>(concat::concatCodecFactory()), KVCODEC_FACTORY_CAPSULE_NAME);
         },
         "PyCapsule carrying the built-in concat codec's factory.");
 
@@ -209,8 +212,10 @@ PYBIND11_MODULE(_native, m)
             [](runtime::OwnedCodec& c, uintptr_t descs, int64_t num) {
                 return live(c)->configure(reinterpret_cast<PoolGroupDesc const*>(descs), PoolGroupIndex(num));
             },
-            py::arg("descs_ptr"), py::arg("num"), "configure() with a raw PoolGroupDesc pointer (invalid-argument tests).")
-        .def("query_cold_page_bytes", [](runtime::OwnedCodec& c, int32_t id) { return live(c)->queryColdPageBytes(id); })
+            py::arg("descs_ptr"), py::arg("num"),
+            "configure() with a raw PoolGroupDesc pointer (invalid-argument tests).")
+        .def(
+            "query_cold_page_bytes", [](runtime::OwnedCodec& c, int32_t id) { return live(c)->queryColdPageBytes(id); })
         .def("get_batching_layer_group_id",
             [](runtime::OwnedCodec& c, int32_t id) { return live(c)->getBatchingLayerGroupId(id); })
         .def("query_page_index_location",
@@ -236,10 +241,11 @@ PYBIND11_MODULE(_native, m)
             py::arg("layer_group_id"), py::arg("src_base"), py::arg("page_indices"), py::arg("num_pages"),
             py::arg("stream"))
         .def_property_readonly("abi_version", &runtime::OwnedCodec::abiVersion)
-        .def_property_readonly("has_checked_decode", [](runtime::OwnedCodec& c) {
-            (void)live(c);
-            return c.hasCheckedDecode();
-        })
+        .def_property_readonly("has_checked_decode",
+            [](runtime::OwnedCodec& c) {
+                (void)live(c);
+                return c.hasCheckedDecode();
+            })
         .def(
             "decode_checked",
             [](runtime::OwnedCodec& c, int32_t id, uintptr_t src, uintptr_t indices, size_t n, uintptr_t status,
@@ -247,8 +253,9 @@ PYBIND11_MODULE(_native, m)
                 IKvCacheColdPageCodec* codec = live(c);
                 if (!c.hasCheckedDecode())
                 {
-                    throw std::invalid_argument(std::string("codec '") + c.name() + "' has no decodeChecked() (plugin ABI "
-                        + std::to_string(c.abiVersion()) + ", hasCheckedDecode() false)");
+                    throw std::invalid_argument(std::string("codec '") + c.name()
+                        + "' has no decodeChecked() (plugin ABI " + std::to_string(c.abiVersion())
+                        + ", hasCheckedDecode() false)");
                 }
                 py::gil_scoped_release release;
                 return codec->decodeChecked(id, reinterpret_cast<void const*>(src),

@@ -16,7 +16,9 @@ void bindConformanceTesting(py::module_& m)
     py::class_<StreamBlocker>(m, "StreamBlocker",
         "Holds a CUDA stream at a wait on a mapped host flag until release() (conformance suite helper). "
         "The stream must outlive the blocker; deleting the blocker releases the stream.")
-        .def(py::init([](uintptr_t stream) { return std::make_unique<StreamBlocker>(reinterpret_cast<cudaStream_t>(stream)); }),
+        .def(py::init([](uintptr_t stream) {
+            return std::make_unique<StreamBlocker>(reinterpret_cast<cudaStream_t>(stream));
+        }),
             py::arg("stream"), "Blocks the stream (a raw cudaStream_t value).")
         .def("release", &StreamBlocker::release, "Lets the stream run on. Idempotent.")
         .def_property_readonly("released", &StreamBlocker::released)
@@ -27,6 +29,8 @@ void bindConformanceTesting(py::module_& m)
                 return b.waitPassed(timeoutMs);
             },
             py::arg("timeout_ms"), "After release(): waits until the stream passed the wait; False on timeout.")
-        .def("__enter__", [](StreamBlocker& b) -> StreamBlocker& { return b; }, py::return_value_policy::reference)
-        .def("__exit__", [](StreamBlocker& b, py::object const&, py::object const&, py::object const&) { b.release(); });
+        .def(
+            "__enter__", [](StreamBlocker& b) -> StreamBlocker& { return b; }, py::return_value_policy::reference)
+        .def(
+            "__exit__", [](StreamBlocker& b, py::object const&, py::object const&, py::object const&) { b.release(); });
 }

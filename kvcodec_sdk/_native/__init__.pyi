@@ -1,8 +1,12 @@
 # Type stubs of the compiled kvcodec_sdk._native (csrc/bindings); tests/test_native_stubs.py checks them.
 import collections.abc
 import typing
+
 import typing_extensions
-from . import disk as disk, kvcm as kvcm, kvcm_testing as kvcm_testing
+
+from . import disk as disk
+from . import kvcm as kvcm
+from . import kvcm_testing as kvcm_testing
 
 class _pybind11_type(type):
     """pybind11's metaclass of every bound class (``pybind11_builtins.pybind11_type``)."""

@@ -1,7 +1,9 @@
 # Type stubs of the compiled kvcodec_sdk._native (csrc/bindings); tests/test_native_stubs.py checks them.
 import collections.abc
 import typing
+
 import typing_extensions
+
 from kvcodec_sdk._native import _pybind11_type
 
 class DiskRegion(metaclass=_pybind11_type):

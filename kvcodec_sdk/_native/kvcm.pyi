@@ -1,10 +1,12 @@
 # Type stubs of the compiled kvcodec_sdk._native (csrc/bindings); tests/test_native_stubs.py checks them.
 import collections.abc
-import kvcodec_sdk._native
-import kvcodec_sdk._native.disk
+import typing
+
 import numpy
 import numpy.typing
-import typing
+
+import kvcodec_sdk._native
+import kvcodec_sdk._native.disk
 from kvcodec_sdk._native import _pybind11_type
 
 MAX_PAIRS_PER_CALL: int

@@ -22,11 +22,14 @@ from typing import Callable
 
 import numpy as np
 
-from ._common import Column, KiB, MiB, Table, advance as _advance, fmt_size as _fmt_size, log as _log, \
-    steps as _steps
 from .. import _native
-from ..layout import PoolDesc, PoolGroupDesc, LifeCycleDesc
+from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc
 from ..registry import create_codec
+from ._common import Column, KiB, MiB, Table
+from ._common import advance as _advance
+from ._common import fmt_size as _fmt_size
+from ._common import log as _log
+from ._common import steps as _steps
 
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
 TARGET_RATIO = 0.9
@@ -256,7 +259,7 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
             report.rows.append(row)
             _log(progress, f"  {direction:6} {variant:18} {gbps:7.1f} GB/s  {row.ratio_to_ceiling:5.2f}x ceiling  "
                            f"{row.ratio_to_baseline:6.2f}x baseline  {host_us:6.3f} us/page host ({row.path})")
-        del hot, hot_back, cold, contig_dev, expected
+        hot = hot_back = cold = contig_dev = expected = None  # frees the device memory before the next size
         torch.cuda.empty_cache()
         _advance(progress)
     return report

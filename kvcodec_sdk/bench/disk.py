@@ -31,7 +31,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..disk import DiskRegion
-from ._common import Column, KiB, MiB, Table, advance as _advance, log as _log, steps as _steps
+from ._common import Column, KiB, MiB, Table
+from ._common import advance as _advance
+from ._common import log as _log
+from ._common import steps as _steps
 
 TARGET_RATIO = 0.9
 TARGET_BASELINE_RATIO = 1.5

@@ -30,7 +30,8 @@ import numpy as np
 from ..kvcm_config import DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
-from ._common import MiB, log as _log
+from ._common import MiB
+from ._common import log as _log
 from .kvcm_codecs import Layout, _Bench
 
 BLOCKED_TARGET_US = 50.0

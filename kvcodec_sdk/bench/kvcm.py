@@ -31,13 +31,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ._common import Column, KiB, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, \
-    steps as _steps
 from .. import _native
 from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import KVCacheManager
 from ..registry import create_codec
+from ._common import Column, KiB, MiB, Table
+from ._common import advance as _advance
+from ._common import fmt_size as _fmt
+from ._common import log as _log
+from ._common import steps as _steps
 
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB)
 TARGET_RATIO_TO_CODEC = 0.9

@@ -55,13 +55,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ._common import Column, MiB, Table, advance as _advance, fmt_size as _fmt, log as _log, steps as _steps
 from .. import _native
 from ..errors import KvcodecError
-from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
+from ..kvcm_config import KVCacheConfig, LayerGroupConfig
 from ..layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import create_codec, default_registry, get_codec_spec
+from ._common import Column, MiB, Table
+from ._common import advance as _advance
+from ._common import fmt_size as _fmt
+from ._common import log as _log
+from ._common import steps as _steps
 
 DEFAULT_PAGES_GPU = 2048
 DEFAULT_PAGES_CPU = 64

@@ -40,11 +40,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ._common import Column, KiB, Table, Unpadded, advance as _advance, log as _log, steps as _steps
 from .. import _native
 from ..kvcm_config import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
+from ._common import Column, KiB, Table, Unpadded
+from ._common import advance as _advance
+from ._common import log as _log
+from ._common import steps as _steps
 
 LEVELS = ("hot", "host", "disk", "miss")
 

@@ -136,10 +136,9 @@ def _how(code: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import CodecParamError, UnknownCodecError
     from ..registry import get_codec_spec
     from ..testing.clauses import CLAUSES
-
-    from ..errors import CodecParamError, UnknownCodecError
 
     try:
         spec = get_codec_spec(args.codec)  # an unknown name fails here, listing the known ones

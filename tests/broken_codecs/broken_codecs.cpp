@@ -178,7 +178,8 @@ public:
         return ok;
     }
 
-    bool decode(LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept override
+    bool decode(
+        LayerGroupId id, void const* src, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept override
     {
         return call(false, id, reinterpret_cast<uintptr_t>(src), pairs, n, stream);
     }
@@ -199,7 +200,8 @@ public:
         cudaStream_t stream) noexcept override
     {
         auto const* lc = known(id);
-        if (!hasCheckedDecode() || lc == nullptr || (n > 0 && (src == nullptr || pairs == nullptr || status == nullptr)))
+        if (!hasCheckedDecode() || lc == nullptr
+            || (n > 0 && (src == nullptr || pairs == nullptr || status == nullptr)))
         {
             return fail("decodeChecked(): bad arguments");
         }
@@ -295,7 +297,8 @@ private:
         return false;
     }
 
-    bool call(bool encode, LifeCycleId id, uintptr_t base, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept
+    bool call(
+        bool encode, LifeCycleId id, uintptr_t base, PageIndexPair const* pairs, size_t n, cudaStream_t stream) noexcept
     {
         if (flaw_ == Flaw::kLateHostReads && previous_.valid)
         {
@@ -366,7 +369,8 @@ private:
         {
             int32_t const hotIdx = encode ? pairs[i].src : pairs[i].dst;
             int32_t const coldIdx = encode ? pairs[i].dst : pairs[i].src;
-            if ((!checked || flaw_ == Flaw::kWrongPoolBound) && (hotIdx < 0 || uint64_t(hotIdx) >= group.numSlots || coldIdx < 0))
+            if ((!checked || flaw_ == Flaw::kWrongPoolBound)
+                && (hotIdx < 0 || uint64_t(hotIdx) >= group.numSlots || coldIdx < 0))
             {
                 continue; // a replay never writes out of bounds, only to the wrong pages; nor does the
                           // wrong bound, whose flaw is returning true (writing would end the test run)
@@ -394,8 +398,7 @@ private:
         return true;
     }
 
-    bool pageCpu(bool encode, LifeCycleId id, PoolGroupIndex gi, int32_t hotIdx, uint8_t* blobStart, size_t i,
-        size_t n)
+    bool pageCpu(bool encode, LifeCycleId id, PoolGroupIndex gi, int32_t hotIdx, uint8_t* blobStart, size_t i, size_t n)
     {
         auto const& group = layout_.groups()[size_t(gi)];
         uint8_t* const cold = blobStart + header();
@@ -493,7 +496,8 @@ private:
             }
             if (flaw_ == Flaw::kModifiesSource)
             {
-                auto* hot = reinterpret_cast<uint8_t*>(group.pools[0].base + uint64_t(hotIdx) * group.pools[0].slotBytes);
+                auto* hot
+                    = reinterpret_cast<uint8_t*>(group.pools[0].base + uint64_t(hotIdx) * group.pools[0].slotBytes);
                 hot[0] ^= 0xFF;
             }
         }
@@ -531,9 +535,9 @@ private:
     bool configured_ = false;
     size_t calls_ = 0;
     Call previous_;
-    PoolGroupDesc const* retained_ = nullptr;            // kKeepsDescriptors: configure()'s array, kept
-    std::set<std::pair<int32_t, uintptr_t>> stale_;      // kStaleCache: (hot slot, blob address) written
-    std::vector<PageIndexPair> previousEncode_;          // kRetainsSources: the previous encode
+    PoolGroupDesc const* retained_ = nullptr;       // kKeepsDescriptors: configure()'s array, kept
+    std::set<std::pair<int32_t, uintptr_t>> stale_; // kStaleCache: (hot slot, blob address) written
+    std::vector<PageIndexPair> previousEncode_;     // kRetainsSources: the previous encode
     LifeCycleId previousId_ = 0;
     uintptr_t previousBase_ = 0;
     cudaStream_t ownStream_ = nullptr;
@@ -605,8 +609,8 @@ void destroy(IKvCacheColdPageCodec* c)
 template <size_t... I>
 struct Factories
 {
-    static inline KvcodecCodecFactory const table[] = {
-        {KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), kEntries[I].name, 1, 0, &create<I>, &destroy}...};
+    static inline KvcodecCodecFactory const table[]
+        = {{KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), kEntries[I].name, 1, 0, &create<I>, &destroy}...};
 };
 
 template <size_t... I>

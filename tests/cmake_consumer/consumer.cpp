@@ -14,7 +14,10 @@ public:
     {
         return layout_.load(d, n).empty();
     }
-    size_t queryColdPageBytes(kvcodec::LayerGroupId) const noexcept override { return 0; }
+    size_t queryColdPageBytes(kvcodec::LayerGroupId) const noexcept override
+    {
+        return 0;
+    }
     kvcodec::PageIndexLocation queryPageIndexLocation(kvcodec::LayerGroupId) const noexcept override
     {
         return kvcodec::PageIndexLocation::kBadLocation;
@@ -23,7 +26,8 @@ public:
     {
         return false;
     }
-    bool decode(kvcodec::LayerGroupId, void const*, kvcodec::PageIndexPair const*, size_t, cudaStream_t) noexcept override
+    bool decode(
+        kvcodec::LayerGroupId, void const*, kvcodec::PageIndexPair const*, size_t, cudaStream_t) noexcept override
     {
         return false;
     }
@@ -44,11 +48,17 @@ kvcodec::IKvCacheColdPageCodec* create(char const* json, int32_t, char* err, siz
     return new NullCodec();
 }
 
-void destroy(kvcodec::IKvCacheColdPageCodec* c) { delete c; }
+void destroy(kvcodec::IKvCacheColdPageCodec* c)
+{
+    delete c;
+}
 
 KvcodecCodecFactory const kFactory{
     KVCODEC_PLUGIN_ABI_VERSION, sizeof(KvcodecCodecFactory), "null", 1, 0, &create, &destroy};
 
 } // namespace
 
-KVCODEC_PLUGIN_EXPORT KvcodecCodecFactory const* kvcodec_consumer_factory() { return &kFactory; }
+KVCODEC_PLUGIN_EXPORT KvcodecCodecFactory const* kvcodec_consumer_factory()
+{
+    return &kFactory;
+}

@@ -201,15 +201,13 @@ public:
     /// completes, and are used only on that stream. An empty call (numBasePages == 0) succeeds
     /// and enqueues nothing.
     virtual bool encode(LayerGroupId layerGroupId, void* dstBasePtr, PageIndexPair const* pageIndices,
-        size_t numBasePages, cudaStream_t stream) noexcept
-        = 0;
+        size_t numBasePages, cudaStream_t stream) noexcept = 0;
 
     /// Decodes `numBasePages` cold blobs into hot pages: for each pair p, reads the blob at
     /// srcBasePtr + p.src * coldPageBytes and writes hot slot p.dst of every pool of the
     /// lifecycle's hot pool group. Same index, stream and batching rules as encode().
     virtual bool decode(LayerGroupId layerGroupId, void const* srcBasePtr, PageIndexPair const* pageIndices,
-        size_t numBasePages, cudaStream_t stream) noexcept
-        = 0;
+        size_t numBasePages, cudaStream_t stream) noexcept = 0;
 
     /// SDK extension: a human-readable reason for the last failed call of this codec, or an
     /// empty string. Not part of any contract clause; used only for diagnostics. The pointer is
@@ -320,8 +318,7 @@ enum class EnvelopeStatus : int32_t
 
 /// Checks a blob of `blobBytes` bytes in host memory (the checksum with crc32cFast). Only kOk
 /// may be decoded.
-inline EnvelopeStatus checkColdPageEnvelope(
-    void const* blob, size_t blobBytes, uint16_t expectedFormatVersion) noexcept
+inline EnvelopeStatus checkColdPageEnvelope(void const* blob, size_t blobBytes, uint16_t expectedFormatVersion) noexcept
 {
     if (blob == nullptr || blobBytes < sizeof(ColdPageEnvelope))
     {

@@ -141,15 +141,15 @@ public:
     bool encode(LayerGroupId id, void* dstBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
         cudaStream_t stream) noexcept final
     {
-        return run("encode", id, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, numBasePages, nullptr, stream,
-            true);
+        return run(
+            "encode", id, reinterpret_cast<uintptr_t>(dstBasePtr), pageIndices, numBasePages, nullptr, stream, true);
     }
 
     bool decode(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
         cudaStream_t stream) noexcept final
     {
-        return run("decode", id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages, nullptr, stream,
-            false);
+        return run(
+            "decode", id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages, nullptr, stream, false);
     }
 
     bool decodeChecked(LayerGroupId id, void const* srcBasePtr, PageIndexPair const* pageIndices, size_t numBasePages,
@@ -163,8 +163,8 @@ public:
         {
             return fail("decodeChecked(): pageStatus is null with " + std::to_string(numBasePages) + " pages");
         }
-        return run("decodeChecked", id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages,
-            pageStatus, stream, false);
+        return run("decodeChecked", id, reinterpret_cast<uintptr_t>(srcBasePtr), pageIndices, numBasePages, pageStatus,
+            stream, false);
     }
 
     char const* lastError() const noexcept final
@@ -293,7 +293,8 @@ private:
             }
             if (stream == nullptr || stream == cudaStreamLegacy)
             {
-                return fail(std::string(op) + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
+                return fail(
+                    std::string(op) + "(): non-empty calls need a non-legacy CUDA stream (got the legacy/null stream)");
             }
             DeviceScope scope(device_);
             if (!scope.ok())
@@ -310,8 +311,8 @@ private:
 
     // Host indices are checked before any work is done or enqueued: a rejected call writes
     // nothing. (Device indices cannot be read here without waiting for the stream.)
-    bool checkHostIndices(HotLayout::Group const& group, PageIndexPair const* pairs, size_t n, bool encoding,
-        int64_t& maxCold) const
+    bool checkHostIndices(
+        HotLayout::Group const& group, PageIndexPair const* pairs, size_t n, bool encoding, int64_t& maxCold) const
     {
         for (size_t i = 0; i < n; ++i)
         {
@@ -428,7 +429,8 @@ struct ChunkedPool
 };
 
 /// The ChunkedPool table of `group`; `chunksPerPage` receives the page's number of chunks.
-inline std::vector<ChunkedPool> chunkedPools(HotLayout::Group const& group, uint64_t chunkBytes, uint64_t& chunksPerPage)
+inline std::vector<ChunkedPool> chunkedPools(
+    HotLayout::Group const& group, uint64_t chunkBytes, uint64_t& chunksPerPage)
 {
     std::vector<ChunkedPool> table;
     uint64_t offset = 0;
@@ -445,8 +447,8 @@ inline std::vector<ChunkedPool> chunkedPools(HotLayout::Group const& group, uint
 /// What the CUDA implementation's constructor receives from the factory.
 struct CudaDevice
 {
-    int32_t ordinal;  ///< The CUDA device ordinal (available: the factory checked it).
-    int32_t numSms;   ///< Its multiprocessor count.
+    int32_t ordinal; ///< The CUDA device ordinal (available: the factory checked it).
+    int32_t numSms;  ///< Its multiprocessor count.
 };
 
 /// Thrown by a codec's constructor or parameter reading to refuse creation with a message; the
@@ -503,8 +505,8 @@ IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char*
         {
             if (device < 0)
             {
-                throw CodecCreateError("device is " + std::to_string(device)
-                    + "; use -1 for the CPU reference or a CUDA device ordinal");
+                throw CodecCreateError(
+                    "device is " + std::to_string(device) + "; use -1 for the CPU reference or a CUDA device ordinal");
             }
             int count = 0;
             cudaError_t st = cudaGetDeviceCount(&count);

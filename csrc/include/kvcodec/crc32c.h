@@ -148,8 +148,10 @@ struct CrcPiece
 /// The piece A||B.
 KVCODEC_HD KVCODEC_FORCEINLINE constexpr CrcPiece crcJoin(CrcPiece a, CrcPiece b) noexcept
 {
-    if (b.op == kCrcOne) return a; // empty
-    if (a.op == kCrcOne) return b;
+    if (b.op == kCrcOne)
+        return a; // empty
+    if (a.op == kCrcOne)
+        return b;
     return CrcPiece{crcMulMod(b.op, a.raw) ^ b.raw, crcMulMod(a.op, b.op)};
 }
 

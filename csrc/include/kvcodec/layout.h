@@ -247,12 +247,14 @@ private:
         }
         if (shaped && uint64_t(b.tokensPerPage) * uint64_t(b.numHeads) * uint64_t(b.headDim) * elem != b.bytes)
         {
-            return where + ".bytes is " + std::to_string(b.bytes) + " but tokensPerPage*numHeads*headDim*sizeof(dtype) = "
+            return where + ".bytes is " + std::to_string(b.bytes)
+                + " but tokensPerPage*numHeads*headDim*sizeof(dtype) = "
                 + std::to_string(uint64_t(b.tokensPerPage) * b.numHeads * b.headDim * elem);
         }
         if (!shaped && b.bytes % elem != 0)
         {
-            return where + ".bytes is " + std::to_string(b.bytes) + ", not a multiple of the element size " + std::to_string(elem);
+            return where + ".bytes is " + std::to_string(b.bytes) + ", not a multiple of the element size "
+                + std::to_string(elem);
         }
         return {};
     }

@@ -6,9 +6,9 @@
 // still refuse anything malformed with a clear message.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
@@ -28,7 +28,13 @@ class CodecParams
 public:
     struct Value
     {
-        enum class Kind { kString, kNumber, kBool, kNull } kind;
+        enum class Kind
+        {
+            kString,
+            kNumber,
+            kBool,
+            kNull
+        } kind;
         std::string text; ///< String contents, or the number's literal text.
         double number = 0;
         bool boolean = false;
@@ -290,11 +296,11 @@ public:
         {
             double const n = v.number;
             if (v.kind != CodecParams::Value::Kind::kNumber || n != std::floor(n)
-                || n < double(std::numeric_limits<T>::lowest())
-                || n >= std::ldexp(1.0, std::numeric_limits<T>::digits))
+                || n < double(std::numeric_limits<T>::lowest()) || n >= std::ldexp(1.0, std::numeric_limits<T>::digits))
             {
                 refuse(key,
-                    std::is_unsigned_v<T> && sizeof(T) == 8 ? std::string("it must be an integer >= 0")
+                    std::is_unsigned_v<T> && sizeof(T) == 8
+                        ? std::string("it must be an integer >= 0")
                         : "it must be an integer in [" + std::to_string(std::numeric_limits<T>::lowest()) + ", "
                             + std::to_string(std::numeric_limits<T>::max()) + "]");
             }

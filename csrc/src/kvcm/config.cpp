@@ -56,12 +56,16 @@ void validateConfig(KvcmConfig const& config)
             bool const opaque = buf.tokensPerPage == 0 && buf.numHeads == 0 && buf.headDim == 0;
             if (!shaped && !opaque)
             {
-                fail(bw + " sets only some of tokensPerPage/numHeads/headDim (or a negative one); set all three or none");
+                fail(bw
+                    + " sets only some of tokensPerPage/numHeads/headDim (or a negative one); set all three or none");
             }
-            if (shaped && uint64_t(buf.tokensPerPage) * uint64_t(buf.numHeads) * uint64_t(buf.headDim) * elem != buf.bytes)
+            if (shaped
+                && uint64_t(buf.tokensPerPage) * uint64_t(buf.numHeads) * uint64_t(buf.headDim) * elem != buf.bytes)
             {
-                fail(bw + ".bytes is " + std::to_string(buf.bytes) + " but tokensPerPage*numHeads*headDim*sizeof(dtype) is "
-                    + std::to_string(uint64_t(buf.tokensPerPage) * uint64_t(buf.numHeads) * uint64_t(buf.headDim) * elem));
+                fail(bw + ".bytes is " + std::to_string(buf.bytes)
+                    + " but tokensPerPage*numHeads*headDim*sizeof(dtype) is "
+                    + std::to_string(
+                        uint64_t(buf.tokensPerPage) * uint64_t(buf.numHeads) * uint64_t(buf.headDim) * elem));
             }
             if (!shaped && buf.bytes % elem != 0)
             {
@@ -72,8 +76,8 @@ void validateConfig(KvcmConfig const& config)
     }
     if (config.poolRatio.size() != config.layerGroups.size())
     {
-        fail("config.poolRatio has " + std::to_string(config.poolRatio.size()) + " entries; it needs one per layer group ("
-            + std::to_string(config.layerGroups.size()) + ")");
+        fail("config.poolRatio has " + std::to_string(config.poolRatio.size())
+            + " entries; it needs one per layer group (" + std::to_string(config.layerGroups.size()) + ")");
     }
     for (size_t l = 0; l < config.poolRatio.size(); ++l)
     {

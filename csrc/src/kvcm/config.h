@@ -51,11 +51,11 @@ struct DiskTierConfig
     uint64_t containerBytes = 0; ///< Bytes per container file (capped at a region's share).
     int32_t ioMode = 0;          ///< disk::IoMode.
     uint32_t ioThreads = 32;
-    int32_t ioBackend = 0;    ///< disk::IoBackend.
-    uint32_t queueDepth = 8;  ///< io_uring requests in flight per worker.
+    int32_t ioBackend = 0;   ///< disk::IoBackend.
+    uint32_t queueDepth = 8; ///< io_uring requests in flight per worker.
     std::string codecName;
     uint32_t formatVersion = 0;
-    std::string paramHash;  ///< Covers the codec parameters and the layer-group layout.
+    std::string paramHash; ///< Covers the codec parameters and the layer-group layout.
     std::string paramsJson;
     std::string layoutJson;
     /// Test-only fault rules for the region I/O.
@@ -65,7 +65,7 @@ struct DiskTierConfig
 struct KvcmConfig
 {
     std::vector<LayerGroupConfig> layerGroups;
-    uint64_t gpuQuotaBytes = 0;  ///< Hot tier bytes.
+    uint64_t gpuQuotaBytes = 0; ///< Hot tier bytes.
     /// The largest hot quota a resize may set (0: gpuQuotaBytes). The hot pools are allocated for
     /// it once: the codec is configured with their addresses and never reconfigured.
     uint64_t maxGpuQuotaBytes = 0;

@@ -382,8 +382,8 @@ bool DiskColdLevel::finishWrite(Pending& p, std::string& error) noexcept
         if (!written[i] && ok)
         {
             ok = false;
-            error = "disk write of cold pool group " + std::to_string(p.group) + " failed ("
-                + disk::statusName(s.code) + "): " + s.message;
+            error = "disk write of cold pool group " + std::to_string(p.group) + " failed (" + disk::statusName(s.code)
+                + "): " + s.message;
         }
     }
     if (!ok)
@@ -427,8 +427,8 @@ bool DiskColdLevel::complete(BlobIo io, std::string& error) noexcept
     for (size_t i = 0; i < p.count; ++i)
     {
         disk::StatusCode const c = codes[i];
-        p.status[i] = c == disk::StatusCode::kOk ? BlobStatus::kOk
-            : c == disk::StatusCode::kNotFound   ? BlobStatus::kMissing
+        p.status[i] = c == disk::StatusCode::kOk       ? BlobStatus::kOk
+            : c == disk::StatusCode::kNotFound         ? BlobStatus::kMissing
             : c == disk::StatusCode::kChecksumMismatch ? BlobStatus::kCorrupt
                                                        : BlobStatus::kFailed;
         if (p.status[i] == BlobStatus::kFailed && ok)
@@ -515,8 +515,8 @@ bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byt
     {
         if (codes[i] != disk::StatusCode::kOk)
         {
-            error = "disk read of cold pool group " + std::to_string(group) + " failed ("
-                + disk::statusName(codes[i]) + "): " + messages[i];
+            error = "disk read of cold pool group " + std::to_string(group) + " failed (" + disk::statusName(codes[i])
+                + "): " + messages[i];
             return false;
         }
     }
@@ -700,9 +700,10 @@ void DiskColdLevel::resize(uint64_t quota)
         catch (disk::ResizeError const& e)
         {
             rollBack(i);
-            throw disk::ResizeError(e.code, "resizing the disk level to " + std::to_string(quota)
-                + " bytes failed at cold pool group " + std::to_string(i) + ": " + e.what()
-                + "; the disk level keeps its quota of " + std::to_string(quota_) + " bytes");
+            throw disk::ResizeError(e.code,
+                "resizing the disk level to " + std::to_string(quota) + " bytes failed at cold pool group "
+                    + std::to_string(i) + ": " + e.what() + "; the disk level keeps its quota of "
+                    + std::to_string(quota_) + " bytes");
         }
     }
     try
@@ -712,8 +713,8 @@ void DiskColdLevel::resize(uint64_t quota)
     catch (std::exception const& e)
     {
         rollBack(groups_.size());
-        throw disk::ResizeError(disk::StatusCode::kIoError, std::string(e.what()) + "; the disk level keeps its quota of "
-            + std::to_string(quota_) + " bytes");
+        throw disk::ResizeError(disk::StatusCode::kIoError,
+            std::string(e.what()) + "; the disk level keeps its quota of " + std::to_string(quota_) + " bytes");
     }
     for (Group& g : groups_)
     {
@@ -744,8 +745,8 @@ uint64_t DiskColdLevel::defragment()
         }
         catch (disk::ResizeError const& e)
         {
-            throw disk::ResizeError(e.code, "defragmenting the disk level failed at cold pool group "
-                + std::to_string(i) + ": " + e.what());
+            throw disk::ResizeError(e.code,
+                "defragmenting the disk level failed at cold pool group " + std::to_string(i) + ": " + e.what());
         }
     }
     return moved;

@@ -42,7 +42,7 @@ public:
     struct GroupSpec
     {
         uint64_t pageBytes = 0;
-        uint64_t maxBytes = 0;              ///< This group's share of the disk quota.
+        uint64_t maxBytes = 0;               ///< This group's share of the disk quota.
         std::vector<LifeCycleId> lifeCycles; ///< Lifecycles mapped to this cold pool group.
     };
 
@@ -106,8 +106,8 @@ public:
         BlobStatus* status) noexcept override;
     /// Assigns the names, waits for pending retirements, and submits region writes; complete()
     /// waits until they are durable (all or nothing: on failure the blobs written are erased again).
-    BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
-        BlobName const* names, size_t count) noexcept override;
+    BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, BlobName const* names,
+        size_t count) noexcept override;
     bool complete(BlobIo io, std::string& error) noexcept override;
 
     [[nodiscard]] bool tracksBlobs() const noexcept override
@@ -200,7 +200,8 @@ private:
     void finishRead(Pending& p, std::vector<disk::StatusCode>& codes, std::vector<std::string>& messages) noexcept;
     bool finishWrite(Pending& p, std::string& error) noexcept;
     // Submits writes under the names already assigned to `slots`.
-    BlobIo submitAssigned(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count) noexcept;
+    BlobIo submitAssigned(
+        PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count) noexcept;
     Pending* pending(BlobIo io) noexcept;
     void waitErases(Group& g) noexcept;
     [[nodiscard]] std::vector<uint32_t> containersFor(uint64_t quota) const;

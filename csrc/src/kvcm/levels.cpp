@@ -55,7 +55,8 @@ void SlotPool::restore()
 uint64_t SlotPool::freeAtOrAbove(uint64_t limit) const noexcept
 {
     auto const above = [&](int32_t s) { return uint64_t(s) >= limit; };
-    return uint64_t(std::count_if(free_.begin(), free_.end(), above) + std::count_if(withheld_.begin(), withheld_.end(), above));
+    return uint64_t(
+        std::count_if(free_.begin(), free_.end(), above) + std::count_if(withheld_.begin(), withheld_.end(), above));
 }
 
 void SlotPool::setNumSlots(uint64_t numSlots)

@@ -184,13 +184,11 @@ public:
 
     /// Raw blob copies out of this level into GPU-accessible addresses, ordered on `stream`.
     virtual bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
-        Stream stream, std::string& error) noexcept
-        = 0;
+        Stream stream, std::string& error) noexcept = 0;
 
     /// Raw blob copies from GPU-accessible addresses into this level, ordered on `stream`.
     virtual bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
-        Stream stream, std::string& error) noexcept
-        = 0;
+        Stream stream, std::string& error) noexcept = 0;
 
     // --- Blobs named per slot -------------------------------------------------------------
 

@@ -75,8 +75,8 @@ KvCacheManager::CallGuard::~CallGuard()
     entered_ = false;
 }
 
-KvCacheManager::KvCacheManager(KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime,
-    runtime::CodecPtr codec, int32_t codecDevice)
+KvCacheManager::KvCacheManager(
+    KvcmConfig config, std::unique_ptr<runtime::DeviceRuntime> runtime, runtime::CodecPtr codec, int32_t codecDevice)
     : runtime_(std::move(runtime))
 {
     storage_ = std::make_unique<StorageManager>(std::move(config), *runtime_, std::move(codec), codecDevice);
@@ -165,10 +165,13 @@ void KvCacheManager::checkLevel(CacheLevel level, char const* what) const
         std::string valid;
         for (int l = 0; l < kNumLevels; ++l)
         {
-            valid += (l == 0 ? "" : l + 1 == kNumLevels ? " and " : ", ") + std::to_string(l) + " ("
-                + levelName(CacheLevel(l)) + ")";
+            valid += (l == 0 ? ""
+                             : l + 1 == kNumLevels ? " and "
+                                                   : ", ")
+                + std::to_string(l) + " (" + levelName(CacheLevel(l)) + ")";
         }
-        throw std::invalid_argument(std::string(what) + " is " + std::to_string(int(level)) + "; valid levels are " + valid);
+        throw std::invalid_argument(
+            std::string(what) + " is " + std::to_string(int(level)) + "; valid levels are " + valid);
     }
     if (!storage_->hasLevel(level))
     {

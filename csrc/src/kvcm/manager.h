@@ -8,15 +8,15 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -70,10 +70,10 @@ struct MigrationRecord
 /// (BlobStatus kMissing / kCorrupt; the disk tier's are the ones reported today).
 enum DropReason : int
 {
-    kDropBlobMissing = 8,                    ///< The level holds no blob for the page any more.
-    kDropBlobCorrupt = 9,                    ///< The level's own blob check failed on read.
-    kDropDiskMissing = kDropBlobMissing,     ///< The disk tier holds no blob for the page any more.
-    kDropDiskChecksum = kDropBlobCorrupt,    ///< The disk tier's slot checksum failed on read.
+    kDropBlobMissing = 8,                 ///< The level holds no blob for the page any more.
+    kDropBlobCorrupt = 9,                 ///< The level's own blob check failed on read.
+    kDropDiskMissing = kDropBlobMissing,  ///< The disk tier holds no blob for the page any more.
+    kDropDiskChecksum = kDropBlobCorrupt, ///< The disk tier's slot checksum failed on read.
 };
 inline constexpr int kNumDropReasons = 10; ///< Index 0 (kPageOk) is never counted.
 
@@ -84,14 +84,14 @@ struct PoolGroupStats
     uint64_t bytesOffloaded = 0; ///< Cold-page bytes of those pages.
     uint64_t pagesOnboarded = 0; ///< Pages decoded cold -> hot through this group.
     uint64_t bytesOnboarded = 0;
-    uint64_t pagesCopied = 0;    ///< Same-level relocations (hot -> hot, cold -> cold) into this group.
-    uint64_t pagesDropped = 0;   ///< Cold pages dropped instead of onboarded (cold groups).
+    uint64_t pagesCopied = 0;  ///< Same-level relocations (hot -> hot, cold -> cold) into this group.
+    uint64_t pagesDropped = 0; ///< Cold pages dropped instead of onboarded (cold groups).
     std::array<uint64_t, kNumDropReasons> droppedBy{}; ///< pagesDropped per DropReason / PageStatus.
-    uint64_t evictions = 0;      ///< Pages the eviction controller moved out of this group.
-    uint64_t drops = 0;          ///< Pages the eviction controller dropped here (last level only).
-    uint64_t hits = 0;           ///< touch() calls on pages in this group.
+    uint64_t evictions = 0;                            ///< Pages the eviction controller moved out of this group.
+    uint64_t drops = 0; ///< Pages the eviction controller dropped here (last level only).
+    uint64_t hits = 0;  ///< touch() calls on pages in this group.
     uint64_t codecCalls = 0;
-    double codecSeconds = 0;     ///< Host time spent inside encode()/decode() calls.
+    double codecSeconds = 0; ///< Host time spent inside encode()/decode() calls.
 };
 
 struct MigrationResult

@@ -110,10 +110,10 @@ void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t f
     uint64_t const need = freeSlots - pool.freeSlots();
     if (candidates < need)
     {
-        throw CapacityError(std::string("cannot free ") + std::to_string(freeSlots) + " slots in the " + levelName(level)
-            + " level's pool group " + std::to_string(group) + ": it has " + std::to_string(pool.freeSlots())
-            + " free of " + std::to_string(pool.numSlots()) + " slots and " + std::to_string(candidates)
-            + " evictable pages (the others are pinned)");
+        throw CapacityError(std::string("cannot free ") + std::to_string(freeSlots) + " slots in the "
+            + levelName(level) + " level's pool group " + std::to_string(group) + ": it has "
+            + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots()) + " slots and "
+            + std::to_string(candidates) + " evictable pages (the others are pinned)");
     }
     // Victims are copied out first: the cascade below changes other levels' orders only.
     std::vector<uint32_t> victims;

@@ -51,16 +51,17 @@ MigrationResult KvCacheManager::migrate(
         if (requiredSource && CacheLevel(p.level) != *requiredSource)
         {
             throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") is at the "
-                + levelName(CacheLevel(p.level)) + " level; this call moves pages from the " + levelName(*requiredSource)
-                + " level only");
+                + levelName(CacheLevel(p.level)) + " level; this call moves pages from the "
+                + levelName(*requiredSource) + " level only");
         }
         size_t const src = size_t(p.level);
         int32_t const k = transferOf_[src][d][size_t(p.lifeCycle)];
         if (k < 0)
         {
             // Only a staged level has no path to itself (the path table's one gap).
-            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") is already at the "
-                + levelName(dst) + " level; the " + levelName(dst) + " tier places its blobs itself (no relocation)");
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i])
+                + ") is already at the " + levelName(dst) + " level; the " + levelName(dst)
+                + " tier places its blobs itself (no relocation)");
         }
         p.mark = epoch;
         int32_t const b = int32_t(base[src]) + k;
@@ -115,9 +116,10 @@ MigrationResult KvCacheManager::migrate(
         SlotPool& pool = storage_->slots(dst, PoolGroupIndex(g));
         if (s.needs[g] > pool.freeSlots())
         {
-            throw CapacityError("cannot migrate " + std::to_string(count) + " pages to the " + levelName(dst) + " level: "
-                + std::to_string(s.needs[g]) + " go to its pool group " + std::to_string(g) + ", which has "
-                + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots()) + " slots");
+            throw CapacityError("cannot migrate " + std::to_string(count) + " pages to the " + levelName(dst)
+                + " level: " + std::to_string(s.needs[g]) + " go to its pool group " + std::to_string(g)
+                + ", which has " + std::to_string(pool.freeSlots()) + " free of " + std::to_string(pool.numSlots())
+                + " slots");
         }
     }
     s.dstSlots.resize(count);
@@ -199,7 +201,8 @@ MigrationResult KvCacheManager::migrate(
             }
             catch (std::exception const& e)
             {
-                checkError = std::string(" (waiting for the committed pages' decode statuses failed too: ") + e.what() + ")";
+                checkError
+                    = std::string(" (waiting for the committed pages' decode statuses failed too: ") + e.what() + ")";
             }
             throw MigrationError("migration to the " + std::string(levelName(dst)) + " level failed after "
                     + std::to_string(result.moved) + " of " + std::to_string(count) + checkError

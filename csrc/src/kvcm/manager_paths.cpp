@@ -49,7 +49,7 @@ enum PathId : uint8_t
 struct KvCacheManager::Transfer
 {
     TransferKey const& key;
-    uint32_t* pages;  ///< Page indices; compacted in place when pages are dropped.
+    uint32_t* pages;   ///< Page indices; compacted in place when pages are dropped.
     int32_t* dstSlots; ///< Destination slot per page; compacted with `pages`.
     size_t& count;
     Stream stream;
@@ -57,10 +57,10 @@ struct KvCacheManager::Transfer
     std::string& error;
     SlotPool& srcPool;
     SlotPool& dstPool;
-    bool hostCheck;   ///< A declared envelope is checked on the host before decoding.
+    bool hostCheck; ///< A declared envelope is checked on the host before decoding.
     uint16_t envelope;
-    uint8_t* status;  ///< Status bytes of a checked decode (read in finishChecks), else null.
-    bool checked;     ///< A checked decode: `status` is this transfer's range of the buffer.
+    uint8_t* status;    ///< Status bytes of a checked decode (read in finishChecks), else null.
+    bool checked;       ///< A checked decode: `status` is this transfer's range of the buffer.
     double seconds = 0; ///< Host time inside the codec.
     // A staging slice (the level's): released, recording its event on the stream when it owns
     // one, when the transfer returns.
@@ -91,8 +91,8 @@ size_t KvCacheManager::chunkPages(TransferKey const& key) const noexcept
     return size_t(std::max<uint64_t>(1, std::min<uint64_t>(pages, kMaxPairsPerCall)));
 }
 
-bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* dstSlots, size_t& count,
-    Stream stream, MigrationResult& result, std::string& error)
+bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* dstSlots, size_t& count, Stream stream,
+    MigrationResult& result, std::string& error)
 {
     static constexpr Path kPaths[kNumPaths] = {&KvCacheManager::copyHotToHot, &KvCacheManager::encodeToAddressable,
         &KvCacheManager::encodeToStaged, &KvCacheManager::decodeFromAddressable, &KvCacheManager::copyAddressable,
@@ -145,7 +145,8 @@ void KvCacheManager::waitForSlots(Transfer& t)
     waitAll(s.events, t.stream);
 }
 
-bool KvCacheManager::transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status)
+bool KvCacheManager::transcode(
+    Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status)
 {
     auto const t0 = std::chrono::steady_clock::now();
     bool const ok = storage_->transcode(encode, t.key.rep, coldBase, pairs, t.count, t.stream, t.error, status);

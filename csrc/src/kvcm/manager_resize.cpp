@@ -29,8 +29,7 @@ uint64_t KvCacheManager::compact(CacheLevel level, std::vector<uint64_t> const& 
     for (uint32_t index = 0; index < pages_.size(); ++index)
     {
         Page const& p = pages_[index];
-        if (p.level == int8_t(level)
-            && uint64_t(p.slot) >= limits[size_t(storage_->poolGroup(level, p.lifeCycle))])
+        if (p.level == int8_t(level) && uint64_t(p.slot) >= limits[size_t(storage_->poolGroup(level, p.lifeCycle))])
         {
             ids.push_back(pages_.id(index));
         }
@@ -87,8 +86,9 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
         if (level == CacheLevel::kHot && target[g] > storage_->hotGroups()[g].capacitySlots)
         {
             throw std::invalid_argument("quota_bytes is " + std::to_string(quotaBytes) + ": hot pool group "
-                + std::to_string(g) + " would need " + std::to_string(target[g]) + " slots but its pools were reserved for "
-                + std::to_string(storage_->hotGroups()[g].capacitySlots) + " (config.maxGpuQuotaBytes is "
+                + std::to_string(g) + " would need " + std::to_string(target[g])
+                + " slots but its pools were reserved for " + std::to_string(storage_->hotGroups()[g].capacitySlots)
+                + " (config.maxGpuQuotaBytes is "
                 + std::to_string(std::max(storage_->config().maxGpuQuotaBytes, storage_->config().gpuQuotaBytes))
                 + "); the hot pools never move, so raise max_gpu_quota at construction");
         }
@@ -96,10 +96,10 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
         size_t const candidates = lru_.live(level, PoolGroupIndex(g));
         if (used > target[g] && used - target[g] > candidates)
         {
-            throw CapacityError("cannot resize the " + std::string(levelName(level)) + " level to " + std::to_string(quotaBytes)
-                + " bytes: its pool group " + std::to_string(g) + " would have " + std::to_string(target[g])
-                + " slots but holds " + std::to_string(used) + " pages of which only " + std::to_string(candidates)
-                + " are evictable (the others are pinned); nothing was changed");
+            throw CapacityError("cannot resize the " + std::string(levelName(level)) + " level to "
+                + std::to_string(quotaBytes) + " bytes: its pool group " + std::to_string(g) + " would have "
+                + std::to_string(target[g]) + " slots but holds " + std::to_string(used) + " pages of which only "
+                + std::to_string(candidates) + " are evictable (the others are pinned); nothing was changed");
         }
     }
     Stream const s = stream ? *stream : stream_;

@@ -86,7 +86,8 @@ public:
     {
         if (++epoch_ == 0)
         {
-            for (auto& p : pages_) p.mark = 0;
+            for (auto& p : pages_)
+                p.mark = 0;
             epoch_ = 1;
         }
         return epoch_;

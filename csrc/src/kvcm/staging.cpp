@@ -130,7 +130,8 @@ std::optional<StagingBuffer> StagingManager::acquire(
     }
     if (!isPowerOfTwo(alignment))
     {
-        throw std::invalid_argument("staging alignment is " + std::to_string(alignment) + "; it must be a power of two");
+        throw std::invalid_argument(
+            "staging alignment is " + std::to_string(alignment) + "; it must be a power of two");
     }
     if (granularity % alignment != 0)
     {

@@ -53,8 +53,8 @@ public:
     /// previous owners' events are host-synchronized before returning; a stream: that stream
     /// waits on them. Returns nullopt when no retired run fits. Throws std::invalid_argument on
     /// bad parameters (naming them).
-    std::optional<StagingBuffer> acquire(size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment,
-        std::optional<Stream> owner);
+    std::optional<StagingBuffer> acquire(
+        size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment, std::optional<Stream> owner);
 
     [[nodiscard]] runtime::MemoryKind kind() const noexcept;
     [[nodiscard]] std::byte* base() const noexcept;
@@ -95,8 +95,8 @@ private:
 
     // Splits the range containing `offset` so that a range starts there (fragments keep the event).
     Iter splitAt(size_t offset);
-    bool tryRun(size_t runStart, size_t runEnd, size_t minBytes, size_t maxBytes, size_t granularity,
-        size_t alignment, size_t& outOffset, size_t& outSize) const;
+    bool tryRun(size_t runStart, size_t runEnd, size_t minBytes, size_t maxBytes, size_t granularity, size_t alignment,
+        size_t& outOffset, size_t& outSize) const;
     void release(Iter it, std::optional<Stream> owner);
 
     runtime::DeviceRuntime& runtime_;

@@ -48,7 +48,8 @@ StorageManager::StorageManager(
     if (codec_ && codecDevice != runtime_.codecDevice())
     {
         throw std::invalid_argument("the cold-page codec was created for device " + deviceLabel(codecDevice)
-            + " but the manager runs on " + runtime_.name() + "; create the codec with device='" + runtime_.name() + "'");
+            + " but the manager runs on " + runtime_.name() + "; create the codec with device='" + runtime_.name()
+            + "'");
     }
     validateConfig(config_);
     buildHotLayout();
@@ -57,11 +58,11 @@ StorageManager::StorageManager(
         auto created = concat::createDefaultKvCacheColdPageCodec(runtime_.codecDevice());
         codec_ = runtime::CodecPtr(created.release(), runtime::CodecDeleter{});
     }
-    allocateHot();                 // Step 2
-    configureCodec();              // Step 3
-    queryCodec();                  // Step 4
-    validateBatchingAndMapCold();  // Step 5
-    allocateCold();                // Step 6
+    allocateHot();                // Step 2
+    configureCodec();             // Step 3
+    queryCodec();                 // Step 4
+    validateBatchingAndMapCold(); // Step 5
+    allocateCold();               // Step 6
     // Step 7: codec_ stays here for every migration.
 }
 
@@ -140,8 +141,8 @@ std::vector<uint64_t> StorageManager::projectHot(uint64_t quota, char const* quo
         throw std::invalid_argument("config.minHotSlots needs " + std::to_string(uint64_t(floorBytes))
             + " hot bytes but " + quotaField + " is " + std::to_string(quota) + ": short by "
             + std::to_string(uint64_t(floorBytes) - quota) + " bytes (the largest floor is layer group "
-            + std::to_string(worst) + "'s minHotSlots[" + std::to_string(worst) + "] = "
-            + std::to_string(config_.minHotSlots[worst]) + " slots of "
+            + std::to_string(worst) + "'s minHotSlots[" + std::to_string(worst)
+            + "] = " + std::to_string(config_.minHotSlots[worst]) + " slots of "
             + std::to_string(lifeCycles_[worst].hotPageBytes) + " bytes); lower the floors or raise the quota");
     }
     std::vector<bool> clamped(numGroups, false);
@@ -184,8 +185,8 @@ std::vector<uint64_t> StorageManager::projectHot(uint64_t quota, char const* quo
         uint64_t slots = std::min<uint64_t>(slotsOf[g], uint64_t(INT32_MAX));
         if (slots == 0)
         {
-            throw std::invalid_argument(std::string(quotaField) + " is " + std::to_string(quota)
-                + ": hot pool group " + std::to_string(g) + " (layer groups " + idList(group.lifeCycles) + ", "
+            throw std::invalid_argument(std::string(quotaField) + " is " + std::to_string(quota) + ": hot pool group "
+                + std::to_string(g) + " (layer groups " + idList(group.lifeCycles) + ", "
                 + std::to_string(group.pageBytes) + " bytes per page) gets less than one page"
                 + (floorBytes > 0 ? " after the minHotSlots floors" : "")
                 + "; raise the quota or these layer groups' poolRatio");
@@ -234,8 +235,8 @@ void StorageManager::configureCodec()
     auto const& descs = storage.descs();
     if (!codec_->configure(descs.data(), PoolGroupIndex(descs.size())))
     {
-        throw std::invalid_argument(std::string("the cold-page codec rejected the hot layout in configure(): ")
-            + codec_->lastError());
+        throw std::invalid_argument(
+            std::string("the cold-page codec rejected the hot layout in configure(): ") + codec_->lastError());
     }
 }
 
@@ -287,10 +288,12 @@ void StorageManager::validateBatchingAndMapCold()
     {
         LifeCycleInfo const& m = lifeCycles_[l];
         LifeCycleId const r = m.batchingRepresentative;
-        std::string const cls = "layer group " + std::to_string(l) + " has batching representative " + std::to_string(r);
+        std::string const cls
+            = "layer group " + std::to_string(l) + " has batching representative " + std::to_string(r);
         if (size_t(r) >= n)
         {
-            throw std::invalid_argument(cls + ", which is not a configured layer group (valid: 0.." + std::to_string(n - 1) + ")");
+            throw std::invalid_argument(
+                cls + ", which is not a configured layer group (valid: 0.." + std::to_string(n - 1) + ")");
         }
         if (r > LifeCycleId(l))
         {
@@ -315,8 +318,8 @@ void StorageManager::validateBatchingAndMapCold()
         }
         if (coldMap[l] != coldMap[size_t(r)])
         {
-            throw std::invalid_argument(cls + " but they are in different cold pool groups (" + std::to_string(coldMap[l])
-                + " and " + std::to_string(coldMap[size_t(r)]) + ")");
+            throw std::invalid_argument(cls + " but they are in different cold pool groups ("
+                + std::to_string(coldMap[l]) + " and " + std::to_string(coldMap[size_t(r)]) + ")");
         }
         if (m.location != rep.location)
         {
@@ -492,13 +495,16 @@ bool StorageManager::transcode(bool encode, LifeCycleId rep, std::byte* coldBase
     size_t done = 0;
     auto call = [&](PageIndexPair const* p, size_t k) {
         ++codecCalls_;
-        bool const ok = encode  ? codec_->encode(rep, coldBase, p, k, stream)
-            : pageStatus        ? codec_->decodeChecked(rep, coldBase, p, k, pageStatus + done, stream)
-                                : codec_->decode(rep, coldBase, p, k, stream);
+        bool const ok = encode ? codec_->encode(rep, coldBase, p, k, stream)
+            : pageStatus       ? codec_->decodeChecked(rep, coldBase, p, k, pageStatus + done, stream)
+                               : codec_->decode(rep, coldBase, p, k, stream);
         if (!ok)
         {
-            error = std::string(encode ? "encode" : pageStatus ? "decodeChecked" : "decode") + "(layer group "
-                + std::to_string(rep) + ", " + std::to_string(k) + " pages) failed: " + codec_->lastError();
+            error = std::string(encode   ? "encode"
+                            : pageStatus ? "decodeChecked"
+                                         : "decode")
+                + "(layer group " + std::to_string(rep) + ", " + std::to_string(k)
+                + " pages) failed: " + codec_->lastError();
         }
         return ok;
     };
@@ -533,7 +539,8 @@ bool StorageManager::transcode(bool encode, LifeCycleId rep, std::byte* coldBase
     return true;
 }
 
-bool StorageManager::copyHot(PoolGroupIndex g, PageIndexPair const* pairs, size_t count, Stream stream, std::string& error)
+bool StorageManager::copyHot(
+    PoolGroupIndex g, PageIndexPair const* pairs, size_t count, Stream stream, std::string& error)
 {
     thread_local std::vector<void*> dsts;
     thread_local std::vector<void const*> srcs;
@@ -557,8 +564,8 @@ bool StorageManager::copyHot(PoolGroupIndex g, PageIndexPair const* pairs, size_
     return runtime_.copyBatch(dsts.data(), srcs.data(), sizes.data(), k, stream, error);
 }
 
-bool StorageManager::copyCold(CacheLevel srcLevel, PoolGroupIndex srcGroup, CacheLevel dstLevel, PoolGroupIndex dstGroup,
-    PageIndexPair const* pairs, size_t count, Stream stream, std::string& error)
+bool StorageManager::copyCold(CacheLevel srcLevel, PoolGroupIndex srcGroup, CacheLevel dstLevel,
+    PoolGroupIndex dstGroup, PageIndexPair const* pairs, size_t count, Stream stream, std::string& error)
 {
     thread_local std::vector<int32_t> slots;
     thread_local std::vector<std::byte*> addrs;

@@ -140,8 +140,8 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
             {
                 cudaFree(p);
             }
-            throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of device memory on "
-                + name() + ": " + cudaErrorText(st));
+            throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of device memory on " + name()
+                + ": " + cudaErrorText(st));
         }
         return p;
     }
@@ -149,8 +149,8 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
     if (st != cudaSuccess)
     {
         cudaGetLastError();
-        throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of pinned mapped host memory: "
-            + cudaErrorText(st));
+        throw std::runtime_error(
+            "cannot allocate " + std::to_string(bytes) + " bytes of pinned mapped host memory: " + cudaErrorText(st));
     }
     void* devicePtr = nullptr;
     st = cudaHostGetDevicePointer(&devicePtr, p, 0);
@@ -207,8 +207,8 @@ void CudaRuntime::waitBlocking(Stream stream)
 {
     DeviceGuard guard(ordinal_);
     cudaEvent_t event = nullptr;
-    DeviceGuard::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
-        "cudaEventCreateWithFlags");
+    DeviceGuard::check(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreateWithFlags");
     cudaError_t st = cudaEventRecord(event, stream);
     if (st == cudaSuccess)
     {
@@ -265,8 +265,8 @@ bool CudaRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t c
     return true;
 }
 
-bool CudaRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t bytes, Stream stream,
-    std::string& error) noexcept
+bool CudaRuntime::uploadFromPageable(
+    void* dst, void const* hostSrc, size_t bytes, Stream stream, std::string& error) noexcept
 {
     if (bytes == 0)
     {
@@ -287,10 +287,12 @@ bool CudaRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t byte
         size_t n = bytes;
         CUresult const r = api.memcpyBatchAsyncV13 != nullptr
             ? api.memcpyBatchAsyncV13(&d, &s, &n, 1, &attr, &attrIndex, 1, reinterpret_cast<CUstream>(stream))
-            : api.memcpyBatchAsyncV12(&d, &s, &n, 1, &attr, &attrIndex, 1, &failIdx, reinterpret_cast<CUstream>(stream));
+            : api.memcpyBatchAsyncV12(
+                  &d, &s, &n, 1, &attr, &attrIndex, 1, &failIdx, reinterpret_cast<CUstream>(stream));
         if (r != CUDA_SUCCESS)
         {
-            error = "index upload (cuMemcpyBatchAsync, " + std::to_string(bytes) + " bytes) failed: " + driverErrorText(r);
+            error = "index upload (cuMemcpyBatchAsync, " + std::to_string(bytes)
+                + " bytes) failed: " + driverErrorText(r);
             return false;
         }
         return true;

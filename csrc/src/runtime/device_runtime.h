@@ -82,16 +82,14 @@ public:
 
     /// Enqueues `count` copies on `stream` (stream-ordered source access). Returns false with a
     /// reason on a synchronous submission failure.
-    virtual bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count,
-        Stream stream, std::string& error) noexcept
-        = 0;
+    virtual bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream stream,
+        std::string& error) noexcept = 0;
 
     /// Copies `bytes` of pageable host memory to device memory `dst`, ordered on `stream`. The
     /// host source is consumed before the call returns (the caller may reuse it at once); the
     /// transfer itself may still be in flight.
-    virtual bool uploadFromPageable(void* dst, void const* hostSrc, size_t bytes, Stream stream,
-        std::string& error) noexcept
-        = 0;
+    virtual bool uploadFromPageable(
+        void* dst, void const* hostSrc, size_t bytes, Stream stream, std::string& error) noexcept = 0;
 };
 
 /// Creates the host backend.

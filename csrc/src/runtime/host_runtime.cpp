@@ -54,8 +54,8 @@ EventPtr HostRuntime::record(Stream)
 
 void HostRuntime::synchronize(Stream) {}
 
-bool HostRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream,
-    std::string&) noexcept
+bool HostRuntime::copyBatch(
+    void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream, std::string&) noexcept
 {
     for (size_t i = 0; i < count; ++i)
     {

@@ -23,8 +23,9 @@ void checkFactoryAbi(KvcodecCodecFactory const* factory)
     if (factory->structBytes != sizeof(KvcodecCodecFactory))
     {
         throw std::invalid_argument("codec plugin ABI mismatch: KvcodecCodecFactory is "
-            + std::to_string(factory->structBytes) + " bytes in the plugin but " + std::to_string(sizeof(KvcodecCodecFactory))
-            + " bytes in this kvcodec_sdk (ABI version " + std::to_string(factory->abiVersion) + " has one size)");
+            + std::to_string(factory->structBytes) + " bytes in the plugin but "
+            + std::to_string(sizeof(KvcodecCodecFactory)) + " bytes in this kvcodec_sdk (ABI version "
+            + std::to_string(factory->abiVersion) + " has one size)");
     }
     if (factory->name == nullptr || factory->create == nullptr || factory->destroy == nullptr)
     {

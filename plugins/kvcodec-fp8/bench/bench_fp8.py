@@ -20,17 +20,16 @@ bench-fp8-sweep.txt (every tuning of every row) into the output folder.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
-import itertools
-
 import numpy as np
+from kvcodec_fp8.bound import error_bound_of
 
 import kvcodec_sdk as kv
-from kvcodec_fp8.bound import error_bound_of
 
 HEADS, HEAD_DIM = 8, 128
 # Every valid combination of the kernel tuning knobs for v1/b2/b4 (v1 takes no other knob), and
@@ -148,7 +147,7 @@ def run_config(torch, fmt, gran, tokens, gib, iters, stream, do_sweep=True):
 
         t_torch = _time(torch_cast, iters)
     stream.synchronize()
-    del scratch, host_raw
+    scratch = host_raw = None  # frees the buffers before the next size
     tunings = []
     if do_sweep:
         ctx = {"hot_u8": hot_u8, "groups": groups, "idx": idx, "back": back, "cold_dev": cold_dev,

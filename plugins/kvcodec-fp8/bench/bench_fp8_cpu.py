@@ -24,11 +24,11 @@ import sys
 import time
 
 import numpy as np
+from kvcodec_fp8 import _testing
+from kvcodec_fp8.plugin import SPEC as FP8_SPEC
 
 import kvcodec_sdk as kv
 from kvcodec_sdk.testing.data import fill_page_bytes
-from kvcodec_fp8 import _testing
-from kvcodec_fp8.plugin import SPEC as FP8_SPEC
 
 HEADS, HEAD_DIM = 8, 128
 CONFIGS = [("fp8", {"format": "e4m3", "granularity": "page_head"}),

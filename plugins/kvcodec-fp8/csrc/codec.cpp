@@ -91,8 +91,10 @@ void Fp8Params::read(ParamReader& r)
     r.read("lossless_roles", roles);
     for (auto const& role : splitList(roles))
     {
-        if (role == "key") losslessKey = true;
-        else if (role == "value") losslessValue = true;
+        if (role == "key")
+            losslessKey = true;
+        else if (role == "value")
+            losslessValue = true;
         else if (role != "other")
         {
             throw ParamError("fp8 parameter 'lossless_roles' names '" + role
@@ -181,7 +183,7 @@ private:
         uint32_t variant = 0;
         DeviceArray<BufferPlan> table;
         uint64_t unitsPerPage = 0;
-        uint32_t smem[2] = {0, 0};     ///< [decode, encode]
+        uint32_t smem[2] = {0, 0}; ///< [decode, encode]
         uint32_t resident[2] = {1, 1};
     };
 
@@ -255,7 +257,8 @@ private:
     {
         launch.variant = variant;
         launch.unitsPerPage = plan.unitsPerPage;
-        if (!cudaCheck(launch.table.upload(plan.buffers), "uploading the buffer table of lifecycle " + std::to_string(id)))
+        if (!cudaCheck(
+                launch.table.upload(plan.buffers), "uploading the buffer table of lifecycle " + std::to_string(id)))
         {
             return false;
         }

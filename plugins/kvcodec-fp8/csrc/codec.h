@@ -26,10 +26,10 @@ struct Fp8Params
     bool losslessValue = false;
     std::set<int64_t> losslessLayers;
     // Tuning knobs of the CUDA kernel: they never change a blob byte.
-    bool autoKernel = true;     ///< kernel=auto: per call, `kernel` or the tile variant (docs/fp8.md).
+    bool autoKernel = true;             ///< kernel=auto: per call, `kernel` or the tile variant (docs/fp8.md).
     uint32_t kernel = kAutoBaseVariant; ///< Index into kKernelVariants (auto: its non-tile kernel).
-    bool deepSmallBlocks = true; ///< small_blocks=deep: several rounds of small blocks per warp unit.
-    bool blockFinite = true;    ///< finite_check=block.
+    bool deepSmallBlocks = true;        ///< small_blocks=deep: several rounds of small blocks per warp unit.
+    bool blockFinite = true;            ///< finite_check=block.
 
     /// Reads the values plugin.py validated (a native caller gets the same refusals: every
     /// message names the parameter, its value and what is valid).

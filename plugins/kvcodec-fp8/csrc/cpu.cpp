@@ -74,8 +74,8 @@ KVFP8_CPU_INLINE uint32_t fp8Magnitude(uint32_t a)
 {
     using T = Fp8Traits<F>;
     uint32_t constexpr shift = 23 - T::kMantBits;
-    uint32_t const normal = ((a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift)
-        - ((127u - T::kBias) << T::kMantBits);
+    uint32_t const normal
+        = ((a + ((1u << (shift - 1)) - 1u) + ((a >> shift) & 1u)) >> shift) - ((127u - T::kBias) << T::kMantBits);
     uint32_t const subnormal = roundSmallToInt(bitsFloat(a) * bitsFloat(T::kSubnormalScaleBits));
     return select(a < T::kMinNormalBits, subnormal, std::min(normal, T::kMaxCode));
 }
@@ -321,8 +321,8 @@ KVFP8_CPU_INLINE void decodeQuantized(BufferPlan const& b, char* hot, char const
         {
             unsigned char le[4];
             std::memcpy(le, cold + b.scaleOffset + 4 * (j0 + j), 4);
-            scale[j] = bitsFloat(
-                uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24);
+            scale[j]
+                = bitsFloat(uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24);
         }
         for (uint64_t row = 0; row < rows; ++row)
         {
@@ -380,8 +380,8 @@ struct Kernels
     template <class H, Format F>                                                                                       \
     constexpr Kernels NAME##Kernels()                                                                                  \
     {                                                                                                                  \
-        return {&NAME##Encode<H, F>, &NAME##Decode<H, F>, &NAME##Amax<H>, &NAME##Quantize<H, F>,                       \
-            &NAME##Dequantize<H, F>};                                                                                  \
+        return {                                                                                                       \
+            &NAME##Encode<H, F>, &NAME##Decode<H, F>, &NAME##Amax<H>, &NAME##Quantize<H, F>, &NAME##Dequantize<H, F>}; \
     }
 
 KVFP8_CPU_VARIANT(portable, )
@@ -518,14 +518,14 @@ float finiteAmax(char const* hot, uint64_t n, uint32_t dtype, Simd simd) noexcep
     return dtype == uint32_t(DataType::kFloat16) ? HotFp16::magnitude(bits) : HotFp32::magnitude(bits);
 }
 
-void quantizeRow(char const* hot, uint64_t n, uint32_t dtype, Format f, float reciprocal, uint8_t* codes,
-    Simd simd) noexcept
+void quantizeRow(
+    char const* hot, uint64_t n, uint32_t dtype, Format f, float reciprocal, uint8_t* codes, Simd simd) noexcept
 {
     kernels(simd, dtype, f).quantize(hot, n, reciprocal, codes);
 }
 
-void dequantizeRow(uint8_t const* codes, uint64_t n, uint32_t dtype, Format f, float scale, char* hot,
-    Simd simd) noexcept
+void dequantizeRow(
+    uint8_t const* codes, uint64_t n, uint32_t dtype, Format f, float scale, char* hot, Simd simd) noexcept
 {
     kernels(simd, dtype, f).dequantize(codes, n, scale, hot);
 }

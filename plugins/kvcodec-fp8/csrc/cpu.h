@@ -65,11 +65,11 @@ void decodeBuffer(BufferPlan const& b, char* hot, char const* cold, Format f, Si
 float finiteAmax(char const* hot, uint64_t n, uint32_t dtype, Simd simd) noexcept;
 
 /// codes[i] = the code of hot element i under a block reciprocal `reciprocal` (> 0).
-void quantizeRow(char const* hot, uint64_t n, uint32_t dtype, Format f, float reciprocal, uint8_t* codes,
-    Simd simd) noexcept;
+void quantizeRow(
+    char const* hot, uint64_t n, uint32_t dtype, Format f, float reciprocal, uint8_t* codes, Simd simd) noexcept;
 
 /// Hot element i = the decoded value of codes[i] under the block scale `scale`.
-void dequantizeRow(uint8_t const* codes, uint64_t n, uint32_t dtype, Format f, float scale, char* hot,
-    Simd simd) noexcept;
+void dequantizeRow(
+    uint8_t const* codes, uint64_t n, uint32_t dtype, Format f, float scale, char* hot, Simd simd) noexcept;
 
 } // namespace kvcodec::fp8::cpu

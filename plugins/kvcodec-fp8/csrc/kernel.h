@@ -20,14 +20,14 @@ inline constexpr uint64_t kCopyUnitBytes = 2048;
 struct KernelVariant
 {
     char const* name;
-    int blocksPerSm;  ///< __launch_bounds__ minimum resident blocks (256 threads each).
-    int laneBytes;    ///< Hot bytes of vector accesses a lane loads before it reduces them.
-    bool tunable;     ///< Blocks larger than the register cache are streamed in batches of
-                      ///< laneBytes per lane (v1: one access per lane at a time), and the
-                      ///< small_blocks / finite_check parameters apply (v1: fixed).
-    bool tiled;       ///< CTA tiles: one thread block per tile of whole scale blocks staged in
-                      ///< shared memory (see plan.h, planTiles); other buffers take the
-                      ///< warp units of this variant's laneBytes, eight per thread block.
+    int blocksPerSm; ///< __launch_bounds__ minimum resident blocks (256 threads each).
+    int laneBytes;   ///< Hot bytes of vector accesses a lane loads before it reduces them.
+    bool tunable;    ///< Blocks larger than the register cache are streamed in batches of
+                     ///< laneBytes per lane (v1: one access per lane at a time), and the
+                     ///< small_blocks / finite_check parameters apply (v1: fixed).
+    bool tiled;      ///< CTA tiles: one thread block per tile of whole scale blocks staged in
+                     ///< shared memory (see plan.h, planTiles); other buffers take the
+                     ///< warp units of this variant's laneBytes, eight per thread block.
 };
 
 inline constexpr KernelVariant kKernelVariants[] = {
@@ -44,7 +44,8 @@ inline constexpr int kNumKernelVariants = int(sizeof(kKernelVariants) / sizeof(k
 inline constexpr uint32_t kAutoBaseVariant = 2;
 /// The tile variant (the tile kernel's launch bounds and auto's per-call choice).
 inline constexpr uint32_t kTileVariant = 3;
-static_assert(!kKernelVariants[kAutoBaseVariant].tiled && kKernelVariants[kAutoBaseVariant].tunable, "auto's base is b4");
+static_assert(
+    !kKernelVariants[kAutoBaseVariant].tiled && kKernelVariants[kAutoBaseVariant].tunable, "auto's base is b4");
 static_assert(kKernelVariants[kTileVariant].tiled, "kTileVariant names the tile variant");
 
 /// Threads of one thread block (all variants).
@@ -98,56 +99,56 @@ constexpr uint32_t cachedAccesses(int laneBytes, uint32_t dtypeBytes, bool vecto
 /// One buffer of a lifecycle, as planned at configure time (see plan.h for the rules).
 struct BufferPlan
 {
-    uint32_t quantized; ///< 1: fp8 codes + scales; 0: lossless copy.
-    uint32_t dtype;     ///< kvcodec::DataType of the hot buffer.
-    uint32_t vector;    ///< 1: 16-element vectors are aligned and stay inside one block row.
-    uint32_t groupLanes;   ///< Lanes of a warp working on one scale block (power of two <= 32).
-    uint32_t rounds;       ///< Rounds of 32/groupLanes blocks per work unit (> 1 only when
-                           ///< every lane has at most one access per block: one access per round).
-    uint32_t hotAligned;   ///< 1: every hot element is aligned to its size in every slot, so the
-                           ///< element path moves it with one 2- or 4-byte access; 0 (an odd slot
-                           ///< size or offset, e.g. a packed slot with odd padding): byte accesses.
-    uint64_t poolBase;     ///< Hot pool base address.
-    uint64_t slotBytes;    ///< Hot pool slot size.
-    uint64_t hotOffset;    ///< Byte offset of the buffer inside the slot.
-    uint64_t bytes;        ///< Hot bytes of the buffer.
-    uint64_t elems;        ///< Elements (quantized buffers).
-    uint64_t numBlocks;    ///< Scale blocks per page.
-    uint64_t blockElems;   ///< Elements per scale block.
-    uint64_t rowElems;     ///< Contiguous elements per row of a block.
-    uint64_t rowStride;    ///< Elements between rows of a block.
-    uint64_t blockStride;  ///< Elements between the first elements of consecutive blocks.
-    uint64_t dataOffset;   ///< Blob offset of the codes (or of the lossless bytes).
-    uint64_t scaleOffset;  ///< Blob offset of the scales (quantized buffers).
-    uint64_t dataEnd;      ///< End of the codes / lossless bytes (padding starts here).
-    uint64_t scaleEnd;     ///< End of the scales (quantized buffers; padding starts here).
-    uint64_t regionEnd;    ///< End of the buffer's regions, padding included.
-    uint64_t firstUnit;    ///< Index of the buffer's first work unit inside a page.
-    uint64_t units;        ///< Work units of the buffer per page: warp units, except under the
-                           ///< tile variant, whose units are thread blocks: one per tile of a
-                           ///< tiled buffer, kWarpsPerCta warp units of any other buffer.
-    uint64_t warpUnits;    ///< Warp units of the buffer per page (its split without tiles).
-    uint64_t tileBlocks;   ///< Scale blocks per tile (the last tile may have fewer); 0: the
-                           ///< buffer is not tiled.
+    uint32_t quantized;   ///< 1: fp8 codes + scales; 0: lossless copy.
+    uint32_t dtype;       ///< kvcodec::DataType of the hot buffer.
+    uint32_t vector;      ///< 1: 16-element vectors are aligned and stay inside one block row.
+    uint32_t groupLanes;  ///< Lanes of a warp working on one scale block (power of two <= 32).
+    uint32_t rounds;      ///< Rounds of 32/groupLanes blocks per work unit (> 1 only when
+                          ///< every lane has at most one access per block: one access per round).
+    uint32_t hotAligned;  ///< 1: every hot element is aligned to its size in every slot, so the
+                          ///< element path moves it with one 2- or 4-byte access; 0 (an odd slot
+                          ///< size or offset, e.g. a packed slot with odd padding): byte accesses.
+    uint64_t poolBase;    ///< Hot pool base address.
+    uint64_t slotBytes;   ///< Hot pool slot size.
+    uint64_t hotOffset;   ///< Byte offset of the buffer inside the slot.
+    uint64_t bytes;       ///< Hot bytes of the buffer.
+    uint64_t elems;       ///< Elements (quantized buffers).
+    uint64_t numBlocks;   ///< Scale blocks per page.
+    uint64_t blockElems;  ///< Elements per scale block.
+    uint64_t rowElems;    ///< Contiguous elements per row of a block.
+    uint64_t rowStride;   ///< Elements between rows of a block.
+    uint64_t blockStride; ///< Elements between the first elements of consecutive blocks.
+    uint64_t dataOffset;  ///< Blob offset of the codes (or of the lossless bytes).
+    uint64_t scaleOffset; ///< Blob offset of the scales (quantized buffers).
+    uint64_t dataEnd;     ///< End of the codes / lossless bytes (padding starts here).
+    uint64_t scaleEnd;    ///< End of the scales (quantized buffers; padding starts here).
+    uint64_t regionEnd;   ///< End of the buffer's regions, padding included.
+    uint64_t firstUnit;   ///< Index of the buffer's first work unit inside a page.
+    uint64_t units;       ///< Work units of the buffer per page: warp units, except under the
+                          ///< tile variant, whose units are thread blocks: one per tile of a
+                          ///< tiled buffer, kWarpsPerCta warp units of any other buffer.
+    uint64_t warpUnits;   ///< Warp units of the buffer per page (its split without tiles).
+    uint64_t tileBlocks;  ///< Scale blocks per tile (the last tile may have fewer); 0: the
+                          ///< buffer is not tiled.
 };
 
 struct KernelArgs
 {
     BufferPlan const* buffers; ///< Device array.
     uint32_t numBuffers;
-    uint32_t encode;           ///< 1: hot -> blob, 0: blob -> hot.
-    uint32_t format;           ///< Format.
-    uint32_t scalarOnly;       ///< 1: the cold base is not 16-byte aligned; no vector access.
-    uint32_t variant;          ///< Index into kKernelVariants.
-    uint32_t blockFinite;      ///< 1: check for NaN/Inf once per block (finite_check=block).
+    uint32_t encode;      ///< 1: hot -> blob, 0: blob -> hot.
+    uint32_t format;      ///< Format.
+    uint32_t scalarOnly;  ///< 1: the cold base is not 16-byte aligned; no vector access.
+    uint32_t variant;     ///< Index into kKernelVariants.
+    uint32_t blockFinite; ///< 1: check for NaN/Inf once per block (finite_check=block).
     uint64_t unitsPerPage;
     uint64_t coldPageBytes;
-    uint64_t numHotSlots;      ///< Pairs with a hot index outside [0, numHotSlots) are skipped.
+    uint64_t numHotSlots;       ///< Pairs with a hot index outside [0, numHotSlots) are skipped.
     PageIndexPair const* pairs; ///< Device array.
     uint64_t numPairs;
-    uint64_t blob;             ///< Cold base (GPU-accessible).
-    uint32_t tileSmem;         ///< Tile variant: dynamic shared memory per thread block.
-    uint32_t tileResident;     ///< Tile variant: resident thread blocks per SM with tileSmem.
+    uint64_t blob;         ///< Cold base (GPU-accessible).
+    uint32_t tileSmem;     ///< Tile variant: dynamic shared memory per thread block.
+    uint32_t tileResident; ///< Tile variant: resident thread blocks per SM with tileSmem.
 };
 
 /// Tile variant: sets the kernels' dynamic shared memory limit to `budget` on the current

@@ -305,12 +305,12 @@ __device__ __forceinline__ void dequantize(uint32_t const* codes, float s, uint3
 
 struct Tile
 {
-    char* hot;         // the page's buffer in the hot slot
-    char* cold;        // the page's blob
-    uint64_t block;    // scale block index
+    char* hot;      // the page's buffer in the hot slot
+    char* cold;     // the page's blob
+    uint64_t block; // scale block index
     bool active;
-    uint32_t sub;      // lane inside the block's group
-    uint32_t lanes;    // lanes of the group
+    uint32_t sub;   // lane inside the block's group
+    uint32_t lanes; // lanes of the group
 };
 
 // Element offset (inside the buffer) of access k of a block.

@@ -239,19 +239,22 @@ __device__ void decodeTileCta(BufferPlan const& b, char* hot, char const* cold, 
 }
 
 template <bool ENC, int FMT>
-__device__ __forceinline__ void tileCtaFmt(BufferPlan const& b, char* hot, char* cold, uint64_t first, uint32_t nb,
-    char* smem)
+__device__ __forceinline__ void tileCtaFmt(
+    BufferPlan const& b, char* hot, char* cold, uint64_t first, uint32_t nb, char* smem)
 {
     switch (b.dtype)
     {
     case kBf16:
-        ENC ? encodeTileCta<kBf16, FMT>(b, hot, cold, first, nb, smem) : decodeTileCta<kBf16, FMT>(b, hot, cold, first, nb, smem);
+        ENC ? encodeTileCta<kBf16, FMT>(b, hot, cold, first, nb, smem)
+            : decodeTileCta<kBf16, FMT>(b, hot, cold, first, nb, smem);
         break;
     case kFp16:
-        ENC ? encodeTileCta<kFp16, FMT>(b, hot, cold, first, nb, smem) : decodeTileCta<kFp16, FMT>(b, hot, cold, first, nb, smem);
+        ENC ? encodeTileCta<kFp16, FMT>(b, hot, cold, first, nb, smem)
+            : decodeTileCta<kFp16, FMT>(b, hot, cold, first, nb, smem);
         break;
     default:
-        ENC ? encodeTileCta<kFp32, FMT>(b, hot, cold, first, nb, smem) : decodeTileCta<kFp32, FMT>(b, hot, cold, first, nb, smem);
+        ENC ? encodeTileCta<kFp32, FMT>(b, hot, cold, first, nb, smem)
+            : decodeTileCta<kFp32, FMT>(b, hot, cold, first, nb, smem);
         break;
     }
 }

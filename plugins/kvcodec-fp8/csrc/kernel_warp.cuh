@@ -137,8 +137,8 @@ __device__ __forceinline__ void quantizeStore(uint32_t const* w, float r, char* 
 // Loads the lane's accesses k0, k0 + lanes, ..., k0 + (C - 1) * lanes of the tile's block that
 // lie below nv into `cache`, all issued before any is used.
 template <int DT, bool VEC, int LB, int C>
-__device__ __forceinline__ void loadBatch(BufferPlan const& b, Tile const& t, uint32_t k0, uint32_t nv,
-    uint32_t (&cache)[C][Access<DT, VEC, LB>::kWords])
+__device__ __forceinline__ void loadBatch(
+    BufferPlan const& b, Tile const& t, uint32_t k0, uint32_t nv, uint32_t (&cache)[C][Access<DT, VEC, LB>::kWords])
 {
     constexpr int N = Access<DT, VEC, LB>::kElems;
 #pragma unroll
@@ -235,7 +235,8 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
             uint32_t const k = t.sub + c * t.lanes;
             if (k < nv)
             {
-                quantizeStore<DT, FMT, VEC, LB>(cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
+                quantizeStore<DT, FMT, VEC, LB>(
+                    cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
             }
         }
     }
@@ -250,7 +251,8 @@ __device__ void encodeTile(BufferPlan const& b, Tile const& t, bool alignedCold,
                 uint32_t const k = k0 + c * t.lanes;
                 if (k < nv)
                 {
-                    quantizeStore<DT, FMT, VEC, LB>(cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
+                    quantizeStore<DT, FMT, VEC, LB>(
+                        cache[c], bs.reciprocal, codesBase + elemOffset<N>(b, t.block, k), unchecked);
                 }
             }
         }
@@ -328,8 +330,8 @@ __device__ void encodeRounds(BufferPlan const& b, Tile const& t, bool alignedCol
         {
             storeScale(t.cold + b.scaleOffset + 4 * block, bs.scale, alignedCold);
         }
-        quantizeStore<DT, FMT, VEC, LB>(cache[s], bs.reciprocal, t.cold + b.dataOffset + elemOffset<N>(b, block, t.sub),
-            unchecked);
+        quantizeStore<DT, FMT, VEC, LB>(
+            cache[s], bs.reciprocal, t.cold + b.dataOffset + elemOffset<N>(b, block, t.sub), unchecked);
         if (block == 0)
         {
             zeroPadding(b, t.cold, t.sub, t.lanes);
@@ -595,8 +597,10 @@ __device__ __forceinline__ bool locateUnit(KernelArgs const& a, uint64_t w, Unit
     while (lo < hi)
     {
         uint32_t const mid = (lo + hi + 1) / 2;
-        if (a.buffers[mid].firstUnit <= r) lo = mid;
-        else hi = mid - 1;
+        if (a.buffers[mid].firstUnit <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     BufferPlan const& b = a.buffers[lo];
     // One aligned 64-bit load fetches both indices.
@@ -618,8 +622,8 @@ __device__ __forceinline__ bool locateUnit(KernelArgs const& a, uint64_t w, Unit
 
 // One warp unit `unit` of a buffer (the whole warp calls it).
 template <bool ENC, int LB, bool BATCH>
-__device__ __forceinline__ void warpUnit(KernelArgs const& a, BufferPlan const& b, char* hot, char* cold, uint64_t unit,
-    uint32_t lane)
+__device__ __forceinline__ void warpUnit(
+    KernelArgs const& a, BufferPlan const& b, char* hot, char* cold, uint64_t unit, uint32_t lane)
 {
     if (!b.quantized)
     {

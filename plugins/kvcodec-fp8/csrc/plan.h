@@ -29,9 +29,11 @@ struct LifeCyclePlan
 /// True when the policy quantizes a buffer (K or V role, float dtype, shaped, not excluded).
 inline bool quantizes(BufferDesc const& b, Fp8Params const& p)
 {
-    bool const floatType = b.dtype == DataType::kBFloat16 || b.dtype == DataType::kFloat16 || b.dtype == DataType::kFloat32;
+    bool const floatType
+        = b.dtype == DataType::kBFloat16 || b.dtype == DataType::kFloat16 || b.dtype == DataType::kFloat32;
     bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
-    bool const role = (b.role == BufferRole::kKey && !p.losslessKey) || (b.role == BufferRole::kValue && !p.losslessValue);
+    bool const role
+        = (b.role == BufferRole::kKey && !p.losslessKey) || (b.role == BufferRole::kValue && !p.losslessValue);
     return floatType && shaped && role && p.losslessLayers.count(b.layerId) == 0;
 }
 
@@ -81,7 +83,8 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
     {
         for (size_t p = 0; p < group.pools.size(); ++p)
         {
-            buffers.push_back({lc.id, BufferRole::kOther, int32_t(p), DataType::kUInt8, 0, group.pools[p].slotBytes, 0, 0, 0, 0});
+            buffers.push_back(
+                {lc.id, BufferRole::kOther, int32_t(p), DataType::kUInt8, 0, group.pools[p].slotBytes, 0, 0, 0, 0});
         }
     }
     // A quantized buffer must not share hot bytes with another buffer: decode would write both.
@@ -122,10 +125,12 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             switch (params.granularity)
             {
             case Granularity::kPageHead:
-                plan.numBlocks = H, plan.blockElems = T * D, plan.rowElems = D, plan.rowStride = H * D, plan.blockStride = D;
+                plan.numBlocks = H, plan.blockElems = T * D, plan.rowElems = D, plan.rowStride = H * D,
+                plan.blockStride = D;
                 break;
             case Granularity::kTokenHead:
-                plan.numBlocks = T * H, plan.blockElems = D, plan.rowElems = D, plan.rowStride = D, plan.blockStride = D;
+                plan.numBlocks = T * H, plan.blockElems = D, plan.rowElems = D, plan.rowStride = D,
+                plan.blockStride = D;
                 break;
             case Granularity::kPage:
                 plan.numBlocks = 1, plan.blockElems = plan.elems, plan.rowElems = plan.elems,
@@ -140,7 +145,8 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             // the alignment of every slot, not only of slot 0.
             uint64_t const esize = dataTypeBytes(b.dtype);
             plan.hotAligned = ((pool.base + b.byteOffset) % esize == 0 && pool.slotBytes % esize == 0) ? 1 : 0;
-            plan.vector = (plan.rowElems % 16 == 0 && (pool.base + b.byteOffset) % 16 == 0 && pool.slotBytes % 16 == 0) ? 1 : 0;
+            plan.vector
+                = (plan.rowElems % 16 == 0 && (pool.base + b.byteOffset) % 16 == 0 && pool.slotBytes % 16 == 0) ? 1 : 0;
             uint64_t const vectorsPerBlock = plan.blockElems / (plan.vector ? 16 : 1);
             plan.groupLanes = nextPow2(vectorsPerBlock);
             // small_blocks=deep: when every lane holds at most one access of its block, a unit
@@ -148,8 +154,8 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
             plan.rounds = 1;
             if (params.deepSmallBlocks && vectorsPerBlock <= plan.groupLanes)
             {
-                plan.rounds = cachedAccesses(kKernelVariants[params.kernel].laneBytes,
-                    uint32_t(dataTypeBytes(b.dtype)), plan.vector != 0);
+                plan.rounds = cachedAccesses(
+                    kKernelVariants[params.kernel].laneBytes, uint32_t(dataTypeBytes(b.dtype)), plan.vector != 0);
             }
             uint64_t const tilesPerUnit = 32 / plan.groupLanes * plan.rounds;
             plan.units = (plan.numBlocks + tilesPerUnit - 1) / tilesPerUnit;

@@ -23,9 +23,9 @@
 #include "codec.h"
 #include "cpu.h"
 #include "format.h"
-#include "plan.h"
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
+#include "plan.h"
 
 namespace py = pybind11;
 using namespace kvcodec::fp8;
@@ -34,8 +34,10 @@ namespace {
 
 Format parseFormat(std::string const& name)
 {
-    if (name == "e4m3") return Format::kE4M3;
-    if (name == "e5m2") return Format::kE5M2;
+    if (name == "e4m3")
+        return Format::kE4M3;
+    if (name == "e5m2")
+        return Format::kE5M2;
     throw py::value_error("format is '" + name + "'; valid values are 'e4m3', 'e5m2'");
 }
 
@@ -106,7 +108,8 @@ py::dict planLayout(py::list const& groups, std::string const& paramsJson, uint6
             auto& out = buffers[g].emplace_back();
             for (auto const& [layer, role, pool, dtype, off, bytes, t, h, d] : bufs)
             {
-                out.push_back({layer, kvcodec::BufferRole(role), pool, kvcodec::DataType(dtype), off, bytes, t, h, d, 0});
+                out.push_back(
+                    {layer, kvcodec::BufferRole(role), pool, kvcodec::DataType(dtype), off, bytes, t, h, d, 0});
             }
         }
         for (size_t i = 0; i < in[g].second.size(); ++i)
@@ -242,18 +245,22 @@ PYBIND11_MODULE(_testing, m)
             return py::make_tuple(s.scale, s.reciprocal);
         },
         py::arg("amax"), py::arg("format"), "(scale, reciprocal) of a block with finite amax `amax`.");
-    m.def("cpu_simd_variants", [] {
-        std::vector<std::string> out;
-        for (uint32_t s = 0; s < cpu::kNumSimd; ++s)
-        {
-            if (cpu::simdSupported(cpu::Simd(s)))
+    m.def(
+        "cpu_simd_variants",
+        [] {
+            std::vector<std::string> out;
+            for (uint32_t s = 0; s < cpu::kNumSimd; ++s)
             {
-                out.emplace_back(cpu::simdName(cpu::Simd(s)));
+                if (cpu::simdSupported(cpu::Simd(s)))
+                {
+                    out.emplace_back(cpu::simdName(cpu::Simd(s)));
+                }
             }
-        }
-        return out;
-    }, "The CPU kernel variants this build and CPU can run ('portable' always).");
-    m.def("cpu_simd", [] { return std::string(cpu::simdName(cpu::activeSimd())); },
+            return out;
+        },
+        "The CPU kernel variants this build and CPU can run ('portable' always).");
+    m.def(
+        "cpu_simd", [] { return std::string(cpu::simdName(cpu::activeSimd())); },
         "The CPU kernel variant CPU codecs use now.");
     m.def(
         "set_cpu_simd",

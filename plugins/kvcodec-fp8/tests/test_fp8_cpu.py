@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import itertools
 
+import fp8_reference as ref
 import ml_dtypes
 import numpy as np
 import pytest
-
-import kvcodec_sdk as kv
-from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
-
-import fp8_reference as ref
 from fp8_helpers import GUARD, MIXED, build_layout, kv_like, pairs
 from kvcodec_fp8 import _ext, _testing, check_error
 from kvcodec_fp8.plugin import SPEC
+
+import kvcodec_sdk as kv
+from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 
 FORMATS = ("e4m3", "e5m2")
 GRANULARITIES = ("page_head", "token_head", "page")

@@ -21,16 +21,15 @@ from __future__ import annotations
 import itertools
 import zlib
 
+import fp8_reference as ref
 import ml_dtypes
 import numpy as np
 import pytest
+from fp8_helpers import pairs, steered_codec
+from kvcodec_fp8 import _testing
 
 from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from kvcodec_sdk.testing.data import fill_page_bytes
-
-import fp8_reference as ref
-from fp8_helpers import pairs, steered_codec
-from kvcodec_fp8 import _testing
 
 SIMDS = _testing.cpu_simd_variants()
 FORMATS = ("e4m3", "e5m2")

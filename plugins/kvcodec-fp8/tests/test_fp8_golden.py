@@ -17,15 +17,15 @@ import json
 import os
 from pathlib import Path
 
+import fp8_reference as ref
 import numpy as np
 import pytest
+from fp8_helpers import build_layout, pairs
+from kvcodec_fp8 import FORMAT_VERSION as PLUGIN_FORMAT_VERSION
+from kvcodec_fp8 import _testing
 
 import kvcodec_sdk as kv
 from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
-
-import fp8_reference as ref
-from fp8_helpers import build_layout, pairs
-from kvcodec_fp8 import FORMAT_VERSION as PLUGIN_FORMAT_VERSION, _testing
 
 FORMAT_VERSION = 1
 VECTORS = Path(__file__).parent / "model-vectors" / f"fp8-v{FORMAT_VERSION}"

@@ -11,11 +11,10 @@ import itertools
 
 import numpy as np
 import pytest
+from fp8_helpers import MIXED, build_layout, pairs
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role, _native
-
-from fp8_helpers import MIXED, build_layout, pairs
+from kvcodec_sdk import DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role, _native
 
 torch = pytest.importorskip("torch")
 
@@ -183,10 +182,10 @@ CONFORMANCE_PARAMS = [{"granularity": "page_head", **t} for t in (V1, B2_DEEP_EL
 @pytest.mark.parametrize("cold_kind", ["pinned", "device", "unaligned"])
 @pytest.mark.parametrize("layout", ["mixed", "tiny-odd"])
 def test_conformance_layouts_gpu_blobs_equal_cpu_blobs(layout, cold_kind, params):
+    from kvcodec_fp8.plugin import SPEC
+
     from kvcodec_sdk.testing.harness import GUARD_BYTES, Harness
     from kvcodec_sdk.testing.layouts import named_layout
-
-    from kvcodec_fp8.plugin import SPEC
 
     plan = named_layout(layout)
     gpu = Harness(SPEC, params, "cuda", plan, seed=5)

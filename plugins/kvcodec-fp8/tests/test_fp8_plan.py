@@ -16,12 +16,11 @@ import itertools
 
 import numpy as np
 import pytest
+from kvcodec_fp8.plan import blob_plan
 
 from kvcodec_sdk import DType, PoolDesc, PoolGroupDesc
 from kvcodec_sdk.testing.harness import GUARD_BYTES
 from kvcodec_sdk.testing.layouts import generate_layout, named_layout
-
-from kvcodec_fp8.plan import blob_plan
 
 REGION_ALIGN = 16  # kRegionAlign (format.h)
 ELEM_BYTES = {int(DType.FLOAT16): 2, int(DType.BFLOAT16): 2, int(DType.FLOAT32): 4}
@@ -240,8 +239,7 @@ def test_layout_coverage_includes_every_path():
 # (docs/fp8.md, Performance) and checked against the kernel's address arithmetic.
 # ---------------------------------------------------------------------------------------------
 
-from kvcodec_fp8.plan import (DEFAULT_TILE_BUDGET, MAX_TILE_BUDGET, TILE_META_BYTES,  # noqa: E402
-                              WARPS_PER_CTA, tile_budget)
+from kvcodec_fp8.plan import DEFAULT_TILE_BUDGET, MAX_TILE_BUDGET, TILE_META_BYTES, WARPS_PER_CTA, tile_budget  # noqa: E402
 
 KIB = 1024
 TILE_PARAMS = [{"kernel": "tile", "granularity": g, **extra}

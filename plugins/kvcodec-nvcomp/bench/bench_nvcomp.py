@@ -29,9 +29,9 @@ import time
 
 import numpy as np
 import torch
+from kvcodec_nvcomp import _ext
 
 import kvcodec_sdk as kv
-from kvcodec_nvcomp import _ext
 
 KiB = 1024
 

@@ -21,7 +21,8 @@ __global__ void cutChunks(uint8_t* base, uint64_t bytes, uint64_t chunkBytes, ui
     size_t* inBytes, void** outPtrs, uint8_t* comp, uint64_t compStride, void** backPtrs, uint8_t* back, size_t* cap)
 {
     uint64_t const k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (k >= chunks) return;
+    if (k >= chunks)
+        return;
     uint64_t const off = k * chunkBytes;
     inPtrs[k] = base + off;
     inBytes[k] = min(chunkBytes, bytes - off);
@@ -69,9 +70,11 @@ DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr
     for (int it = -1; it < iterations; ++it) // iteration -1 warms up
     {
         cudaEventRecord(e0, stream);
-        check(ops->compress(inPtrs, inBytes, chunkBytes, chunks, ctemp, ct, outPtrs, outBytes, statuses, stream), "nvCOMP compress");
+        check(ops->compress(inPtrs, inBytes, chunkBytes, chunks, ctemp, ct, outPtrs, outBytes, statuses, stream),
+            "nvCOMP compress");
         cudaEventRecord(e1, stream);
-        check(ops->decompress(outPtrs, outBytes, cap, actual, chunks, dtemp, dt, backPtrs, statuses, stream), "nvCOMP decompress");
+        check(ops->decompress(outPtrs, outBytes, cap, actual, chunks, dtemp, dt, backPtrs, statuses, stream),
+            "nvCOMP decompress");
         cudaEventRecord(e2, stream);
         check(cudaEventSynchronize(e2), "benchmark iteration");
         float a = 0, b = 0;
@@ -88,7 +91,8 @@ DirectResult directBenchmark(Algorithm algorithm, uint32_t elementBytes, uintptr
     cudaEventDestroy(e2);
     std::vector<size_t> sizes(chunks);
     check(cudaMemcpy(sizes.data(), outBytes, chunks * sizeof(size_t), cudaMemcpyDeviceToHost), "reading sizes");
-    for (size_t s : sizes) r.compressedBytes += s;
+    for (size_t s : sizes)
+        r.compressedBytes += s;
     std::vector<uint8_t> a(bytes), b(bytes);
     check(cudaMemcpy(a.data(), reinterpret_cast<void*>(data), bytes, cudaMemcpyDeviceToHost), "reading input");
     check(cudaMemcpy(b.data(), back, bytes, cudaMemcpyDeviceToHost), "reading output");
@@ -103,10 +107,12 @@ std::vector<std::string> compressChunksForTest(Algorithm algorithm, uint32_t ele
 {
     auto ops = makeNvcompOps(algorithm, elementBytes);
     uint64_t const n = sizes.size();
-    if (n == 0) return {};
+    if (n == 0)
+        return {};
     uint64_t const maxChunk = *std::max_element(sizes.begin(), sizes.end());
     uint64_t total = 0;
-    for (uint64_t b : sizes) total += b;
+    for (uint64_t b : sizes)
+        total += b;
     size_t maxOut = 0, temp = 0;
     check(ops->maxCompressedChunk(maxChunk, &maxOut), "nvCOMP max chunk size query");
     check(ops->compressTemp(n, maxChunk, total, &temp, nullptr), "nvCOMP compress temp-size query");
@@ -125,14 +131,16 @@ std::vector<std::string> compressChunksForTest(Algorithm algorithm, uint32_t ele
     uint64_t off = 0;
     for (uint64_t k = 0; k < n; ++k)
     {
-        check(cudaMemcpy(in + k * inStride, reinterpret_cast<uint8_t const*>(data) + off, sizes[k], cudaMemcpyDeviceToDevice),
+        check(cudaMemcpy(
+                  in + k * inStride, reinterpret_cast<uint8_t const*>(data) + off, sizes[k], cudaMemcpyDeviceToDevice),
             "staging a chunk");
         off += sizes[k];
         host[k] = reinterpret_cast<uint64_t>(in + k * inStride);
         host[n + k] = sizes[k];
         host[2 * n + k] = reinterpret_cast<uint64_t>(out + k * outStride);
     }
-    check(cudaMemcpy(tables, host.data(), host.size() * sizeof(uint64_t), cudaMemcpyHostToDevice), "copying the tables");
+    check(
+        cudaMemcpy(tables, host.data(), host.size() * sizeof(uint64_t), cudaMemcpyHostToDevice), "copying the tables");
     check(ops->compress(reinterpret_cast<void const* const*>(tables), reinterpret_cast<size_t const*>(tables + n),
               maxChunk, n, tempPtr, temp, reinterpret_cast<void* const*>(tables + 2 * n),
               reinterpret_cast<size_t*>(tables + 3 * n), statuses, nullptr),

@@ -24,7 +24,9 @@ PYBIND11_MODULE(_ext, m)
 {
     m.doc() = "nvCOMP codecs for kvcodec_sdk: factory capsules and benchmark/test hooks";
     m.def("lz4_factory", [] { return capsuleOf(Algorithm::kLz4); }, "PyCapsule of the nvcomp-lz4 factory.");
-    m.def("gdeflate_factory", [] { return capsuleOf(Algorithm::kGdeflate); }, "PyCapsule of the nvcomp-gdeflate factory.");
+    m.def(
+        "gdeflate_factory", [] { return capsuleOf(Algorithm::kGdeflate); },
+        "PyCapsule of the nvcomp-gdeflate factory.");
     m.def("ans_factory", [] { return capsuleOf(Algorithm::kAns); }, "PyCapsule of the nvcomp-ans factory.");
     m.def("zstd_factory", [] { return capsuleOf(Algorithm::kZstd); }, "PyCapsule of the nvcomp-zstd factory.");
     m.attr("FORMAT_VERSION") = int(kFormatVersion);

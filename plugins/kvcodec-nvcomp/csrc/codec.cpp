@@ -124,8 +124,8 @@ bool NvcompCodec::plan(HotLayout const& layout)
         // Bytes alone would let a layout of tiny pages put 100k pages into one batch: cap
         // the chunks too (a batch keeps at least one page).
         gp.maxPagesPerBatch = std::max<uint64_t>(1,
-            std::min<uint64_t>({group.numSlots, options_.maxBatchBytes / group.pageBytes,
-                kMaxBatchChunks / gp.chunks.size()}));
+            std::min<uint64_t>(
+                {group.numSlots, options_.maxBatchBytes / group.pageBytes, kMaxBatchChunks / gp.chunks.size()}));
         plans_.push_back(std::move(gp));
     }
     return planBackend();

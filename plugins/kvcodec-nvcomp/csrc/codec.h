@@ -39,7 +39,7 @@ struct Params
     uint64_t chunkBytes = 65536;
     uint32_t elementBytes = 1; ///< data_type: 1 (uint8), 2 (uint16), 4 (uint32).
     bool bitshuffle = false;
-    double slotRatio = 0; ///< 0: the worst-case bound.
+    double slotRatio = 0;                 ///< 0: the worst-case bound.
     uint64_t maxBatchBytes = 64ull << 20; ///< Per lane (two lanes per direction).
 
     void read(ParamReader& r);
@@ -71,7 +71,8 @@ class NvcompCodec : public CodecBase
 {
 public:
     NvcompCodec(Params const& params, int32_t device)
-        : CodecBase(device), options_(params)
+        : CodecBase(device)
+        , options_(params)
     {
     }
 

@@ -165,7 +165,8 @@ void unshuffleGroupPairs16(uint8_t const* in, uint8_t* out, uint64_t groups)
             for (uint32_t byte = 0; byte < 2; ++byte)
             {
                 __m128i const v = _mm_load_si128(reinterpret_cast<__m128i const*>(&planes[k / 2][8 * byte]));
-                x[byte] = _mm_packus_epi16(_mm_and_si128(v, low), _mm_srli_epi16(v, 8)); // bytes: planes' first, second group
+                x[byte] = _mm_packus_epi16(
+                    _mm_and_si128(v, low), _mm_srli_epi16(v, 8)); // bytes: planes' first, second group
             }
             uint8_t* o = out + 16 * (first + k);
             for (int j = 7; j >= 0; --j)
@@ -250,8 +251,8 @@ void writeHotPage(HotLayout::Group const& group, int32_t slot, std::vector<uint8
     uint64_t off = 0;
     for (auto const& pool : group.pools)
     {
-        std::memcpy(reinterpret_cast<void*>(pool.base + uint64_t(slot) * pool.slotBytes), page.data() + off,
-            pool.slotBytes);
+        std::memcpy(
+            reinterpret_cast<void*>(pool.base + uint64_t(slot) * pool.slotBytes), page.data() + off, pool.slotBytes);
         off += pool.slotBytes;
     }
 }
@@ -296,7 +297,8 @@ NvcompCodecCpu::NvcompCodecCpu(Params const& params)
     if (!algorithmInfo(params.algorithm).hasCpu)
     {
         throw CodecCreateError(std::string(algorithmInfo(params.algorithm).name)
-            + " has no CPU implementation: nvCOMP's CPU library offers no coder of its chunk format; use device='cuda'");
+            + " has no CPU implementation: nvCOMP's CPU library offers no coder of its chunk format; use "
+              "device='cuda'");
     }
 }
 
@@ -354,7 +356,8 @@ void NvcompCodecCpu::decompressChunks(ChunkLists const& l, std::vector<uint8_t>&
         }
         return;
     }
-    if (n == 0) return;
+    if (n == 0)
+        return;
     std::vector<void const*> ins(l.in.begin(), l.in.end());
     std::vector<void*> outs(l.out.begin(), l.out.end());
     std::vector<size_t> got(n, 0);
@@ -483,7 +486,8 @@ void NvcompCodecCpu::encodeWindow(HotLayout::Group const& group, GroupPlan const
             size_t const k = i * numChunks + c;
             auto const& chunk = plan.chunks[c];
             auto const& pool = group.pools[chunk.pool];
-            data[k] = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(pairs[i].src) * pool.slotBytes + chunk.offset);
+            data[k]
+                = reinterpret_cast<uint8_t const*>(pool.base + uint64_t(pairs[i].src) * pool.slotBytes + chunk.offset);
             raw[k] = chunk.bytes;
             if (options_.bitshuffle)
             {
@@ -504,8 +508,8 @@ void NvcompCodecCpu::encodeWindow(HotLayout::Group const& group, GroupPlan const
     }
 }
 
-void NvcompCodecCpu::writeBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t* blob, uint8_t const* const* data,
-    size_t const* raw, std::vector<uint8_t> const* packed, size_t const* sizes) const
+void NvcompCodecCpu::writeBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t* blob,
+    uint8_t const* const* data, size_t const* raw, std::vector<uint8_t> const* packed, size_t const* sizes) const
 {
     uint32_t const numChunks = uint32_t(plan.chunks.size());
     std::vector<uint8_t> out(plan.boundBytes, 0);
@@ -551,13 +555,15 @@ void NvcompCodecCpu::writeBlob(HotLayout::Group const& group, GroupPlan const& p
 // each page's PageStatus on entry (kPageBadIndex pages are skipped) and its outcome on return;
 // only kPageOk pages are complete. With `why` (plain decode), stops at the first bad page and
 // sets *why to the reason naming it.
-void NvcompCodecCpu::decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase, PageIndexPair const* pairs,
-    size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status, std::string* why) const
+void NvcompCodecCpu::decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
+    PageIndexPair const* pairs, size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status,
+    std::string* why) const
 {
     std::vector<std::vector<uint8_t>> scratch(options_.bitshuffle ? m : 0);
     ChunkLists lists;
     auto where = [&](size_t j) {
-        return "pageIndices[" + std::to_string(first + j) + "] (cold slot " + std::to_string(pairs[first + j].src) + "): ";
+        return "pageIndices[" + std::to_string(first + j) + "] (cold slot " + std::to_string(pairs[first + j].src)
+            + "): ";
     };
     for (size_t j = 0; j < m; ++j)
     {
@@ -620,8 +626,8 @@ void NvcompCodecCpu::decodeWindow(HotLayout::Group const& group, GroupPlan const
 // chunks to `page` and appends its compressed chunks to `lists` (as page `j` of the window).
 // Returns kPageOk, or the PageStatus with the reason in *why when `why` is given; a bad blob
 // appends nothing.
-uint8_t NvcompCodecCpu::parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
-    size_t j, ChunkLists& lists, std::string* why) const
+uint8_t NvcompCodecCpu::parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob,
+    uint8_t* page, size_t j, ChunkLists& lists, std::string* why) const
 {
     ColdPageEnvelope env;
     std::memcpy(&env, blob, sizeof(env));

@@ -43,8 +43,8 @@ private:
     void decodeWindow(HotLayout::Group const& group, GroupPlan const& plan, uintptr_t blobBase,
         PageIndexPair const* pairs, size_t first, size_t m, std::vector<std::vector<uint8_t>>& pages, uint8_t* status,
         std::string* why) const;
-    uint8_t parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page, size_t j,
-        ChunkLists& lists, std::string* why) const;
+    uint8_t parseBlob(HotLayout::Group const& group, GroupPlan const& plan, uint8_t const* blob, uint8_t* page,
+        size_t j, ChunkLists& lists, std::string* why) const;
 };
 
 } // namespace kvcodec::nvcomp_plugin

@@ -16,22 +16,28 @@
 namespace kvcodec::nvcomp_plugin {
 
 NvcompCodecCuda::NvcompCodecCuda(Params const& params, CudaDevice device)
-    : NvcompCodec(params, device.ordinal), smCount_(device.numSms)
+    : NvcompCodec(params, device.ordinal)
+    , smCount_(device.numSms)
 {
 }
 
 NvcompCodecCuda::~NvcompCodecCuda()
 {
     DeviceScope scope(device());
-    if (encodeFork_) cudaEventDestroy(encodeFork_);
-    if (decodeFork_) cudaEventDestroy(decodeFork_);
+    if (encodeFork_)
+        cudaEventDestroy(encodeFork_);
+    if (decodeFork_)
+        cudaEventDestroy(decodeFork_);
     for (int l = 0; l < kLanes; ++l)
     {
         for (Lane* lane : {&encLanes_[l], &decLanes_[l]})
         {
-            if (lane->stream) cudaStreamSynchronize(lane->stream);
-            if (lane->done) cudaEventDestroy(lane->done);
-            if (lane->stream) cudaStreamDestroy(lane->stream);
+            if (lane->stream)
+                cudaStreamSynchronize(lane->stream);
+            if (lane->done)
+                cudaEventDestroy(lane->done);
+            if (lane->stream)
+                cudaStreamDestroy(lane->stream);
         }
     }
     arena_.reset();
@@ -192,10 +198,10 @@ size_t NvcompCodecCuda::roundTripOnce(uint8_t const* raw, size_t bytes, uint8_t*
               bytes, 1, ctemp, ct, reinterpret_cast<void* const*>(tables + 2), reinterpret_cast<size_t*>(tables + 3),
               status, nullptr),
         what);
-    check(ops_->decompress(reinterpret_cast<void const* const*>(tables + 2),
-              reinterpret_cast<size_t const*>(tables + 3), reinterpret_cast<size_t const*>(tables + 5),
-              reinterpret_cast<size_t*>(tables + 6), 1, dtemp, dt, reinterpret_cast<void* const*>(tables + 4),
-              status + 1, nullptr),
+    check(
+        ops_->decompress(reinterpret_cast<void const* const*>(tables + 2), reinterpret_cast<size_t const*>(tables + 3),
+            reinterpret_cast<size_t const*>(tables + 5), reinterpret_cast<size_t*>(tables + 6), 1, dtemp, dt,
+            reinterpret_cast<void* const*>(tables + 4), status + 1, nullptr),
         what);
     check(cudaDeviceSynchronize(), what);
     nvcompStatus_t st[2] = {nvcompErrorInternal, nvcompErrorInternal};
@@ -205,8 +211,8 @@ size_t NvcompCodecCuda::roundTripOnce(uint8_t const* raw, size_t bytes, uint8_t*
     check(st[1], what);
     if (host[6] != bytes)
     {
-        throw std::runtime_error(std::string(what) + ": " + std::to_string(bytes) + " bytes came back as "
-            + std::to_string(host[6]));
+        throw std::runtime_error(
+            std::string(what) + ": " + std::to_string(bytes) + " bytes came back as " + std::to_string(host[6]));
     }
     return host[3];
 }
@@ -225,7 +231,8 @@ bool NvcompCodecCuda::submit(CodecCall const& call)
     if (pageStatus != nullptr)
     {
         std::string why = statusMemoryProblem(pageStatus);
-        if (!why.empty()) return fail(std::string(op) + "(): " + why);
+        if (!why.empty())
+            return fail(std::string(op) + "(): " + why);
     }
     // Fork: the lanes wait for the caller's stream; batches alternate between the two lanes
     // so one batch's transfer overlaps the next one's (de)compression; join: the caller's
@@ -263,12 +270,13 @@ bool NvcompCodecCuda::submit(CodecCall const& call)
         Lane& lane = lanes[b % kLanes];
         err = encode ? encodeBatch(g, blob, pairs + first, m, lane, hostBlobs)
                      : decodeBatch(g, blob, pairs + first, m, lane, hostBlobs,
-                         pageStatus != nullptr ? pageStatus + first : nullptr);
+                           pageStatus != nullptr ? pageStatus + first : nullptr);
     }
     for (int l = 0; l < kLanes; ++l)
     {
         cudaError_t e = cudaEventRecord(lanes[l].done, lanes[l].stream);
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, lanes[l].done, 0);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(stream, lanes[l].done, 0);
         if (e != cudaSuccess && err.empty())
         {
             cudaGetLastError();
@@ -295,22 +303,26 @@ std::string NvcompCodecCuda::statusMemoryProblem(void const* p) const
     switch (at.type)
     {
     case cudaMemoryTypeDevice:
-        if (at.device == device()) return {};
+        if (at.device == device())
+            return {};
         return "the page status array is memory of CUDA device " + std::to_string(at.device) + ", not of device "
             + std::to_string(device()) + " that the codec runs on";
     case cudaMemoryTypeManaged: return {};
     case cudaMemoryTypeHost:
-        if (at.devicePointer == p) return {};
+        if (at.devicePointer == p)
+            return {};
         return "the page status array is pinned host memory that is not mapped at its host address; allocate it "
                "with cudaHostAlloc (or torch's pin_memory())";
     default:
-        if (pageableAccess_) return {};
+        if (pageableAccess_)
+            return {};
         return "the page status array is pageable host memory, which this device cannot write; use device memory "
                "or mapped pinned host memory";
     }
 }
 
-std::string NvcompCodecCuda::encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs)
+std::string NvcompCodecCuda::encodeBatch(
+    PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs)
 {
     EncodeWorkspace& enc_ = lane.enc;
     cudaStream_t const stream = lane.stream;
@@ -322,19 +334,23 @@ std::string NvcompCodecCuda::encodeBatch(PoolGroupIndex g, uintptr_t blob, PageI
         options_.bitshuffle ? 1u : 0u, groups_[g].encodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
         options_.chunkBytes, chunkStride_, enc_.inStaging, zeroChunk_, enc_.inPtrs, enc_.inBytes, enc_.outPtrs,
         enc_.compStaging, compStride_, zeroCompressed() ? 1u : 0u, enc_.outBytes, enc_.statuses, enc_.entries,
-        enc_.offsets, enc_.chunkCrc, enc_.pages, headerOp(plan.headerBytes), plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_.get()};
+        enc_.offsets, enc_.chunkCrc, enc_.pages, headerOp(plan.headerBytes), plan.coldBytes, plan.headerBytes,
+        group.pageBytes, blob, xpow_.get()};
     cudaError_t st = launchEncodePrepare(a, total, stream);
-    if (st != cudaSuccess) return "prepare kernel launch failed: " + cudaErrorText(st);
-    nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, plan_.maxChunkBytes, total, enc_.temp,
-        enc_.tempBytes, enc_.outPtrs, enc_.outBytes, enc_.statuses, stream);
-    if (ns != nvcompSuccess) return "nvCOMP batched compress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
+    if (st != cudaSuccess)
+        return "prepare kernel launch failed: " + cudaErrorText(st);
+    nvcompStatus_t ns = ops_->compress(enc_.inPtrs, enc_.inBytes, plan_.maxChunkBytes, total, enc_.temp, enc_.tempBytes,
+        enc_.outPtrs, enc_.outBytes, enc_.statuses, stream);
+    if (ns != nvcompSuccess)
+        return "nvCOMP batched compress of " + std::to_string(total) + " chunks failed: status "
+            + std::to_string(int(ns));
     st = launchEncodeFinish(a, m, chunkGrid(total, hostBlobs), total, stream);
     return st == cudaSuccess ? std::string() : "finish kernels' launch failed: " + cudaErrorText(st);
 }
 
 // `pageStatus`: the batch's first page's status byte (decodeChecked), or null.
-std::string NvcompCodecCuda::decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane,
-    bool hostBlobs, uint8_t* pageStatus)
+std::string NvcompCodecCuda::decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m,
+    Lane& lane, bool hostBlobs, uint8_t* pageStatus)
 {
     DecodeWorkspace& dec_ = lane.dec;
     cudaStream_t const stream = lane.stream;
@@ -345,14 +361,17 @@ std::string NvcompCodecCuda::decodeBatch(PoolGroupIndex g, uintptr_t blob, PageI
     DecodeArgs a{groups_[g].chunks.get(), numChunks, group.numSlots, pairs, options_.elementBytes,
         options_.bitshuffle ? 1u : 0u, groups_[g].decodeDirect ? 1u : 0u, uint8_t(options_.algorithm),
         options_.chunkBytes, chunkStride_, dec_.outStaging, dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual,
-        dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, headerOp(plan.headerBytes), dummyIn_, dummyInBytes_, dec_.dummyOut,
-        dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign), plan.coldBytes, plan.headerBytes, group.pageBytes,
-        blob, xpow_.get(), hostBlobs ? 0u : 1u, pageStatus};
+        dec_.outPtrs, dec_.statuses, dec_.kinds, dec_.offsets, dec_.chunkCrc, dec_.pages, headerOp(plan.headerBytes),
+        dummyIn_, dummyInBytes_, dec_.dummyOut, dec_.blobStaging, roundUp(plan.coldBytes, kStagingAlign),
+        plan.coldBytes, plan.headerBytes, group.pageBytes, blob, xpow_.get(), hostBlobs ? 0u : 1u, pageStatus};
     cudaError_t st = launchDecodeFetch(a, m, chunkGrid(total, hostBlobs), total, stream);
-    if (st != cudaSuccess) return "fetch kernels' launch failed: " + cudaErrorText(st);
+    if (st != cudaSuccess)
+        return "fetch kernels' launch failed: " + cudaErrorText(st);
     nvcompStatus_t ns = ops_->decompress(dec_.inPtrs, dec_.inBytes, dec_.capacity, dec_.actual, total, dec_.temp,
         dec_.tempBytes, dec_.outPtrs, dec_.statuses, stream);
-    if (ns != nvcompSuccess) return "nvCOMP batched decompress of " + std::to_string(total) + " chunks failed: status " + std::to_string(int(ns));
+    if (ns != nvcompSuccess)
+        return "nvCOMP batched decompress of " + std::to_string(total) + " chunks failed: status "
+            + std::to_string(int(ns));
     st = launchDecodeScatter(a, total, stream);
     return st == cudaSuccess ? std::string() : "scatter kernel launch failed: " + cudaErrorText(st);
 }

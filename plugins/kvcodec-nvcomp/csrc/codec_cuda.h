@@ -147,8 +147,8 @@ private:
         return unsigned(hostBlobs ? std::min<size_t>(chunks, 2 * size_t(smCount_)) : chunks);
     }
 
-    std::string encodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane,
-        bool hostBlobs);
+    std::string encodeBatch(
+        PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane, bool hostBlobs);
     // `pageStatus`: the batch's first page's status byte (decodeChecked), or null.
     std::string decodeBatch(PoolGroupIndex g, uintptr_t blob, PageIndexPair const* pairs, size_t m, Lane& lane,
         bool hostBlobs, uint8_t* pageStatus);

@@ -46,13 +46,15 @@ public:
 
     ~DeviceArena()
     {
-        for (void* p : blocks_) cudaFree(p);
+        for (void* p : blocks_)
+            cudaFree(p);
     }
 
     template <class T>
     T* alloc(uint64_t count, char const* what)
     {
-        if (count == 0) return nullptr;
+        if (count == 0)
+            return nullptr;
         void* p = nullptr;
         cudaError_t st = cudaMalloc(&p, count * sizeof(T));
         if (st != cudaSuccess)

@@ -21,7 +21,8 @@ __global__ void decodeHeader(DecodeArgs a)
     PageIndexPair const pair = a.pairs[i];
     uint64_t const base = i * a.numChunks;
     bool const indicesOk = pair.src >= 0 && pair.dst >= 0 && uint64_t(pair.dst) < a.numSlots;
-    auto const* blob = reinterpret_cast<uint8_t const*>(a.coldBase + (indicesOk ? uint64_t(pair.src) * a.coldBytes : 0));
+    auto const* blob
+        = reinterpret_cast<uint8_t const*>(a.coldBase + (indicesOk ? uint64_t(pair.src) * a.coldBytes : 0));
     uint8_t* stage = a.blobStaging + i * a.blobStride;
     loadCrcTables(tables);
     if (indicesOk && threadIdx.x < sizeof(ColdPageEnvelope))
@@ -35,11 +36,16 @@ __global__ void decodeHeader(DecodeArgs a)
         // status for a blob.
         auto const* raw = reinterpret_cast<uint8_t const*>(&env);
         uint8_t st = kvcodec::kPageOk;
-        if (!indicesOk) st = kPageBadIndex;
-        else if (env.magic != kColdPageEnvelopeMagic) st = kPageBadMagic;
-        else if (crc32c(raw, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc) st = kPageBadHeader;
-        else if (env.formatVersion != kFormatVersion) st = kPageBadFormatVersion;
-        else if (env.flags & kEnvelopeDidNotFit) st = kPageDidNotFit;
+        if (!indicesOk)
+            st = kPageBadIndex;
+        else if (env.magic != kColdPageEnvelopeMagic)
+            st = kPageBadMagic;
+        else if (crc32c(raw, offsetof(ColdPageEnvelope, headerCrc)) != env.headerCrc)
+            st = kPageBadHeader;
+        else if (env.formatVersion != kFormatVersion)
+            st = kPageBadFormatVersion;
+        else if (env.flags & kEnvelopeDidNotFit)
+            st = kPageDidNotFit;
         else if (env.headerBytes != a.headerBytes || env.payloadBytes > a.coldBytes - a.headerBytes
             || env.rawBytes != a.pageBytes)
         {
@@ -50,7 +56,8 @@ __global__ void decodeHeader(DecodeArgs a)
     __syncthreads();
     if (status != kvcodec::kPageOk)
     {
-        if (threadIdx.x == 0) a.pages[i] = PageState{0, 0, 0, decodeFlags(status)};
+        if (threadIdx.x == 0)
+            a.pages[i] = PageState{0, 0, 0, decodeFlags(status)};
         return;
     }
     uint64_t const used = uint64_t(env.headerBytes) + env.payloadBytes;
@@ -112,7 +119,8 @@ __global__ void decodeChunks(DecodeArgs a, uint64_t total)
         bool const inPlace = a.blobOnDevice && offset + padded + kStagingAlign <= a.coldBytes;
         if (inPlace)
         {
-            if (threadIdx.x == 0) a.kinds[k] |= kChunkInPlace;
+            if (threadIdx.x == 0)
+                a.kinds[k] |= kChunkInPlace;
         }
         else
         {
@@ -134,7 +142,8 @@ __global__ void decodeVerify(DecodeArgs a)
     bool ok = (page.flags & kPageValid) != 0;
     if (ok)
     {
-        CrcPiece const all = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockChunksJoin(a.chunkCrc + base, a.numChunks));
+        CrcPiece const all
+            = crcJoin(CrcPiece{page.headerRaw, a.headerOp}, blockChunksJoin(a.chunkCrc + base, a.numChunks));
         ok = crcFinishOp(all.raw, all.op) == page.checksum;
         if (!ok && a.pageStatus != nullptr && threadIdx.x == 0)
         {
@@ -158,8 +167,9 @@ __global__ void decodeVerify(DecodeArgs a)
                 : stage;
             a.inPtrs[k] = payload + a.offsets[k];
             a.inBytes[k] = load32(stage + kChunkTableOffset + 4 * c) & kChunkSizeMask;
-            a.outPtrs[k] = a.direct ? reinterpret_cast<void*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset)
-                                    : a.outStaging + k * a.chunkStride;
+            a.outPtrs[k] = a.direct
+                ? reinterpret_cast<void*>(ch.poolBase + uint64_t(pair.dst) * ch.slotBytes + ch.offset)
+                : a.outStaging + k * a.chunkStride;
             a.capacity[k] = ch.bytes;
         }
         else
@@ -240,8 +250,9 @@ __global__ void decodeScatter(DecodeArgs a)
 cudaError_t preloadDecodeKernels() noexcept
 {
     cudaFuncAttributes attributes{};
-    for (void const* kernel : {reinterpret_cast<void const*>(&decodeHeader), reinterpret_cast<void const*>(&decodeChunks),
-             reinterpret_cast<void const*>(&decodeVerify), reinterpret_cast<void const*>(&decodeScatter)})
+    for (void const* kernel :
+        {reinterpret_cast<void const*>(&decodeHeader), reinterpret_cast<void const*>(&decodeChunks),
+            reinterpret_cast<void const*>(&decodeVerify), reinterpret_cast<void const*>(&decodeScatter)})
     {
         cudaError_t const st = cudaFuncGetAttributes(&attributes, kernel);
         if (st != cudaSuccess)
@@ -252,8 +263,8 @@ cudaError_t preloadDecodeKernels() noexcept
     return cudaSuccess;
 }
 
-cudaError_t launchDecodeFetch(DecodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total,
-    cudaStream_t stream) noexcept
+cudaError_t launchDecodeFetch(
+    DecodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total, cudaStream_t stream) noexcept
 {
     // Header per page, payload and checksum pieces per chunk, verdict and nvCOMP's tables per page.
     decodeHeader<<<unsigned(pages), kPageThreads, 0, stream>>>(a);

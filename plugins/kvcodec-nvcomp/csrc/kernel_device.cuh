@@ -200,7 +200,8 @@ __device__ inline CrcPiece blockCrcJoin(CrcPiece mine)
 
 // Raw CRC of `bytes` at `p` by the whole block, bytes from `valid` on read as zeros (a chunk's
 // padding); 16-byte loads when p is 16-byte aligned and bytes a multiple of 16.
-__device__ inline uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, uint64_t valid, CrcTables const& s, uint32_t const* xpow)
+__device__ inline uint32_t blockCrcRaw(
+    uint8_t const* p, uint64_t bytes, uint64_t valid, CrcTables const& s, uint32_t const* xpow)
 {
     uint64_t const seg = crcSegmentBytes(bytes, blockDim.x);
     uint64_t b0 = 0, b1 = 0;
@@ -216,8 +217,8 @@ __device__ inline uint32_t blockCrcRaw(uint8_t const* p, uint64_t bytes, uint64_
 
 // A chunk's piece of the checksum, `padded` bytes at `p` with those from `valid` on read as
 // zeros, stored into *out by thread 0.
-__device__ inline void blockChunkPiece(CrcPiece* out, uint8_t const* p, uint64_t padded, uint64_t valid, CrcTables const& s,
-    uint32_t const* xpow)
+__device__ inline void blockChunkPiece(
+    CrcPiece* out, uint8_t const* p, uint64_t padded, uint64_t valid, CrcTables const& s, uint32_t const* xpow)
 {
     // Thread 0's segment is the shortest (crcLeadingZeroSegment): it also computes the operator.
     uint32_t const op = threadIdx.x == 0 ? crcShiftOperator(padded, xpow) : 0;
@@ -293,7 +294,6 @@ __device__ inline uint8_t decodeReason(uint32_t flags)
 {
     return (flags & kPageValid) ? uint8_t(kvcodec::kPageOk) : uint8_t((flags >> kReasonShift) & 0xffu);
 }
-
 
 __device__ inline uint8_t* coldSlot(uintptr_t base, int32_t slot, uint64_t coldBytes)
 {

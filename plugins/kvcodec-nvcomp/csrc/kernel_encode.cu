@@ -18,8 +18,9 @@ __global__ void encodePrepare(EncodeArgs a)
     PageIndexPair const pair = a.pairs[i];
     DevChunk const ch = a.chunks[c];
     bool const valid = pair.src >= 0 && uint64_t(pair.src) < a.numSlots && pair.dst >= 0;
-    auto const* src = valid ? reinterpret_cast<uint8_t const*>(ch.poolBase + uint64_t(pair.src) * ch.slotBytes + ch.offset)
-                            : a.zeroChunk;
+    auto const* src = valid
+        ? reinterpret_cast<uint8_t const*>(ch.poolBase + uint64_t(pair.src) * ch.slotBytes + ch.offset)
+        : a.zeroChunk;
     uint8_t const* in = src;
     if (!a.direct)
     {
@@ -81,8 +82,8 @@ __global__ void encodeLayout(EncodeArgs a)
     {
         uint64_t const total = a.headerBytes + payload;
         bool const fits = pair.dst >= 0 && pair.src >= 0 && uint64_t(pair.src) < a.numSlots && total <= a.coldBytes;
-        a.pages[i] = PageState{fits ? total : sizeof(ColdPageEnvelope), 0, 0,
-            (fits ? kPageValid : 0u) | (any ? kPageCompressed : 0u)};
+        a.pages[i] = PageState{
+            fits ? total : sizeof(ColdPageEnvelope), 0, 0, (fits ? kPageValid : 0u) | (any ? kPageCompressed : 0u)};
     }
 }
 
@@ -146,12 +147,17 @@ __global__ void encodeSeal(EncodeArgs a)
             {
                 uint64_t const x = j + q;
                 w[q] = 0;
-                if (x == 0) w[q] = a.numChunks;
-                else if (x == 1) w[q] = uint32_t(a.chunkBytes);
-                else if (x == 2) w[q] = uint32_t(a.algorithm) | (a.elementBytes << 8) | (a.bitshuffle << 16);
-                else if (x >= 4 && x - 4 < a.numChunks) w[q] = a.entries[base + x - 4];
+                if (x == 0)
+                    w[q] = a.numChunks;
+                else if (x == 1)
+                    w[q] = uint32_t(a.chunkBytes);
+                else if (x == 2)
+                    w[q] = uint32_t(a.algorithm) | (a.elementBytes << 8) | (a.bitshuffle << 16);
+                else if (x >= 4 && x - 4 < a.numChunks)
+                    w[q] = a.entries[base + x - 4];
                 raw = crcWord(raw, w[q], tables.t);
-                if (!aligned) store32(cold + kCodecHeaderOffset + 4 * x, w[q]);
+                if (!aligned)
+                    store32(cold + kCodecHeaderOffset + 4 * x, w[q]);
             }
             if (aligned)
             {
@@ -202,8 +208,9 @@ __global__ void encodeSeal(EncodeArgs a)
 cudaError_t preloadEncodeKernels() noexcept
 {
     cudaFuncAttributes attributes{};
-    for (void const* kernel : {reinterpret_cast<void const*>(&encodePrepare), reinterpret_cast<void const*>(&encodeLayout),
-             reinterpret_cast<void const*>(&encodeChunks), reinterpret_cast<void const*>(&encodeSeal)})
+    for (void const* kernel :
+        {reinterpret_cast<void const*>(&encodePrepare), reinterpret_cast<void const*>(&encodeLayout),
+            reinterpret_cast<void const*>(&encodeChunks), reinterpret_cast<void const*>(&encodeSeal)})
     {
         cudaError_t const st = cudaFuncGetAttributes(&attributes, kernel);
         if (st != cudaSuccess)
@@ -220,8 +227,8 @@ cudaError_t launchEncodePrepare(EncodeArgs const& a, size_t total, cudaStream_t 
     return cudaGetLastError();
 }
 
-cudaError_t launchEncodeFinish(EncodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total,
-    cudaStream_t stream) noexcept
+cudaError_t launchEncodeFinish(
+    EncodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total, cudaStream_t stream) noexcept
 {
     // Layout per page, payload and checksum pieces per chunk (every chunk of the batch in
     // flight at once), then header and envelope per page.

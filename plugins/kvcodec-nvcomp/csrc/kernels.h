@@ -60,8 +60,8 @@ enum : uint8_t
 {
     kChunkRaw = 0,
     kChunkCompressed = 1,
-    kChunkSkip = 2, // the page is not decoded
-    kChunkKind = 3, // the bits above
+    kChunkSkip = 2,    // the page is not decoded
+    kChunkKind = 3,    // the bits above
     kChunkInPlace = 4, // flag: the payload is read from the blob itself, not from its staged copy
 };
 
@@ -137,7 +137,6 @@ struct DecodeArgs
     uint8_t* pageStatus;   // decodeChecked: one PageStatus per page of the batch; null for decode
 };
 
-
 /// Loads the encode / decode kernels now (at configure): with lazy module loading a first launch
 /// can wait for work already queued on the device, and encode/decode must never wait.
 cudaError_t preloadEncodeKernels() noexcept;
@@ -147,12 +146,12 @@ cudaError_t preloadDecodeKernels() noexcept;
 cudaError_t launchEncodePrepare(EncodeArgs const& a, size_t total, cudaStream_t stream) noexcept;
 /// After nvCOMP's compress: encodeLayout (per page, `pages`), encodeChunks (`chunkGrid` blocks
 /// over `total` chunks) and encodeSeal (per page); the launch status.
-cudaError_t launchEncodeFinish(EncodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total,
-    cudaStream_t stream) noexcept;
+cudaError_t launchEncodeFinish(
+    EncodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total, cudaStream_t stream) noexcept;
 /// Before nvCOMP's decompress: decodeHeader (per page), decodeChunks (`chunkGrid` blocks over
 /// `total` chunks) and decodeVerify (per page); the launch status.
-cudaError_t launchDecodeFetch(DecodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total,
-    cudaStream_t stream) noexcept;
+cudaError_t launchDecodeFetch(
+    DecodeArgs const& a, size_t pages, unsigned chunkGrid, size_t total, cudaStream_t stream) noexcept;
 /// After nvCOMP's decompress: decodeScatter over the batch's `total` chunks; the launch status.
 cudaError_t launchDecodeScatter(DecodeArgs const& a, size_t total, cudaStream_t stream) noexcept;
 

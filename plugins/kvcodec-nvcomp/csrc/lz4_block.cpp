@@ -16,17 +16,21 @@ namespace kvcodec::nvcomp_plugin::lz4 {
 
 size_t compress(uint8_t const* src, size_t n, uint8_t* dst, size_t cap) noexcept
 {
-    if (n > size_t(INT_MAX)) return 0;
+    if (n > size_t(INT_MAX))
+        return 0;
     int const capacity = cap > size_t(INT_MAX) ? INT_MAX : int(cap);
-    int const got = LZ4_compress_default(reinterpret_cast<char const*>(src), reinterpret_cast<char*>(dst), int(n), capacity);
+    int const got
+        = LZ4_compress_default(reinterpret_cast<char const*>(src), reinterpret_cast<char*>(dst), int(n), capacity);
     return got > 0 ? size_t(got) : 0;
 }
 
 int64_t decompress(uint8_t const* src, size_t n, uint8_t* dst, size_t cap) noexcept
 {
-    if (n > size_t(INT_MAX)) return -1;
+    if (n > size_t(INT_MAX))
+        return -1;
     int const capacity = cap > size_t(INT_MAX) ? INT_MAX : int(cap);
-    int const got = LZ4_decompress_safe(reinterpret_cast<char const*>(src), reinterpret_cast<char*>(dst), int(n), capacity);
+    int const got
+        = LZ4_decompress_safe(reinterpret_cast<char const*>(src), reinterpret_cast<char*>(dst), int(n), capacity);
     return got >= 0 ? int64_t(got) : -1;
 }
 

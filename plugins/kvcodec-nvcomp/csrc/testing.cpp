@@ -63,7 +63,8 @@ struct HostCrc
     static uint32_t log2(uint64_t pow2)
     {
         uint32_t k = 0;
-        while ((uint64_t(1) << k) < pow2) ++k;
+        while ((uint64_t(1) << k) < pow2)
+            ++k;
         return k;
     }
 
@@ -78,7 +79,8 @@ struct HostCrc
             crcLeadingZeroSegment(bytes, seg, threads, th, b0, b1);
             uint64_t const end = std::min(b1, std::max(b0, valid));
             uint32_t c = crcUpdate(0, p + b0, end - b0, t);
-            for (uint64_t b = end; b < b1; ++b) c = crcAdvanceByte(c, t[0]);
+            for (uint64_t b = end; b < b1; ++b)
+                c = crcAdvanceByte(c, t[0]);
             part[th] = c;
         }
         return equal(part, log2(seg));
@@ -97,7 +99,8 @@ void requirePowerOfTwo(uint32_t threads)
 {
     if (threads == 0 || (threads & (threads - 1)) != 0)
     {
-        throw std::invalid_argument("threads is " + std::to_string(threads) + "; a block's thread count is a power of two");
+        throw std::invalid_argument(
+            "threads is " + std::to_string(threads) + "; a block's thread count is a power of two");
     }
 }
 
@@ -106,7 +109,10 @@ void requirePowerOfTwo(uint32_t threads)
 class WorkspaceProbe final : public NvcompCodec
 {
 public:
-    explicit WorkspaceProbe(Params const& params) : NvcompCodec(params, KVCODEC_DEVICE_CPU) {}
+    explicit WorkspaceProbe(Params const& params)
+        : NvcompCodec(params, KVCODEC_DEVICE_CPU)
+    {
+    }
 
     WorkspacePlan workspace;
 
@@ -181,7 +187,6 @@ bool probeWorkspace(Algorithm algorithm, char const* paramsJson, std::vector<std
     return true;
 }
 
-
 uint32_t segmentedCrc32c(uint8_t const* data, uint64_t bytes, uint32_t threads)
 {
     requirePowerOfTwo(threads);
@@ -207,7 +212,8 @@ uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<ui
         for (uint64_t j = b0 / 4; j < b1 / 4; ++j)
         {
             uint8_t const* w = region + 4 * j;
-            raw = crcWord(raw, uint32_t(w[0]) | (uint32_t(w[1]) << 8) | (uint32_t(w[2]) << 16) | (uint32_t(w[3]) << 24), h.t);
+            raw = crcWord(
+                raw, uint32_t(w[0]) | (uint32_t(w[1]) << 8) | (uint32_t(w[2]) << 16) | (uint32_t(w[3]) << 24), h.t);
         }
         part[th] = raw;
     }
@@ -238,7 +244,8 @@ uint32_t pieceCrc32c(uint8_t const* region, uint64_t headerBytes, std::vector<ui
         uint32_t first = 0, last = 0;
         HostCrc::run(n, pageThreads, th, first, last);
         CrcPiece r{0, kCrcOne};
-        for (uint32_t c = first; c < last; ++c) r = crcJoin(r, chunk[c]);
+        for (uint32_t c = first; c < last; ++c)
+            r = crcJoin(r, chunk[c]);
         runs[th] = r;
     }
     CrcPiece const all = crcJoin(CrcPiece{headerRaw, crcShiftOperator(headerBytes, h.xpow)}, HostCrc::join(runs));
@@ -288,16 +295,20 @@ void addTestHooks(py::module_& m)
             uint32_t pageThreads) {
             auto info = contiguousBytes(region);
             uint64_t need = headerBytes;
-            for (uint32_t b : stored) need += roundUp(b, kPayloadAlign);
+            for (uint32_t b : stored)
+                need += roundUp(b, kPayloadAlign);
             if (headerBytes % 4 != 0 || need != uint64_t(info.size) || chunkThreads == 0 || pageThreads == 0)
             {
-                throw py::value_error("piece_crc32c: header_bytes " + std::to_string(headerBytes) + " must be a multiple of 4, "
-                    "the region (" + std::to_string(info.size) + " bytes) header_bytes plus every stored size padded to 16 ("
+                throw py::value_error("piece_crc32c: header_bytes " + std::to_string(headerBytes)
+                    + " must be a multiple of 4, "
+                      "the region ("
+                    + std::to_string(info.size) + " bytes) header_bytes plus every stored size padded to 16 ("
                     + std::to_string(need) + "), and the thread counts positive");
             }
             return pieceCrc32c(static_cast<uint8_t const*>(info.ptr), headerBytes, stored, chunkThreads, pageThreads);
         },
-        py::arg("region"), py::arg("header_bytes"), py::arg("stored"), py::arg("chunk_threads"), py::arg("page_threads"),
+        py::arg("region"), py::arg("header_bytes"), py::arg("stored"), py::arg("chunk_threads"),
+        py::arg("page_threads"),
         "Blob checksum computed the way the GPU kernels do (header words, chunk pieces, zero padding); for tests.");
 
     m.def(
@@ -330,8 +341,8 @@ void addTestHooks(py::module_& m)
 
     m.def(
         "workspace_plan",
-        [](std::string const& algorithm, std::string const& paramsJson, std::vector<std::vector<uint64_t>> const& slotBytes,
-            std::vector<uint64_t> const& numSlots) {
+        [](std::string const& algorithm, std::string const& paramsJson,
+            std::vector<std::vector<uint64_t>> const& slotBytes, std::vector<uint64_t> const& numSlots) {
             WorkspacePlan w;
             std::string error;
             if (!probeWorkspace(algorithmNamed(algorithm), paramsJson.c_str(), slotBytes, numSlots, w, error))
@@ -371,7 +382,8 @@ void addTestHooks(py::module_& m)
                 chunks = compressChunksForTest(a, elementBytes, data, sizes, inFill, outFill, tempFill);
             }
             py::list out;
-            for (auto const& c : chunks) out.append(py::bytes(c));
+            for (auto const& c : chunks)
+                out.append(py::bytes(c));
             return out;
         },
         py::arg("algorithm"), py::arg("element_bytes"), py::arg("data"), py::arg("sizes"), py::arg("in_fill") = 0,
@@ -388,8 +400,8 @@ void addTestHooks(py::module_& m)
             DirectResult r;
             {
                 py::gil_scoped_release release;
-                r = directBenchmark(a, elementBytes, data, bytes, chunkBytes, iterations,
-                    reinterpret_cast<cudaStream_t>(stream));
+                r = directBenchmark(
+                    a, elementBytes, data, bytes, chunkBytes, iterations, reinterpret_cast<cudaStream_t>(stream));
             }
             py::dict d;
             d["raw_bytes"] = r.rawBytes;

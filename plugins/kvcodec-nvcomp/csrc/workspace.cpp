@@ -28,8 +28,8 @@ struct Temp
 
 } // namespace
 
-WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
-    NvcompOps const& ops)
+WorkspacePlan planWorkspace(
+    Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans, NvcompOps const& ops)
 {
     WorkspacePlan w;
     nvcompAlignmentRequirements_t ca{}, da{};
@@ -47,8 +47,10 @@ WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std:
         {
             auto const& pool = group.pools[c.pool];
             w.maxChunkBytes = std::max<uint64_t>(w.maxChunkBytes, c.bytes);
-            inOk = inOk && aligned(pool.base, ca.input) && aligned(pool.slotBytes, ca.input) && aligned(c.offset, ca.input);
-            outOk = outOk && aligned(pool.base, da.output) && aligned(pool.slotBytes, da.output) && aligned(c.offset, da.output);
+            inOk = inOk && aligned(pool.base, ca.input) && aligned(pool.slotBytes, ca.input)
+                && aligned(c.offset, ca.input);
+            outOk = outOk && aligned(pool.base, da.output) && aligned(pool.slotBytes, da.output)
+                && aligned(c.offset, da.output);
         }
         w.encodeDirect.push_back(!options.bitshuffle && inOk);
         w.decodeDirect.push_back(!options.bitshuffle && outOk);
@@ -72,14 +74,16 @@ WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std:
             auto const& plan = plans[g];
             w.maxChunks = std::max<uint64_t>(w.maxChunks, plan.maxPagesPerBatch * plan.chunks.size());
             w.maxPages = std::max<uint64_t>(w.maxPages, plan.maxPagesPerBatch);
-            w.blobBytes = std::max<uint64_t>(w.blobBytes, plan.maxPagesPerBatch * roundUp(plan.coldBytes, kStagingAlign));
-            w.compressTotalBytes = std::max<uint64_t>(w.compressTotalBytes, plan.maxPagesPerBatch * layout.groups()[g].pageBytes);
+            w.blobBytes
+                = std::max<uint64_t>(w.blobBytes, plan.maxPagesPerBatch * roundUp(plan.coldBytes, kStagingAlign));
+            w.compressTotalBytes
+                = std::max<uint64_t>(w.compressTotalBytes, plan.maxPagesPerBatch * layout.groups()[g].pageBytes);
         }
         Temp t;
         require(ops.compressTemp(w.maxChunks, w.maxChunkBytes, w.compressTotalBytes, &t.compress, nullptr),
             "nvCOMP compress temp-size query");
-        require(ops.decompressTemp(w.maxChunks, w.decodeMaxChunkBytes, w.maxChunks * w.decodeMaxChunkBytes,
-                    &t.decompress, nullptr),
+        require(ops.decompressTemp(
+                    w.maxChunks, w.decodeMaxChunkBytes, w.maxChunks * w.decodeMaxChunkBytes, &t.decompress, nullptr),
             "nvCOMP decompress temp-size query");
         w.compressTempBytes = t.compress;
         w.decompressTempBytes = t.decompress;
@@ -113,8 +117,8 @@ WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std:
     // Per chunk: nvCOMP's tables, the chunk entry or kind, its offset and its 8-byte CRC piece; per page
     // a 24-byte state. Encode writes payloads straight into the cold slots (no blob staging);
     // decode stages the used bytes of each blob.
-    uint64_t const tables = sizeof(void*) * 2 + sizeof(size_t) * 2 + sizeof(nvcompStatus_t) + sizeof(uint32_t)
-        + sizeof(uint64_t) + 8;
+    uint64_t const tables
+        = sizeof(void*) * 2 + sizeof(size_t) * 2 + sizeof(nvcompStatus_t) + sizeof(uint32_t) + sizeof(uint64_t) + 8;
     w.encodeLaneBytes = w.maxChunks * (tables + w.compStride + (w.encodeStaging ? w.chunkStride : 0)) + 24 * w.maxPages
         + w.compressTempBytes;
     uint64_t const dtables = sizeof(void*) * 2 + sizeof(size_t) * 3 + sizeof(nvcompStatus_t) + 1 + sizeof(uint64_t) + 8;

@@ -34,19 +34,19 @@ struct WorkspacePlan
     uint64_t compressTempBytes = 0;
     uint64_t decompressTempBytes = 0;
     uint64_t tempBudget = 0;
-    bool encodeStaging = false;       ///< Some group compresses from staging, not the hot slots.
-    bool decodeStaging = false;       ///< Some group decompresses into staging.
-    std::vector<bool> encodeDirect;   ///< Per group.
-    std::vector<bool> decodeDirect;   ///< Per group.
-    uint64_t encodeLaneBytes = 0;     ///< Device bytes of one encode lane.
-    uint64_t decodeLaneBytes = 0;     ///< Device bytes of one decode lane.
+    bool encodeStaging = false;     ///< Some group compresses from staging, not the hot slots.
+    bool decodeStaging = false;     ///< Some group decompresses into staging.
+    std::vector<bool> encodeDirect; ///< Per group.
+    std::vector<bool> decodeDirect; ///< Per group.
+    uint64_t encodeLaneBytes = 0;   ///< Device bytes of one encode lane.
+    uint64_t decodeLaneBytes = 0;   ///< Device bytes of one decode lane.
 };
 
 /// Sizes the CUDA workspaces for `plans` (built by NvcompCodec::plan) and lowers their
 /// maxPagesPerBatch until nvCOMP's temp memory fits the budget: max(kTempBudgetFloor, the temp
 /// of a max_batch_bytes batch of full chunk_bytes chunks). Throws std::runtime_error when an
 /// nvCOMP query fails.
-WorkspacePlan planWorkspace(Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans,
-    NvcompOps const& ops);
+WorkspacePlan planWorkspace(
+    Params const& options, HotLayout const& layout, std::vector<GroupPlan>& plans, NvcompOps const& ops);
 
 } // namespace kvcodec::nvcomp_plugin

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from nvcomp_blobs import plugin_ext
 
 from kvcodec_sdk.testing import CodecConformanceTests
-
-from nvcomp_blobs import plugin_ext
 
 plugin_ext()
 

@@ -4,12 +4,11 @@ statuses and not failed calls, and a bad page's neighbours still decode."""
 from __future__ import annotations
 
 import numpy as np
+import nvcomp_blobs as blobs
 import pytest
+from nvcomp_blobs import fill, fresh_default_registry, numpy_layout, pairs, plugin_ext  # noqa: F401
 
 import kvcodec_sdk as kv
-
-import nvcomp_blobs as blobs
-from nvcomp_blobs import fill, fresh_default_registry, numpy_layout, pairs, plugin_ext  # noqa: F401
 
 plugin_ext()
 

@@ -7,12 +7,11 @@ import json
 import struct
 
 import numpy as np
+import nvcomp_blobs as blobs
 import pytest
+from nvcomp_blobs import fill, fresh_default_registry, numpy_layout, pairs, parse, plugin_ext  # noqa: F401
 
 import kvcodec_sdk as kv
-
-import nvcomp_blobs as blobs
-from nvcomp_blobs import fill, fresh_default_registry, numpy_layout, pairs, parse, plugin_ext  # noqa: F401
 
 _ext = plugin_ext()
 

@@ -8,12 +8,11 @@ Every test carries the ``gpu`` marker and skips cleanly without a CUDA device an
 from __future__ import annotations
 
 import numpy as np
+import nvcomp_blobs as blobs
 import pytest
+from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
 
 import kvcodec_sdk as kv
-
-import nvcomp_blobs as blobs
-from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
 
 _ext = plugin_ext()
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from nvcomp_blobs import plugin_ext
 
 import kvcodec_sdk as kv
 from kvcodec_sdk.kvcm_config import BufferConfig, KVCacheConfig, LayerGroupConfig
-
-from nvcomp_blobs import plugin_ext
 
 plugin_ext()
 

@@ -28,8 +28,18 @@
 namespace kvcodec::concat {
 namespace {
 
-enum class Path { kAuto, kCopyEngine, kSm };
-enum class CopyApi { kAuto, kBatch, kPerCopy };
+enum class Path
+{
+    kAuto,
+    kCopyEngine,
+    kSm
+};
+enum class CopyApi
+{
+    kAuto,
+    kBatch,
+    kPerCopy
+};
 
 // The values the registry's schema validated (kvcodec_sdk/codecs/concat.py holds the schema).
 struct ConcatParams
@@ -138,7 +148,6 @@ private:
     }
 };
 
-
 // ---------------------------------------------------------------------------------------------
 // CUDA
 // ---------------------------------------------------------------------------------------------
@@ -195,8 +204,8 @@ public:
     {
         if (params.copyApi == CopyApi::kBatch && !runtime::driverApi().hasMemcpyBatch())
         {
-            throw CodecCreateError(
-                "concat parameter copy_api='batch' needs cuMemcpyBatchAsync (CUDA 12.8+), but the driver reports version "
+            throw CodecCreateError("concat parameter copy_api='batch' needs cuMemcpyBatchAsync (CUDA 12.8+), but the "
+                                   "driver reports version "
                 + std::to_string(runtime::driverApi().driverVersion));
         }
     }
@@ -231,8 +240,8 @@ private:
                 appendRegistrationBoundaries(pool.base, pool.base + pool.slotBytes * pool.numSlots, bounds);
                 plan.poolBoundaries.push_back(std::move(bounds));
             }
-            plan.smPath = params_.path == Path::kSm
-                || (params_.path == Path::kAuto && smallest < params_.smPathBelowBytes);
+            plan.smPath
+                = params_.path == Path::kSm || (params_.path == Path::kAuto && smallest < params_.smPathBelowBytes);
             if (!plan.smPath)
             {
                 continue;
@@ -258,8 +267,9 @@ private:
         if (plan.smPath)
         {
             auto const& group = call.group;
-            GatherArgs args{plan.devicePools.get(), uint32_t(group.pools.size()), call.encoding ? 1u : 0u, kGatherChunkBytes,
-                plan.chunksPerPage, group.pageBytes, group.numSlots, call.pages, call.numPages, call.coldBase};
+            GatherArgs args{plan.devicePools.get(), uint32_t(group.pools.size()), call.encoding ? 1u : 0u,
+                kGatherChunkBytes, plan.chunksPerPage, group.pageBytes, group.numSlots, call.pages, call.numPages,
+                call.coldBase};
             return cudaCheck(launchGather(args, numSms_, call.stream), "gather kernel launch");
         }
         return submitCopyEngine(call);
@@ -337,11 +347,13 @@ private:
         cuts.clear();
         for (uintptr_t b : hotBounds)
         {
-            if (b > piece.hot && b < piece.hot + piece.bytes) cuts.push_back(b - piece.hot);
+            if (b > piece.hot && b < piece.hot + piece.bytes)
+                cuts.push_back(b - piece.hot);
         }
         for (uintptr_t b : coldBounds)
         {
-            if (b > piece.cold && b < piece.cold + piece.bytes) cuts.push_back(b - piece.cold);
+            if (b > piece.cold && b < piece.cold + piece.bytes)
+                cuts.push_back(b - piece.cold);
         }
         std::sort(cuts.begin(), cuts.end());
         cuts.push_back(piece.bytes);
@@ -384,7 +396,8 @@ private:
             size_t failIdx = SIZE_MAX;
             if (api.memcpyBatchAsyncV13 != nullptr)
             {
-                r = api.memcpyBatchAsyncV13(dsts.data(), srcs.data(), sizes.data(), count, &attr, &attrIndex, 1, cuStream);
+                r = api.memcpyBatchAsyncV13(
+                    dsts.data(), srcs.data(), sizes.data(), count, &attr, &attrIndex, 1, cuStream);
             }
             else
             {

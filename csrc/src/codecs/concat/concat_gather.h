@@ -20,14 +20,14 @@ struct GatherArgs
 {
     GatherPool const* pools; ///< Device array of numPools entries.
     uint32_t numPools;
-    uint32_t encode;        ///< 1: hot -> blob, 0: blob -> hot.
-    uint64_t chunkBytes;    ///< Work unit of one thread block.
+    uint32_t encode;     ///< 1: hot -> blob, 0: blob -> hot.
+    uint64_t chunkBytes; ///< Work unit of one thread block.
     uint64_t chunksPerPage;
-    uint64_t pageBytes;     ///< Cold-page bytes (sum of slotBytes).
-    uint64_t numHotSlots;   ///< Hot indices outside [0, numHotSlots) are skipped.
+    uint64_t pageBytes;         ///< Cold-page bytes (sum of slotBytes).
+    uint64_t numHotSlots;       ///< Hot indices outside [0, numHotSlots) are skipped.
     PageIndexPair const* pairs; ///< Device array.
     uint64_t numPairs;
-    uint64_t blob;          ///< Cold base pointer (GPU-accessible).
+    uint64_t blob; ///< Cold base pointer (GPU-accessible).
 };
 
 /// Loads the gather kernel now. With lazy module loading (the CUDA default) the first launch

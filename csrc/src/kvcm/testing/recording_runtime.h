@@ -15,9 +15,9 @@ namespace kvcodec::kvcm::testing {
 
 struct RuntimeOp
 {
-    std::string op;      ///< "record", "sync_event", "wait", "sync_stream"
-    int64_t event;       ///< Event id (0 for sync_stream)
-    uintptr_t stream;    ///< Stream involved (the recording stream for record/sync_event)
+    std::string op;   ///< "record", "sync_event", "wait", "sync_stream"
+    int64_t event;    ///< Event id (0 for sync_stream)
+    uintptr_t stream; ///< Stream involved (the recording stream for record/sync_event)
 };
 
 /// The id of a RecordingRuntime event (0 for anything else).

@@ -2,9 +2,9 @@
 #include "kvcm/testing/test_codec.h"
 
 #include <atomic>
-#include <memory>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -132,7 +132,8 @@ private:
         }
         {
             std::lock_guard<std::mutex> lock(gCallsMutex);
-            gCalls.push_back({call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages)});
+            gCalls.push_back(
+                {call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages)});
         }
         int64_t left = gFailAfter.load();
         if (left == 0)

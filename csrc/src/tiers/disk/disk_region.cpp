@@ -42,7 +42,8 @@ FlatJson DiskRegion::readRegionFile(std::string const& dir)
     std::string const p = dir + "/" + kRegionFile;
     RegionFile f = loadRegionFile(p);
     if (f.kind == RegionFile::kMissing)
-        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(ENOENT));
+        throw std::runtime_error(
+            quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(ENOENT));
     if (f.kind == RegionFile::kDamaged)
         throw std::runtime_error(quoted(p) + " is damaged: " + f.why);
     return f.rec;
@@ -89,8 +90,8 @@ std::unique_ptr<DiskRegion> DiskRegion::open(std::string const& dir, RegionConfi
             + "; it must hold at least one slot of " + std::to_string(stride) + " bytes (slot_bytes "
             + std::to_string(cfg.slotBytes) + " padded to " + std::to_string(kAlign) + ")");
     if (cfg.maxBytes < cfg.containerBytes)
-        throw std::invalid_argument("max_bytes is " + std::to_string(cfg.maxBytes)
-            + "; it must be >= container_bytes (" + std::to_string(cfg.containerBytes) + ")");
+        throw std::invalid_argument("max_bytes is " + std::to_string(cfg.maxBytes) + "; it must be >= container_bytes ("
+            + std::to_string(cfg.containerBytes) + ")");
     if (cfg.ioThreads == 0 || cfg.ioThreads > 256)
         throw std::invalid_argument("io_threads is " + std::to_string(cfg.ioThreads) + "; valid: 1..256");
     if (cfg.queueDepth == 0 || cfg.queueDepth > 4096)
@@ -265,8 +266,8 @@ namespace {
 void checkKey(std::string const& key)
 {
     if (key.empty() || key.size() > kMaxKeyBytes)
-        throw std::invalid_argument(
-            "key is " + std::to_string(key.size()) + " bytes; keys must be 1.." + std::to_string(kMaxKeyBytes) + " bytes");
+        throw std::invalid_argument("key is " + std::to_string(key.size()) + " bytes; keys must be 1.."
+            + std::to_string(kMaxKeyBytes) + " bytes");
 }
 } // namespace
 
@@ -326,11 +327,12 @@ Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t b
     if (slot < 0)
     {
         ++st_.putsRefusedFull;
-        completeLocked(t, {StatusCode::kFull,
-                              "disk region " + quoted(dir_) + " is full (" + std::to_string(geo_.slots - free_.count())
-                                  + " of " + std::to_string(geo_.slots) + " slots in use, none evictable; policy "
-                                  + (cfg_.whenFull == FullPolicy::kRefuse ? "'refuse'" : "'evict'") + ")",
-                              0});
+        completeLocked(t,
+            {StatusCode::kFull,
+                "disk region " + quoted(dir_) + " is full (" + std::to_string(geo_.slots - free_.count()) + " of "
+                    + std::to_string(geo_.slots) + " slots in use, none evictable; policy "
+                    + (cfg_.whenFull == FullPolicy::kRefuse ? "'refuse'" : "'evict'") + ")",
+                0});
         return t;
     }
     slots_[slot].state = kReserved;
@@ -470,7 +472,8 @@ std::vector<PageInfo> DiskRegion::pages() const
     {
         Slot const& s = slots_[slot];
         if (s.state == kLive && s.seq == seq)
-            out.push_back({slotKeys_[slot], geo_.containerOf(slot), slot % geo_.slotsPerContainer, s.tag, s.crc, s.seq});
+            out.push_back(
+                {slotKeys_[slot], geo_.containerOf(slot), slot % geo_.slotsPerContainer, s.tag, s.crc, s.seq});
     }
     return out;
 }

@@ -90,7 +90,7 @@ struct RegionConfig
     FullPolicy whenFull = FullPolicy::kRefuse;
     uint32_t ioThreads = 32;
     IoBackend ioBackend = IoBackend::kAuto;
-    uint32_t queueDepth = 8; ///< Requests in flight per worker with io_uring (1..4096).
+    uint32_t queueDepth = 8;                  ///< Requests in flight per worker with io_uring (1..4096).
     uint64_t snapshotEveryRecords = 1u << 20; ///< Journal records between snapshots; 0 = only on close.
     uint32_t maxBatchRecords = 4096;          ///< Group-commit batch limit.
     std::string layoutJson;                   ///< Opaque description of the blob layout (for tools).
@@ -99,7 +99,7 @@ struct RegionConfig
     /// it in place to this config's count (pages kept; dropped oldest first only when a shrink
     /// leaves too few slots) instead of invalidating it.
     bool resizeOnOpen = false;
-    std::shared_ptr<FileIo> fileIo;           ///< Null = POSIX (tests substitute a faulty one).
+    std::shared_ptr<FileIo> fileIo; ///< Null = POSIX (tests substitute a faulty one).
 };
 
 enum class StatusCode : int32_t
@@ -157,19 +157,19 @@ struct RegionStats
     uint64_t evictions = 0;
     uint64_t journalRecords = 0; ///< Appended since open.
     uint64_t journalBatches = 0;
-    uint64_t journalBytes = 0;   ///< Current size of index.log.
+    uint64_t journalBytes = 0; ///< Current size of index.log.
     uint64_t snapshots = 0;
     uint64_t lastSeq = 0;
     uint64_t bytesWritten = 0;
     uint64_t bytesRead = 0;
-    uint64_t mergedIos = 0;   ///< Vectored writes/reads that moved several adjacent slots at once.
-    uint64_t mergedSlots = 0; ///< Slots those moved.
+    uint64_t mergedIos = 0;      ///< Vectored writes/reads that moved several adjacent slots at once.
+    uint64_t mergedSlots = 0;    ///< Slots those moved.
     uint64_t queuedSubmits = 0;  ///< io_uring submissions (each one system call for a batch of requests).
     uint64_t queuedRequests = 0; ///< Requests those carried.
     bool directIo = false;
-    std::string ioBackend;  ///< "io_uring" or "threads".
+    std::string ioBackend;   ///< "io_uring" or "threads".
     std::string backendNote; ///< Why io_backend "auto" runs the thread pool ("" when io_uring runs).
-    bool failed = false; ///< A journal repair failed: the region refuses writes until reopened.
+    bool failed = false;     ///< A journal repair failed: the region refuses writes until reopened.
 };
 
 /// What resize() or defragment() did.
@@ -177,9 +177,9 @@ struct ResizeReport
 {
     uint32_t containersBefore = 0;
     uint32_t containersAfter = 0;
-    uint64_t moved = 0;          ///< Pages copied to another slot (same key, bytes, checksum and tag).
-    uint64_t dropped = 0;        ///< Pages erased because a shrink left too few slots (oldest first).
-    uint64_t checksumDrops = 0;  ///< Pages whose slot failed its checksum while being moved (erased).
+    uint64_t moved = 0;         ///< Pages copied to another slot (same key, bytes, checksum and tag).
+    uint64_t dropped = 0;       ///< Pages erased because a shrink left too few slots (oldest first).
+    uint64_t checksumDrops = 0; ///< Pages whose slot failed its checksum while being moved (erased).
 };
 
 /// A resize or defragmentation that could not complete: `code` is kFull (too few free slots),
@@ -273,8 +273,8 @@ public:
     /// nothing changed, unless `dropOldest` (then the oldest pages of the cut containers are
     /// erased). An I/O error: std::runtime_error; pages already moved stay valid where they are
     /// and the region keeps its old geometry and keeps working.
-    ResizeReport resize(uint32_t containers, ResizeProgress const& progress = {}, bool dropOldest = false,
-        uint32_t batchPages = 256);
+    ResizeReport resize(
+        uint32_t containers, ResizeProgress const& progress = {}, bool dropOldest = false, uint32_t batchPages = 256);
 
     /// Moves live pages into the lowest slots (journaled like a shrink's moves), so the used
     /// slots are [0, live pages). Same waiting and failure rules as resize().
@@ -358,8 +358,8 @@ private:
     /// Rewrites a damaged or missing region.json from this configuration when the identity the
     /// journal and snapshot headers record agrees with it (or nothing was ever recorded), with a
     /// warning saying what was repaired; otherwise throws, naming what disagrees.
-    void repairRegionFile(std::string const& what, FlatJson const* damaged,
-        std::vector<RecordedIdentity> const& recorded, bool hasState);
+    void repairRegionFile(
+        std::string const& what, FlatJson const* damaged, std::vector<RecordedIdentity> const& recorded, bool hasState);
     void recover();
     void startThreads();
     void workerLoop();
@@ -377,10 +377,10 @@ private:
     void commitBatch(std::vector<CommitItem>& batch);
     bool writeSnapshotLocked(); // commitMu_ held; false when the snapshot or the rotation failed
     FlatJson regionRecord() const;
-    int writeRegionRecord(); // 0 or -errno
+    int writeRegionRecord();             // 0 or -errno
     void setLimitLocked(uint32_t limit); // mu_ held; rebuilds the free-slot bitset below `limit`
-    void relocateBelow(uint32_t limit, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages,
-        ResizeReport& report);
+    void relocateBelow(
+        uint32_t limit, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages, ResizeReport& report);
     void setGeometry(uint32_t containers); // commitMu_ held, quiescent
     void beginExclusive();
     void endExclusive() noexcept;
@@ -402,7 +402,7 @@ private:
     std::shared_ptr<FileIo> io_;
     /// Slot layout; the container count (and so the slot count) changes under mu_ (a resize).
     detail::SlotGeometry geo_;
-    uint32_t openTarget_ = 0;     ///< resizeOnOpen: the configured container count to reach.
+    uint32_t openTarget_ = 0; ///< resizeOnOpen: the configured container count to reach.
     bool direct_ = false;
     std::vector<int> containerFds_;
     int journalFd_ = -1;

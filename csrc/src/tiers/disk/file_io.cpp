@@ -247,8 +247,8 @@ int writeFully(FileIo& io, int fd, void const* buf, size_t bytes, off_t offset)
 
 int readFully(FileIo& io, int fd, void* buf, size_t bytes, off_t offset)
 {
-    return transferFully(static_cast<char*>(buf), bytes, offset,
-        [&](char* p, size_t n, off_t off) { return io.pread(fd, p, n, off); });
+    return transferFully(
+        static_cast<char*>(buf), bytes, offset, [&](char* p, size_t n, off_t off) { return io.pread(fd, p, n, off); });
 }
 
 } // namespace kvcodec::disk

@@ -213,8 +213,8 @@ std::string formatRecord(JournalRecord const& r, uint32_t slotsPerContainer)
     return line;
 }
 
-bool parseRecord(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out,
-    std::string& why)
+bool parseRecord(
+    std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out, std::string& why)
 {
     size_t lpos = line.rfind(",\"lcrc\":\"");
     if (lpos == std::string_view::npos)
@@ -361,7 +361,8 @@ namespace {
 struct HexTable
 {
     uint8_t v[256];
-    constexpr HexTable() : v{}
+    constexpr HexTable()
+        : v{}
     {
         for (int i = 0; i < 256; ++i)
             v[i] = 0xFF;
@@ -400,8 +401,8 @@ inline bool decField(char const*& p, char const* end, char sep, uint64_t& v)
 
 } // namespace
 
-char const* parseSnapshotLine(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf,
-    SnapshotEntryView& out)
+char const* parseSnapshotLine(
+    std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf, SnapshotEntryView& out)
 {
     // "<key hex> <container> <slot> <tag> <crc: 8 hex> <seq>"
     char const* p = line.data();

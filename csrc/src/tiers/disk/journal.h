@@ -32,8 +32,8 @@ std::string formatRecord(JournalRecord const& r, uint32_t slotsPerContainer);
 
 /// Parses one line (without its newline). False with `why` set when the line is not a record this
 /// code wrote intact (bad syntax, bad line checksum, slot out of range).
-bool parseRecord(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out,
-    std::string& why);
+bool parseRecord(
+    std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, JournalRecord& out, std::string& why);
 
 /// Tries to repair damaged journal text (one or more lines, the final newline included when the
 /// text had one) by flipping each of its bits in turn: true, with the records in `out`, when exactly
@@ -97,16 +97,16 @@ constexpr size_t kMaxKeyBytes = 255;
 
 /// Parses one body line (without its newline) into `out`, decoding the key into `keyBuf`
 /// (kMaxKeyBytes). Returns nullptr, or what is wrong with the line.
-char const* parseSnapshotLine(std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf,
-    SnapshotEntryView& out);
+char const* parseSnapshotLine(
+    std::string_view line, uint32_t slotsPerContainer, uint32_t numSlots, char* keyBuf, SnapshotEntryView& out);
 
 /// Calls `f(SnapshotEntryView const&)` for every entry of a checked snapshot, in file order, as
 /// it parses them (no intermediate copy of the index: recovery applies entries directly). False
 /// with `why` on a malformed entry or a count that differs from the header's; entries already
 /// passed to `f` are then the caller's to discard.
 template <class F>
-bool forEachSnapshotEntry(SnapshotView const& snap, uint32_t slotsPerContainer, uint32_t numSlots, F&& f,
-    std::string& why)
+bool forEachSnapshotEntry(
+    SnapshotView const& snap, uint32_t slotsPerContainer, uint32_t numSlots, F&& f, std::string& why)
 {
     char keyBuf[kMaxKeyBytes];
     SnapshotEntryView e;

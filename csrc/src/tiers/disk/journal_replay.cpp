@@ -60,8 +60,8 @@ void JournalReplay::run()
         {
             int fd = ::open(path(kJournal).c_str(), O_WRONLY | O_CLOEXEC);
             if (fd < 0 || ::ftruncate(fd, off_t(tornAt_)) != 0 || ::fdatasync(fd) != 0)
-                throw std::runtime_error(region_ + "cannot truncate the torn tail of " + kJournal + ": "
-                    + errnoText(errno));
+                throw std::runtime_error(
+                    region_ + "cannot truncate the torn tail of " + kJournal + ": " + errnoText(errno));
             ::close(fd);
         }
         journalSize_ = tornAt_;
@@ -74,9 +74,8 @@ void JournalReplay::settle(uint64_t next)
         return;
     if (pending_.empty() && report_.journalRecordsReplayed == 0 && report_.snapshotUsed.empty())
         return; // The journal alone after losing the snapshots: the records before were theirs.
-    bool const covered = next != 0
-        ? next <= expected_
-        : report_.snapshotUsed == kSnapshot
+    bool const covered = next != 0 ? next <= expected_
+                                   : report_.snapshotUsed == kSnapshot
             && std::none_of(pending_.begin(), pending_.end(), [](Damaged const& d) { return d.current; });
     if (covered)
     {
@@ -132,8 +131,8 @@ void JournalReplay::settle(uint64_t next)
             return;
         for (Damaged const& d : pending_)
             damage += (damage.empty() ? "" : ", ") + describe(d);
-        losses_.push_back("the records after seq " + std::to_string(expected_ - 1) + " are damaged beyond repair ("
-            + damage + ")");
+        losses_.push_back(
+            "the records after seq " + std::to_string(expected_ - 1) + " are damaged beyond repair (" + damage + ")");
         dropBelow_ = UINT64_MAX;
     }
     else
@@ -198,8 +197,9 @@ void JournalReplay::replayFile(int gen)
         size_t lastStart = text.rfind('\n', text.size() - 2) + 1;
         JournalRecord last;
         std::string why;
-        if (lastStart > nl && parseRecord(text.substr(lastStart, text.size() - 1 - lastStart),
-                slotsPerContainer_, numSlots_, last, why)
+        if (lastStart > nl
+            && parseRecord(
+                text.substr(lastStart, text.size() - 1 - lastStart), slotsPerContainer_, numSlots_, last, why)
             && last.seq <= lastSeq_)
             return;
     }

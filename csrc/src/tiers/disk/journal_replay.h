@@ -97,13 +97,13 @@ private:
     Apply apply_;
 
     uint64_t lastSeq_;
-    uint64_t expected_; ///< The next record the index needs.
-    FileText texts_[2];             ///< Alive while `pending_` refers to them.
-    std::vector<Damaged> pending_;  ///< Damaged lines since the last intact record.
-    uint64_t dropBelow_ = 0;        ///< Live keys recorded before this sequence number are dropped.
+    uint64_t expected_;            ///< The next record the index needs.
+    FileText texts_[2];            ///< Alive while `pending_` refers to them.
+    std::vector<Damaged> pending_; ///< Damaged lines since the last intact record.
+    uint64_t dropBelow_ = 0;       ///< Live keys recorded before this sequence number are dropped.
     std::vector<std::string> losses_;
-    size_t repairBudget_ = 64;      ///< Lines tried bit by bit per open (bounds a garbage journal).
-    size_t tornAt_ = SIZE_MAX;      ///< index.log is cut back here: an append a crash cut short.
+    size_t repairBudget_ = 64; ///< Lines tried bit by bit per open (bounds a garbage journal).
+    size_t tornAt_ = SIZE_MAX; ///< index.log is cut back here: an append a crash cut short.
     size_t currentSize_ = 0;
     uint64_t journalSize_ = 0;
     bool damaged_ = false;

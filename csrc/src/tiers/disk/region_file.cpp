@@ -137,9 +137,9 @@ std::string firstLine(std::string const& p)
 
 std::vector<std::string> const& regionFields()
 {
-    static std::vector<std::string> const fields = {"format", "name", "slot_bytes", "slot_stride", "container_bytes",
-        "slots_per_container", "containers", "codec_name", "codec_format_version", "codec_param_hash", "codec_params",
-        "layout"};
+    static std::vector<std::string> const fields
+        = {"format", "name", "slot_bytes", "slot_stride", "container_bytes", "slots_per_container", "containers",
+            "codec_name", "codec_format_version", "codec_param_hash", "codec_params", "layout"};
     return fields;
 }
 
@@ -286,7 +286,8 @@ bool wellFormedJournalHeader(std::string_view line)
 {
     FlatJson h, fields;
     std::string why;
-    if (!parseFlatJson(line, h, why) || h.size() != 2 || h.count("kvcodec_disk_journal") == 0 || h.count("identity") == 0)
+    if (!parseFlatJson(line, h, why) || h.size() != 2 || h.count("kvcodec_disk_journal") == 0
+        || h.count("identity") == 0)
         return false;
     return h["kvcodec_disk_journal"] != "1" || identityFields(h["identity"], fields);
 }
@@ -312,8 +313,8 @@ FlatJson readOnlyRecord(std::string const& dir, std::string& warning)
     RegionFile f = loadRegionFile(p);
     bool const hasState = hasStateFiles(dir);
     if (f.kind == RegionFile::kMissing && !hasState)
-        throw std::runtime_error(quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": "
-            + errnoText(ENOENT));
+        throw std::runtime_error(
+            quoted(dir) + " holds no disk region: cannot read " + kRegionFile + ": " + errnoText(ENOENT));
     std::vector<RecordedIdentity> const recorded = hasState ? recordedIdentities(dir) : std::vector<RecordedIdentity>{};
     if (unconfirmedLegacy(f, recorded))
     {
@@ -322,8 +323,8 @@ FlatJson readOnlyRecord(std::string const& dir, std::string& warning)
     }
     if (f.kind == RegionFile::kIntact || f.kind == RegionFile::kLegacy)
         return f.rec;
-    std::string const what = std::string(kRegionFile)
-        + (f.kind == RegionFile::kMissing ? " is missing" : " is damaged (" + f.why + ")");
+    std::string const what
+        = std::string(kRegionFile) + (f.kind == RegionFile::kMissing ? " is missing" : " is damaged (" + f.why + ")");
     if (recorded.empty())
         throw std::runtime_error("disk region " + quoted(dir) + ": " + what
             + " and no journal or snapshot header records the region's identity; it cannot be opened");

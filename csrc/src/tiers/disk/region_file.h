@@ -43,8 +43,8 @@ struct RegionFile
         kLegacy,  ///< Consistent, written before region files carried a checksum.
         kDamaged, ///< Unreadable, unparsable, failing its checksum or inconsistent.
     } kind = kMissing;
-    FlatJson rec;        ///< The fields (without the checksum) whenever they parsed.
-    std::string why;     ///< What is damaged.
+    FlatJson rec;    ///< The fields (without the checksum) whenever they parsed.
+    std::string why; ///< What is damaged.
 };
 
 /// Reads and checks region.json at path `p`.

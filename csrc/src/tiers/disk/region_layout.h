@@ -15,10 +15,10 @@ namespace kvcodec::disk::detail {
 
 struct SlotGeometry
 {
-    uint64_t stride = 0;            ///< Bytes a slot takes in its file (slot_bytes padded to 4 KiB).
+    uint64_t stride = 0; ///< Bytes a slot takes in its file (slot_bytes padded to 4 KiB).
     uint32_t slotsPerContainer = 0;
     uint32_t containers = 0;
-    uint32_t slots = 0;             ///< containers x slotsPerContainer.
+    uint32_t slots = 0; ///< containers x slotsPerContainer.
 
     [[nodiscard]] uint32_t containerOf(uint32_t slot) const noexcept
     {

@@ -25,8 +25,8 @@ namespace kvcodec::disk {
 
 using namespace detail;
 
-void DiskRegion::repairRegionFile(std::string const& what, FlatJson const* damaged,
-    std::vector<RecordedIdentity> const& recorded, bool hasState)
+void DiskRegion::repairRegionFile(
+    std::string const& what, FlatJson const* damaged, std::vector<RecordedIdentity> const& recorded, bool hasState)
 {
     std::string const region = "disk region " + quoted(dir_) + ": ";
     if (recorded.empty() && hasState)
@@ -91,7 +91,8 @@ void DiskRegion::openFiles()
         mkdirs(dir_);
         lockFd_ = ::open(path("lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (lockFd_ < 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot create its lock file: " + errnoText(errno));
+            throw std::runtime_error(
+                "disk region " + quoted(dir_) + ": cannot create its lock file: " + errnoText(errno));
         if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0)
             throw std::runtime_error("disk region " + quoted(dir_) + " is already open for writing in another process");
     }
@@ -103,7 +104,8 @@ void DiskRegion::openFiles()
         // A read-only open took its geometry from region.json (or the recorded identity) already.
         RegionFile file = loadRegionFile(regionPath);
         bool const hasState = hasStateFiles(dir_);
-        std::vector<RecordedIdentity> const recorded = hasState ? recordedIdentities(dir_) : std::vector<RecordedIdentity>{};
+        std::vector<RecordedIdentity> const recorded
+            = hasState ? recordedIdentities(dir_) : std::vector<RecordedIdentity>{};
         if (unconfirmedLegacy(file, recorded))
         {
             file.kind = RegionFile::kDamaged;
@@ -147,8 +149,9 @@ void DiskRegion::openFiles()
                     "slots_per_container", "containers"});
             if (!diffs.empty())
             {
-                recovery_.warnings.push_back("disk region " + quoted(dir_) + " was written with another codec or geometry ("
-                    + diffs + "): its pages are invalidated and the region is reinitialized");
+                recovery_.warnings.push_back("disk region " + quoted(dir_)
+                    + " was written with another codec or geometry (" + diffs
+                    + "): its pages are invalidated and the region is reinitialized");
                 recovery_.invalidated = true;
                 fresh = true;
             }
@@ -158,8 +161,8 @@ void DiskRegion::openFiles()
                 // region files carried a checksum: rewritten, the pages kept.
                 int const rc = writeRegionFileAt(*posixFileIo(), dir_, expected);
                 if (rc != 0)
-                    recovery_.warnings.push_back("disk region " + quoted(dir_) + ": cannot rewrite " + kRegionFile + ": "
-                        + errnoText(-rc));
+                    recovery_.warnings.push_back(
+                        "disk region " + quoted(dir_) + ": cannot rewrite " + kRegionFile + ": " + errnoText(-rc));
             }
         }
     }
@@ -172,7 +175,8 @@ void DiskRegion::openFiles()
         removeContainersFrom(path("containers"), geo_.containers);
         int const rc = writeRegionFileAt(*posixFileIo(), dir_, regionRecord());
         if (rc != 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": " + errnoText(-rc));
+            throw std::runtime_error(
+                "disk region " + quoted(dir_) + ": cannot write " + kRegionFile + ": " + errnoText(-rc));
     }
 
     // Containers: preallocated so a full region never hits ENOSPC on a data write.
@@ -199,7 +203,7 @@ void DiskRegion::openFiles()
         {
             recovery_.warnings.push_back("disk region " + quoted(dir_) + ": container " + paths[c]
                 + (present ? " is shorter than expected (" + std::to_string(size) + " of " + std::to_string(fileBytes)
-                        + " bytes)"
+                            + " bytes)"
                            : " is missing")
                 + "; pages recorded in it are dropped");
         }
@@ -225,8 +229,8 @@ void DiskRegion::openFiles()
             std::string freeText;
             if (::statvfs(dir_.c_str(), &vfs) == 0)
                 freeText = "; " + std::to_string(uint64_t(vfs.f_bavail) * vfs.f_frsize) + " bytes are free";
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot preallocate container " + quoted(paths[c])
-                + " (" + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + freeText
+            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot preallocate container "
+                + quoted(paths[c]) + " (" + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + freeText
                 + "; lower max_bytes or free space");
         }
     }
@@ -267,8 +271,8 @@ void DiskRegion::openFiles()
             continue;
         int fd = io_->open(paths[c], accessFlags | (direct_ ? O_DIRECT : 0), 0);
         if (fd < 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot open container " + quoted(paths[c]) + ": "
-                + errnoText(-fd));
+            throw std::runtime_error(
+                "disk region " + quoted(dir_) + ": cannot open container " + quoted(paths[c]) + ": " + errnoText(-fd));
         containerFds_[c] = fd;
     }
 }
@@ -409,13 +413,15 @@ void DiskRegion::recover()
             recovery_.warnings.push_back(region + "journal damage: " + lost + ". A lost record may have overwritten or "
                 + "erased any key recorded before it: "
                 + (n == 0 ? std::string("every such key was written again after it, so none is dropped")
-                          : std::to_string(n) + (n == 1 ? " key whose latest state cannot be established is"
-                                                        : " keys whose latest state cannot be established are")
-                              + " dropped and read as misses (an older value is never served)"));
+                          : std::to_string(n)
+                            + (n == 1 ? " key whose latest state cannot be established is"
+                                      : " keys whose latest state cannot be established are")
+                            + " dropped and read as misses (an older value is never served)"));
         }
 
         // 3. Pages in containers that were missing or short are gone.
-        bool const anyFresh = std::find(freshContainers_.begin(), freshContainers_.end(), true) != freshContainers_.end();
+        bool const anyFresh
+            = std::find(freshContainers_.begin(), freshContainers_.end(), true) != freshContainers_.end();
         for (auto it = anyFresh ? index_.begin() : index_.end(); it != index_.end();)
         {
             if (freshContainers_[geo_.containerOf(it->second)])
@@ -447,7 +453,8 @@ void DiskRegion::recover()
         bool rewrite = journalSize_ == 0;
         journalFd_ = io_->open(path(kJournal), O_RDWR | O_CREAT, 0644);
         if (journalFd_ < 0)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": cannot open the journal: " + errnoText(-journalFd_));
+            throw std::runtime_error(
+                "disk region " + quoted(dir_) + ": cannot open the journal: " + errnoText(-journalFd_));
         if (rewrite)
         {
             int rc = io_->ftruncate(journalFd_, 0);
@@ -456,7 +463,8 @@ void DiskRegion::recover()
             if (rc == 0)
                 rc = io_->fdatasync(journalFd_);
             if (rc != 0)
-                throw std::runtime_error("disk region " + quoted(dir_) + ": cannot write the journal header: " + errnoText(-rc));
+                throw std::runtime_error(
+                    "disk region " + quoted(dir_) + ": cannot write the journal header: " + errnoText(-rc));
             journalSize_ = header.size();
             syncDirectory(dir_);
         }
@@ -475,7 +483,8 @@ void DiskRegion::recover()
     {
         std::lock_guard<std::mutex> cm(commitMu_);
         if (!writeSnapshotLocked() && repairedJournal_)
-            failRegion("the snapshot recording what recovery repaired or dropped for journal damage could not be written");
+            failRegion(
+                "the snapshot recording what recovery repaired or dropped for journal damage could not be written");
     }
 }
 

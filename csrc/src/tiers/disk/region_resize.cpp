@@ -40,7 +40,8 @@ void DiskRegion::beginExclusive()
         if (failed_)
             throw std::runtime_error(failReason_);
         if (exclusive_)
-            throw std::runtime_error("disk region " + quoted(dir_) + ": a resize or defragmentation is already running");
+            throw std::runtime_error(
+                "disk region " + quoted(dir_) + ": a resize or defragmentation is already running");
         exclusive_ = true;
     }
     flush(); // What was submitted before completes first (retirements included).
@@ -69,20 +70,23 @@ void DiskRegion::relocateBelow(
             if (slots_[s].state == kLive)
                 movers.push_back(s);
             else if (slots_[s].state != kFree)
-                throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": " + where(s)
-                    + " is held by a retirement that could not be recorded; reopen the region before resizing it");
+                throw ResizeError(StatusCode::kIoError,
+                    "disk region " + quoted(dir_) + ": " + where(s)
+                        + " is held by a retirement that could not be recorded; reopen the region before resizing it");
         }
         setLimitLocked(limit);
         if (movers.size() > free_.count())
         {
             size_t const excess = movers.size() - free_.count();
             if (!dropOldest)
-                throw ResizeError(StatusCode::kFull, "disk region " + quoted(dir_) + ": " + std::to_string(movers.size())
-                    + " live pages lie at or beyond slot " + std::to_string(limit) + " but only "
-                    + std::to_string(free_.count()) + " slots below it are free; erase " + std::to_string(excess)
-                    + " pages first (nothing was changed)");
+                throw ResizeError(StatusCode::kFull,
+                    "disk region " + quoted(dir_) + ": " + std::to_string(movers.size())
+                        + " live pages lie at or beyond slot " + std::to_string(limit) + " but only "
+                        + std::to_string(free_.count()) + " slots below it are free; erase " + std::to_string(excess)
+                        + " pages first (nothing was changed)");
             // The oldest pages of the cut part go; the others still move.
-            std::sort(movers.begin(), movers.end(), [&](uint32_t a, uint32_t b) { return slots_[a].seq < slots_[b].seq; });
+            std::sort(
+                movers.begin(), movers.end(), [&](uint32_t a, uint32_t b) { return slots_[a].seq < slots_[b].seq; });
             victims.assign(movers.begin(), movers.begin() + std::ptrdiff_t(excess));
             movers.erase(movers.begin(), movers.begin() + std::ptrdiff_t(excess));
             std::sort(movers.begin(), movers.end());
@@ -119,13 +123,15 @@ void DiskRegion::relocateBelow(
                 slots_[s].state = kRetiring;
                 slots_[s].retireDurable = false;
                 ++st_.erases;
-                items.push_back(CommitItem{false, newTicketLocked(), std::move(key), s, slots_[s].crc, slots_[s].tag, std::nullopt});
+                items.push_back(CommitItem{
+                    false, newTicketLocked(), std::move(key), s, slots_[s].crc, slots_[s].tag, std::nullopt});
             }
         }
         std::string const error = commit(items);
         if (!error.empty())
-            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": dropping the oldest pages to make room failed ("
-                + error + "); the region keeps its geometry");
+            throw ResizeError(StatusCode::kIoError,
+                "disk region " + quoted(dir_) + ": dropping the oldest pages to make room failed (" + error
+                    + "); the region keeps its geometry");
         report.dropped += victims.size();
     }
 
@@ -156,8 +162,9 @@ void DiskRegion::relocateBelow(
                 {
                     for (size_t j = 0; j < i; ++j)
                         freeSlotLocked(mv[j].to);
-                    throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": no free slot below " + std::to_string(limit)
-                        + " for a moved page (internal accounting error)");
+                    throw ResizeError(StatusCode::kIoError,
+                        "disk region " + quoted(dir_) + ": no free slot below " + std::to_string(limit)
+                            + " for a moved page (internal accounting error)");
                 }
                 slots_[size_t(to)].state = kReserved;
                 mv[i] = {from, uint32_t(to), slots_[from].crc, slots_[from].tag, slotKeys_[from], false};
@@ -169,8 +176,7 @@ void DiskRegion::relocateBelow(
         {
             char* buf = static_cast<char*>(buffer.p) + i * geo_.stride;
             Move& m = mv[i];
-            int rc = readFully(*io_, containerFds_[geo_.containerOf(m.from)], buf, ioBytes,
-                geo_.offsetOf(m.from));
+            int rc = readFully(*io_, containerFds_[geo_.containerOf(m.from)], buf, ioBytes, geo_.offsetOf(m.from));
             if (rc != 0)
             {
                 failure = "reading " + where(m.from) + ": " + errnoText(-rc);
@@ -181,8 +187,7 @@ void DiskRegion::relocateBelow(
                 m.bad = true; // A damaged blob is never copied under its key: it is retired instead.
                 continue;
             }
-            rc = writeFully(*io_, containerFds_[geo_.containerOf(m.to)], buf, ioBytes,
-                geo_.offsetOf(m.to));
+            rc = writeFully(*io_, containerFds_[geo_.containerOf(m.to)], buf, ioBytes, geo_.offsetOf(m.to));
             if (rc != 0)
                 failure = "writing " + where(m.to) + ": " + errnoText(-rc);
         }
@@ -191,9 +196,11 @@ void DiskRegion::relocateBelow(
             std::lock_guard<std::mutex> lock(mu_);
             for (Move const& m : mv)
                 freeSlotLocked(m.to);
-            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": moving a page failed (" + failure + "); "
-                + std::to_string(report.moved) + " pages moved before stay valid where they are and the region keeps its "
-                + std::to_string(geo_.containers) + " containers");
+            throw ResizeError(StatusCode::kIoError,
+                "disk region " + quoted(dir_) + ": moving a page failed (" + failure + "); "
+                    + std::to_string(report.moved)
+                    + " pages moved before stay valid where they are and the region keeps its "
+                    + std::to_string(geo_.containers) + " containers");
         }
         // One journal record per page: the moved key's record (same crc and tag) supersedes the
         // old slot once durable; a crash before that leaves the old slot the valid one.
@@ -214,21 +221,24 @@ void DiskRegion::relocateBelow(
                     ++st_.checksumFailures;
                     events_.push_back("disk region " + quoted(dir_) + ": the page with key " + toHex(m.key) + " in "
                         + where(m.from) + " failed its checksum while being moved; it was retired");
-                    items.push_back(CommitItem{false, newTicketLocked(), std::move(m.key), m.from, m.crc, m.tag, std::nullopt});
+                    items.push_back(
+                        CommitItem{false, newTicketLocked(), std::move(m.key), m.from, m.crc, m.tag, std::nullopt});
                     ++bad;
                 }
                 else
                 {
-                    items.push_back(CommitItem{true, newTicketLocked(), std::move(m.key), m.to, m.crc, m.tag, std::nullopt});
+                    items.push_back(
+                        CommitItem{true, newTicketLocked(), std::move(m.key), m.to, m.crc, m.tag, std::nullopt});
                     ++moved;
                 }
             }
         }
         std::string const error = commit(items);
         if (!error.empty())
-            throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": recording moved pages failed (" + error + "); "
-                + "every page is valid at its old or its new slot and the region keeps its "
-                + std::to_string(geo_.containers) + " containers");
+            throw ResizeError(StatusCode::kIoError,
+                "disk region " + quoted(dir_) + ": recording moved pages failed (" + error + "); "
+                    + "every page is valid at its old or its new slot and the region keeps its "
+                    + std::to_string(geo_.containers) + " containers");
         report.moved += moved;
         report.checksumDrops += bad;
         if (progress)
@@ -271,9 +281,9 @@ void DiskRegion::setGeometry(uint32_t containers)
                 ::unlink(file.c_str());
             dropAdded();
             throw ResizeError(-rc == ENOSPC || -rc == EDQUOT ? StatusCode::kNoSpace : StatusCode::kIoError,
-                "disk region " + quoted(dir_) + ": cannot preallocate container " + quoted(file)
-                + " (" + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + "; the region keeps its "
-                + std::to_string(before) + " containers");
+                "disk region " + quoted(dir_) + ": cannot preallocate container " + quoted(file) + " ("
+                    + std::to_string(fileBytes) + " bytes): " + errnoText(-rc) + "; the region keeps its "
+                    + std::to_string(before) + " containers");
         }
         containerFds_.push_back(dfd); // Reserved at open: never reallocates under the workers.
     }
@@ -303,9 +313,11 @@ void DiskRegion::setGeometry(uint32_t containers)
         apply(before);
         writeSnapshotLocked();
         dropAdded();
-        throw ResizeError(StatusCode::kIoError, "disk region " + quoted(dir_) + ": recording the new geometry failed ("
-            + (snapped ? std::string(kRegionFile) + ": " + errnoText(-rc) : std::string("the snapshot could not be written"))
-            + "); the region keeps its " + std::to_string(before) + " containers");
+        throw ResizeError(StatusCode::kIoError,
+            "disk region " + quoted(dir_) + ": recording the new geometry failed ("
+                + (snapped ? std::string(kRegionFile) + ": " + errnoText(-rc)
+                           : std::string("the snapshot could not be written"))
+                + "); the region keeps its " + std::to_string(before) + " containers");
     }
     writeSnapshotLocked(); // The backup and the previous journal generation get the new identity too.
     if (containers < before)
@@ -320,7 +332,8 @@ void DiskRegion::setGeometry(uint32_t containers)
     }
 }
 
-ResizeReport DiskRegion::resize(uint32_t containers, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages)
+ResizeReport DiskRegion::resize(
+    uint32_t containers, ResizeProgress const& progress, bool dropOldest, uint32_t batchPages)
 {
     checkWritable("resize");
     if (containers == 0 || containers > kMaxContainers)

@@ -54,7 +54,8 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
     // O_DIRECT) run one at a time; every other task joins the batch in place.
     auto inPlace = [&](Task const& t) {
         void const* p = t.kind == Task::kWrite ? t.src : static_cast<void const*>(t.dst);
-        return (!direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0) && (!direct_ || cfg_.slotBytes == geo_.stride);
+        return (!direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0)
+            && (!direct_ || cfg_.slotBytes == geo_.stride);
     };
     unsigned const depth = queue.depth();
     std::vector<std::vector<Task>> runs(depth);
@@ -84,7 +85,8 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
                 std::vector<Task>& run = runs[used++];
                 run.clear();
                 run.push_back(std::move(t));
-                while (merge && run.size() < kMaxMergedSlots && !tasks_.empty() && mergeable(run.back(), tasks_.front()))
+                while (
+                    merge && run.size() < kMaxMergedSlots && !tasks_.empty() && mergeable(run.back(), tasks_.front()))
                 {
                     run.push_back(std::move(tasks_.front()));
                     tasks_.pop_front();
@@ -105,8 +107,8 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
                     crcs[i].push_back(crc32cFast(run[k].src, cfg_.slotBytes));
             }
             uint32_t const container = geo_.containerOf(run.front().slot);
-            requests[i] = IoRequest{containerFds_[container], write, iovs[i].data(), int(run.size()),
-                geo_.offsetOf(run.front().slot), 0};
+            requests[i] = IoRequest{
+                containerFds_[container], write, iovs[i].data(), int(run.size()), geo_.offsetOf(run.front().slot), 0};
         }
         if (used > 0)
         {
@@ -149,7 +151,8 @@ bool DiskRegion::mergeable(Task const& last, Task const& next) const
     auto inPlace = [&](void const* p) { return !direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
     return next.kind == last.kind && next.slot == last.slot + 1
         && geo_.containerOf(next.slot) == geo_.containerOf(last.slot)
-        && (next.kind == Task::kWrite ? inPlace(next.src) && inPlace(last.src) : inPlace(next.dst) && inPlace(last.dst));
+        && (next.kind == Task::kWrite ? inPlace(next.src) && inPlace(last.src)
+                                      : inPlace(next.dst) && inPlace(last.dst));
 }
 
 void DiskRegion::runMerged(std::vector<Task>& run, void* bounce)
@@ -228,7 +231,8 @@ void DiskRegion::runTask(Task& t, void* bounce)
     }
 
     void* buf = t.dst;
-    bool const viaBounce = direct_ && (reinterpret_cast<uintptr_t>(t.dst) % kAlign != 0 || cfg_.slotBytes != geo_.stride);
+    bool const viaBounce
+        = direct_ && (reinterpret_cast<uintptr_t>(t.dst) % kAlign != 0 || cfg_.slotBytes != geo_.stride);
     if (viaBounce)
         buf = bounce;
     int rc = readFully(*io_, fd, buf, ioBytes, offset);
