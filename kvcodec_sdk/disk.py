@@ -217,9 +217,9 @@ class DiskRegion:
     :param when_full: ``"refuse"`` (a write fails with :class:`DiskFullError`) or ``"evict"``
         (the oldest page not being read is retired durably and its slot reused).
     :param io_threads: Worker threads doing the I/O.
-    :param io_backend: ``"auto"`` (io_uring where the kernel allows it, else the thread pool),
-        ``"io_uring"`` (fail to open without it) or ``"threads"`` (one blocking call at a time per
-        worker). With io_uring each worker keeps up to ``queue_depth`` requests in flight and
+    :param io_backend: ``"threads"`` (the default: one blocking call at a time per worker),
+        ``"auto"`` (io_uring where the kernel allows it, else the thread pool) or ``"io_uring"``
+        (fail to open without it). With io_uring each worker keeps up to ``queue_depth`` requests in flight and
         submits them with one system call; :meth:`stats` says which backend runs
         (``io_backend``) and, for ``"auto"``, why io_uring did not (``io_backend_note``).
     :param queue_depth: Requests in flight per worker with io_uring (1..4096).
@@ -237,7 +237,7 @@ class DiskRegion:
     def __init__(self, path: Any, *, slot_bytes: int, max_bytes: int, container_bytes: int | None = None,
                  codec: Any = None, layout: Any = None, name: str | None = None, io_mode: str = "auto",
                  when_full: str = "refuse", io_threads: int = 32, snapshot_every: int = 1 << 20,
-                 max_batch: int = 4096, io_backend: str = "auto", queue_depth: int = 8, _faults: Sequence[Mapping[str, Any]] | None = None,
+                 max_batch: int = 4096, io_backend: str = "threads", queue_depth: int = 8, _faults: Sequence[Mapping[str, Any]] | None = None,
                  _read_only: bool = False):
         import os
 

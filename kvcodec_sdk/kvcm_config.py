@@ -70,8 +70,8 @@ class DiskTierConfig:
     :param io_mode: ``"auto"`` (O_DIRECT where the file system accepts it), ``"direct"`` or
         ``"buffered"``.
     :param io_threads: I/O worker threads per region.
-    :param io_backend: ``"auto"`` (io_uring where the kernel allows it, else the thread pool),
-        ``"io_uring"`` or ``"threads"`` (see :class:`kvcodec_sdk.disk.DiskRegion`).
+    :param io_backend: ``"threads"`` (default), ``"auto"`` (io_uring where the kernel allows it,
+        else the thread pool) or ``"io_uring"`` (see :class:`kvcodec_sdk.disk.DiskRegion`).
     :param queue_depth: io_uring requests in flight per worker (1..4096).
     """
 
@@ -80,7 +80,7 @@ class DiskTierConfig:
     container_bytes: int = 1 << 30
     io_mode: str = "auto"
     io_threads: int = 32
-    io_backend: str = "auto"
+    io_backend: str = "threads"
     queue_depth: int = 8
     _faults: Sequence[dict] | None = None  # Test-only fault injection rules (see kvcodec_sdk.disk).
 

@@ -36,7 +36,7 @@ def page(i: int, size: int = SLOT) -> bytes:
 @pytest.fixture(scope="module")
 def uring(tmp_path_factory) -> None:
     """Skips when this kernel (or a sandbox) refuses io_uring."""
-    with region(tmp_path_factory.mktemp("probe") / "r") as r:
+    with region(tmp_path_factory.mktemp("probe") / "r", io_backend="auto") as r:
         stats = r.stats()
     if stats["io_backend"] != "io_uring":
         pytest.skip(f"io_uring is not available here: {stats['io_backend_note']}")
@@ -143,7 +143,7 @@ def test_concurrent_submitters_on_io_uring(tmp_path, uring):
 
 def test_the_fault_seam_keeps_the_thread_pool_and_says_why(tmp_path):
     faults = [{"op": "pread", "after": 10**9}]  # never fires
-    with region(tmp_path / "a", _faults=faults) as r:
+    with region(tmp_path / "a", io_backend="auto", _faults=faults) as r:
         stats = r.stats()
         assert stats["io_backend"] == "threads" and "FileIo" in stats["io_backend_note"]
         r.put("a", page(1))
@@ -152,8 +152,9 @@ def test_the_fault_seam_keeps_the_thread_pool_and_says_why(tmp_path):
         region(tmp_path / "b", io_backend="io_uring", _faults=faults)
 
 
-def test_threads_backend_is_used_when_asked(tmp_path):
-    with region(tmp_path / "r", io_backend="threads") as r:
+@pytest.mark.parametrize("kw", [{}, {"io_backend": "threads"}], ids=["default", "asked"])
+def test_threads_backend_is_the_default_and_used_when_asked(tmp_path, kw):
+    with region(tmp_path / "r", **kw) as r:
         r.put("a", page(2))
         assert r.get("a") == page(2)
         stats = r.stats()

@@ -172,7 +172,7 @@ void bindDisk(py::module_& parent)
             py::arg("codec_name"), py::arg("format_version"), py::arg("param_hash"), py::arg("params_json"),
             py::arg("io_mode"), py::arg("when_full"), py::arg("io_threads"), py::arg("snapshot_every"),
             py::arg("max_batch"), py::arg("layout_json"), py::arg("read_only"), py::arg("faults"),
-            py::arg("io_backend") = 0, py::arg("queue_depth") = 8)
+            py::arg("io_backend") = 1, py::arg("queue_depth") = 8)
         .def(
             "submit_write",
             [](DiskRegion& r, py::bytes const& key, py::buffer const& data, uint32_t tag) {

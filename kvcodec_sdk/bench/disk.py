@@ -15,7 +15,7 @@ Everything runs in one temporary directory on the file system under test, in one
 Reported: GB/s and ratios store/ceiling (target >= 0.9) and store/baseline (target >= 1.5; a
 baseline that the kernel's readahead already brings to the ceiling makes this one unreachable,
 and the row says so); recovery seconds (target <= 2 s for 1M slots). The ``store_*`` keys are the
-backend the store picks by default (``io_backend="auto"``); ``store_<backend>_*`` every backend.
+store's default backend (``io_backend="threads"``); ``store_<backend>_*`` every backend.
 """
 
 from __future__ import annotations
@@ -259,14 +259,19 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             warnings.simplefilter("ignore")
             probe = DiskRegion(os.path.join(work, "probe"), slot_bytes=4096, max_bytes=4096, container_bytes=4096)
             direct = probe.stats()["direct_io"]
-            default_backend = probe.stats()["io_backend"]
+            default_backend = probe.stats()["io_backend"]  # the store's default
+            probe.close()
+            shutil.rmtree(os.path.join(work, "probe"))
+            probe = DiskRegion(os.path.join(work, "probe"), slot_bytes=4096, max_bytes=4096, container_bytes=4096,
+                               io_backend="auto")
+            uring = probe.stats()["io_backend"] == "io_uring"
             uring_note = probe.stats()["io_backend_note"]
             probe.close()
         shutil.rmtree(os.path.join(work, "probe"))
         rep = Report(work, "direct" if direct else "buffered", slot_bytes, n * slot_bytes, io_threads, depth,
                      queue_depth)
         rep.default_backend = default_backend
-        rep.backends = [b for b in backends if b != "io_uring" or default_backend == "io_uring"]
+        rep.backends = [b for b in backends if b != "io_uring" or uring]
         if "io_uring" in backends and "io_uring" not in rep.backends:
             rep.info["io_uring"] = f"not measured: {uring_note}"
         if not rep.backends:
@@ -344,7 +349,7 @@ def table(rep: Report) -> Table:
                          f"{g[f'baseline_{d}']:.2f}", f"{vc:.2f}", f"{vb:.2f}", "; ".join(verdict) or "ok"])
     notes = [f"durable baseline (fdatasync per page) write {g['baseline_durable_write']:.3f} GB/s: store is "
              f"{r['write_vs_durable_baseline']:.1f}x; {rep.info['store']['pages_per_batch']:.1f} pages per "
-             "journal group commit; * the store's default backend (io_backend=\"auto\")"]
+             "journal group commit; * the store's default backend"]
     if "io_uring" in rep.info:
         notes.append(f"io_uring {rep.info['io_uring']}")
     if rep.recovery:

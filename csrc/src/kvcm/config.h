@@ -51,7 +51,7 @@ struct DiskTierConfig
     uint64_t containerBytes = 0; ///< Bytes per container file (capped at a region's share).
     int32_t ioMode = 0;          ///< disk::IoMode.
     uint32_t ioThreads = 32;
-    int32_t ioBackend = 0;   ///< disk::IoBackend.
+    int32_t ioBackend = 1;   ///< disk::IoBackend (1: the thread pool).
     uint32_t queueDepth = 8; ///< io_uring requests in flight per worker.
     std::string codecName;
     uint32_t formatVersion = 0;
