@@ -20,6 +20,7 @@ store's default backend (``io_backend="threads"``); ``store_<backend>_*`` every 
 
 from __future__ import annotations
 
+import inspect
 import mmap
 import os
 import shutil
@@ -257,16 +258,12 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             pages[i: i + 256] = rng.integers(0, 256, pages[i: i + 256].shape, dtype=np.uint8)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            probe = DiskRegion(os.path.join(work, "probe"), slot_bytes=4096, max_bytes=4096, container_bytes=4096)
-            direct = probe.stats()["direct_io"]
-            default_backend = probe.stats()["io_backend"]  # the store's default
-            probe.close()
-            shutil.rmtree(os.path.join(work, "probe"))
             probe = DiskRegion(os.path.join(work, "probe"), slot_bytes=4096, max_bytes=4096, container_bytes=4096,
                                io_backend="auto")
-            uring = probe.stats()["io_backend"] == "io_uring"
-            uring_note = probe.stats()["io_backend_note"]
+            stats = probe.stats()
             probe.close()
+        direct, uring, uring_note = stats["direct_io"], stats["io_backend"] == "io_uring", stats["io_backend_note"]
+        default_backend = inspect.signature(DiskRegion).parameters["io_backend"].default  # the store's default
         shutil.rmtree(os.path.join(work, "probe"))
         rep = Report(work, "direct" if direct else "buffered", slot_bytes, n * slot_bytes, io_threads, depth,
                      queue_depth)

@@ -32,7 +32,7 @@ from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
 from ._common import MiB
 from ._common import log as _log
-from .kvcm_codecs import Layout, _Bench
+from .kvcm_codecs import Layout, _Bench, resolve_device
 
 BLOCKED_TARGET_US = 50.0
 BLOCKED_TARGET_US_PER_PAGE = 0.2
@@ -62,33 +62,16 @@ def blocked_target(pages_per_call: int) -> float:
     return BLOCKED_TARGET_US + BLOCKED_TARGET_US_PER_PAGE * pages_per_call
 
 
-def _torch_for(device: str):
-    if device == "cpu":
-        return None
-    import torch
-
-    return torch
-
-
-def _resolve(device: str) -> str:
-    if device != "auto":
-        return device
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
-
-
 def run_manager(directory: str | None, *, codecs: Sequence[str] = ("concat", "fp8"), device: str = "auto",
                 total_bytes: int = 512 * MiB, batch: int = 256, io_threads: int = 32,
                 store_gbps: dict | None = None, layout: Layout | None = None,
                 progress: bool = True) -> list[ManagerRow]:
     """The end-to-end rows (see the module docstring). ``store_gbps`` (``{"write": ..., "read":
     ...}``) gives the ratios to the store alone; without it ``vs_store`` is 0."""
-    device = _resolve(device)
-    torch = _torch_for(device)
+    device = resolve_device(device)
+    torch = None
+    if device != "cpu":
+        import torch
     layout = layout or Layout()
     n = max(2, total_bytes // layout.page_bytes)
     rows: list[ManagerRow] = []

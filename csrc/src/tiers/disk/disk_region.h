@@ -369,10 +369,16 @@ private:
     void workerLoopQueued(IoQueue& queue);
     void committerLoop();
     void runTask(Task& t, void* bounce);
+    /// Whether a task's buffer can be used as is (no bounce buffer under O_DIRECT).
+    bool inPlace(Task const& t) const;
     /// Whether `next` can join a vectored I/O after `last` (same kind, the adjacent slot of the
     /// same container, buffers used in place); the region must allow merging at all.
     bool mergeable(Task const& last, Task const& next) const;
-    /// Tasks of adjacent slots in one pwritev/preadv; any failure redoes them one by one.
+    /// The vectored request of a run (and, for writes, each page's CRC-32C).
+    IoRequest prepareRun(std::vector<Task>& run, std::vector<iovec>& iov, std::vector<uint32_t>& crcs);
+    /// Completes a run from its request's result; a failed or short one is redone page by page.
+    void finishRun(std::vector<Task>& run, ssize_t result, std::vector<uint32_t> const& crcs, void* bounce);
+    /// Tasks of adjacent slots in one pwritev/preadv (prepareRun + finishRun).
     void runMerged(std::vector<Task>& run, void* bounce);
     void finishWrite(Task& t, uint32_t crc);
     void finishRead(Task& t, void const* buf, int rc, bool viaBounce);

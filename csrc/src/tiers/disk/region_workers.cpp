@@ -50,16 +50,9 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
 {
     AlignedBuffer bounce(geo_.stride);
     bool const merge = cfg_.slotBytes == geo_.stride;
-    // Tasks that must go through the bounce buffer (unaligned buffers or padded slots under
-    // O_DIRECT) run one at a time; every other task joins the batch in place.
-    auto inPlace = [&](Task const& t) {
-        void const* p = t.kind == Task::kWrite ? t.src : static_cast<void const*>(t.dst);
-        return (!direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0)
-            && (!direct_ || cfg_.slotBytes == geo_.stride);
-    };
     unsigned const depth = queue.depth();
     std::vector<std::vector<Task>> runs(depth);
-    std::vector<Task> serial;
+    std::vector<Task> serial; // Bounce tasks: one at a time, after the batch.
     std::vector<IoRequest> requests(depth);
     std::vector<std::vector<iovec>> iovs(depth);
     std::vector<std::vector<uint32_t>> crcs(depth);
@@ -94,22 +87,7 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
             }
         }
         for (size_t i = 0; i < used; ++i)
-        {
-            std::vector<Task>& run = runs[i];
-            bool const write = run.front().kind == Task::kWrite;
-            iovs[i].resize(run.size());
-            crcs[i].clear();
-            for (size_t k = 0; k < run.size(); ++k)
-            {
-                void* base = write ? const_cast<void*>(run[k].src) : run[k].dst;
-                iovs[i][k] = {base, cfg_.slotBytes};
-                if (write)
-                    crcs[i].push_back(crc32cFast(run[k].src, cfg_.slotBytes));
-            }
-            uint32_t const container = geo_.containerOf(run.front().slot);
-            requests[i] = IoRequest{
-                containerFds_[container], write, iovs[i].data(), int(run.size()), geo_.offsetOf(run.front().slot), 0};
-        }
+            requests[i] = prepareRun(runs[i], iovs[i], crcs[i]);
         if (used > 0)
         {
             queue.run(requests.data(), used);
@@ -118,84 +96,74 @@ void DiskRegion::workerLoopQueued(IoQueue& queue)
             st_.queuedRequests += used;
         }
         for (size_t i = 0; i < used; ++i)
-        {
-            std::vector<Task>& run = runs[i];
-            if (requests[i].result != ssize_t(run.size() * cfg_.slotBytes))
-            {
-                // A failure or a short transfer: redo each page on its own, so each gets its own result.
-                for (Task& t : run)
-                    runTask(t, bounce.p);
-                continue;
-            }
-            if (run.size() > 1)
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                ++st_.mergedIos;
-                st_.mergedSlots += run.size();
-            }
-            for (size_t k = 0; k < run.size(); ++k)
-            {
-                if (run[k].kind == Task::kWrite)
-                    finishWrite(run[k], crcs[i][k]);
-                else
-                    finishRead(run[k], run[k].dst, 0, false);
-            }
-        }
+            finishRun(runs[i], requests[i].result, crcs[i], bounce.p);
         for (Task& t : serial)
             runTask(t, bounce.p);
     }
 }
 
-bool DiskRegion::mergeable(Task const& last, Task const& next) const
+bool DiskRegion::inPlace(Task const& t) const
 {
-    auto inPlace = [&](void const* p) { return !direct_ || reinterpret_cast<uintptr_t>(p) % kAlign == 0; };
-    return next.kind == last.kind && next.slot == last.slot + 1
-        && geo_.containerOf(next.slot) == geo_.containerOf(last.slot)
-        && (next.kind == Task::kWrite ? inPlace(next.src) && inPlace(last.src)
-                                      : inPlace(next.dst) && inPlace(last.dst));
+    // O_DIRECT needs aligned memory and whole blocks: a padded slot or an unaligned buffer goes
+    // through a bounce buffer.
+    void const* p = t.kind == Task::kWrite ? t.src : static_cast<void const*>(t.dst);
+    return !direct_ || (reinterpret_cast<uintptr_t>(p) % kAlign == 0 && cfg_.slotBytes == geo_.stride);
 }
 
-void DiskRegion::runMerged(std::vector<Task>& run, void* bounce)
+bool DiskRegion::mergeable(Task const& last, Task const& next) const
 {
-    uint32_t const container = geo_.containerOf(run.front().slot);
-    off_t const offset = geo_.offsetOf(run.front().slot);
-    int const fd = containerFds_[container];
-    std::vector<iovec> iov(run.size());
-    for (size_t i = 0; i < run.size(); ++i)
-    {
-        void* base = run[i].kind == Task::kWrite ? const_cast<void*>(run[i].src) : run[i].dst;
-        iov[i] = {base, cfg_.slotBytes};
-    }
-    ssize_t const want = ssize_t(run.size() * cfg_.slotBytes);
+    return next.kind == last.kind && next.slot == last.slot + 1
+        && geo_.containerOf(next.slot) == geo_.containerOf(last.slot) && inPlace(next) && inPlace(last);
+}
+
+IoRequest DiskRegion::prepareRun(std::vector<Task>& run, std::vector<iovec>& iov, std::vector<uint32_t>& crcs)
+{
     bool const write = run.front().kind == Task::kWrite;
-    std::vector<uint32_t> crcs;
-    if (write)
+    iov.resize(run.size());
+    crcs.clear();
+    for (size_t k = 0; k < run.size(); ++k)
     {
-        crcs.reserve(run.size());
-        for (Task const& t : run)
-            crcs.push_back(crc32cFast(t.src, cfg_.slotBytes));
+        void* base = write ? const_cast<void*>(run[k].src) : run[k].dst;
+        iov[k] = {base, cfg_.slotBytes};
+        if (write)
+            crcs.push_back(crc32cFast(run[k].src, cfg_.slotBytes));
     }
-    ssize_t const done = write ? io_->pwritev(fd, iov.data(), int(iov.size()), offset)
-                               : io_->preadv(fd, iov.data(), int(iov.size()), offset);
-    if (done != want)
+    return IoRequest{containerFds_[geo_.containerOf(run.front().slot)], write, iov.data(), int(run.size()),
+        geo_.offsetOf(run.front().slot), 0};
+}
+
+void DiskRegion::finishRun(std::vector<Task>& run, ssize_t result, std::vector<uint32_t> const& crcs, void* bounce)
+{
+    if (result != ssize_t(run.size() * cfg_.slotBytes))
     {
         // A failure or a short transfer: redo each page on its own, so each gets its own result.
         for (Task& t : run)
             runTask(t, bounce);
         return;
     }
+    if (run.size() > 1)
     {
         std::lock_guard<std::mutex> lock(mu_);
         ++st_.mergedIos;
         st_.mergedSlots += run.size();
     }
-    for (size_t i = 0; i < run.size(); ++i)
+    for (size_t k = 0; k < run.size(); ++k)
     {
-        if (write)
-            finishWrite(run[i], crcs[i]);
+        if (run[k].kind == Task::kWrite)
+            finishWrite(run[k], crcs[k]);
         else
-            finishRead(run[i], run[i].dst, 0, false);
+            finishRead(run[k], run[k].dst, 0, false);
     }
+}
+
+void DiskRegion::runMerged(std::vector<Task>& run, void* bounce)
+{
+    std::vector<iovec> iov;
+    std::vector<uint32_t> crcs;
+    IoRequest const r = prepareRun(run, iov, crcs);
+    ssize_t const done
+        = r.write ? io_->pwritev(r.fd, r.iov, r.iovCount, r.offset) : io_->preadv(r.fd, r.iov, r.iovCount, r.offset);
+    finishRun(run, done, crcs, bounce);
 }
 
 void DiskRegion::runTask(Task& t, void* bounce)
