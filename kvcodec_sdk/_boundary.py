@@ -72,6 +72,7 @@ def fault_rules_to_native(rules: Sequence[Mapping[str, Any]]) -> list[_native.di
         rule.error = int(r["errno"])
         rule.torn = bool(r["torn"])
         rule.count = int(r["count"])
+        rule.delay_us = int(r["delay_us"])
         out.append(rule)
     return out
 

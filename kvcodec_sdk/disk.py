@@ -197,7 +197,7 @@ def _fault_rules(rules: Sequence[Mapping[str, Any]] | None) -> list:
             raise ValueError(f"fault op is {op!r}; valid: {', '.join(_FAULT_OPS)}")
         checked.append({"op": op, "path": str(r.get("path", "")), "after": int(r.get("after", 0)),
                         "errno": int(r.get("errno", 5)), "torn": bool(r.get("torn", False)),
-                        "count": int(r.get("count", 0))})
+                        "count": int(r.get("count", 0)), "delay_us": int(r.get("delay_us", 0))})
     return fault_rules_to_native(checked)
 
 

@@ -46,7 +46,9 @@ __all__ = [
     "MigrationResult",
     "PageHandle",
     "PageList",
+    "PendingMigration",
     "PoolGroupStats",
+    "PrefetchStats",
     "StalePageError",
     "page_ring_bytes",
 ]
@@ -61,7 +63,9 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     MigrationResult,
     PageHandle,
     PageList,
+    PendingMigration,
     PoolGroupStats,
+    PrefetchStats,
     StalePageError,
     _content_key,
     _core,
@@ -255,7 +259,8 @@ class KVCacheManager:
         with _native_errors():
             self._live().free(self._ids(pages))
 
-    def migrate(self, pages: Any, level: int, *, stream: Any = None) -> MigrationResult:
+    def migrate(self, pages: Any, level: int, *, stream: Any = None,
+                blocking: bool = True) -> MigrationResult | PendingMigration:
         """Moves pages to ``level`` (:class:`CacheLevel`), each into a newly allocated slot.
 
         Hot -> host encodes, host -> hot decodes, hot -> hot copies per pool and host -> host
@@ -264,23 +269,70 @@ class KVCacheManager:
         legacy default stream selects the manager's own stream, which is ordered after work on
         the legacy default stream. The call returns once the work is submitted: call
         :meth:`synchronize` before reading moved bytes on the host.
+
+        Transfers to or from the disk tier block until durable (reads: landed); a failure raises
+        :class:`MigrationError` with the failed pages left at their source. With
+        ``blocking=False`` the call returns a :class:`PendingMigration` once everything is
+        submitted: disk writes and disk -> host reads finish on the manager's I/O thread while the
+        caller goes on (see ``docs/disk-tier.md``).
         """
-        return self._migrate(pages, level, stream, None)
+        return self._migrate(pages, level, stream, None, blocking)
 
-    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST) -> MigrationResult:
-        """Hot -> ``level`` (host by default, or :attr:`CacheLevel.DISK`) for pages that are all hot."""
-        return self._migrate(pages, level, stream, CacheLevel.HOT)
+    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST,
+              blocking: bool = True) -> MigrationResult | PendingMigration:
+        """Hot -> ``level`` (host by default, or :attr:`CacheLevel.DISK`) for pages that are all
+        hot; ``blocking`` as in :meth:`migrate`."""
+        return self._migrate(pages, level, stream, CacheLevel.HOT, blocking)
 
-    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST) -> MigrationResult:
+    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST,
+                blocking: bool = True) -> MigrationResult | PendingMigration:
         """``source`` (host by default, or :attr:`CacheLevel.DISK`) -> hot for pages that are all
-        at that level."""
-        return self._migrate(pages, CacheLevel.HOT, stream, source)
+        at that level; ``blocking`` as in :meth:`migrate`."""
+        return self._migrate(pages, CacheLevel.HOT, stream, source, blocking)
 
-    def _migrate(self, pages: Any, level: int, stream: Any, required: int | None) -> MigrationResult:
+    def _migrate(self, pages: Any, level: int, stream: Any, required: int | None,
+                 blocking: bool = True) -> MigrationResult | PendingMigration:
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking is {blocking!r}; it must be True or False")
+        ids = self._ids(pages)
+        handle = _interop.stream_handle(stream)
+        with _native_errors():
+            if not blocking:
+                return PendingMigration(self, self._live().submit(ids, int(level), handle, required))
+            r = self._live().migrate(ids, int(level), handle, required)
+        return self._result(r)
+
+    def _result(self, r: Any) -> MigrationResult:
+        return MigrationResult(int(r.moved), PageList(self, r.dropped), PageList(self, r.failed), str(r.error))
+
+    def prefetch(self, pages: Any, *, max_bytes: int | None = None) -> PendingMigration:
+        """Warms the host tier from the disk tier in the background and returns at once.
+
+        ``pages`` are page handles, or content keys (the pages :meth:`find_on_disk` finds under
+        them; missing keys are skipped). Pages at the disk level are read into free host slots
+        on the manager's I/O thread; pages elsewhere, already in flight, beyond ``max_bytes`` of
+        host blobs prefetched and not yet used, or without a free host slot are skipped
+        (prefetch never evicts). A later ``onboard(pages, source=CacheLevel.HOST)`` then decodes
+        from memory; :meth:`prefetch_stats` counts what was issued, used and wasted.
+        """
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                      or max_bytes <= 0):
+            raise ValueError(f"max_bytes is {max_bytes!r}; it must be an integer > 0, or None for no limit")
+        if isinstance(pages, (list, tuple)) and pages and all(isinstance(k, (bytes, str)) for k in pages):
+            pages = [p for p in self.find_on_disk(pages) if p is not None]
         ids = self._ids(pages)
         with _native_errors():
-            r = self._live().migrate(ids, int(level), _interop.stream_handle(stream), required)
-        return MigrationResult(int(r.moved), PageList(self, r.dropped))
+            return PendingMigration(self, self._live().prefetch(ids, int(max_bytes or 0)), prefetch=True)
+
+    def prefetch_stats(self) -> PrefetchStats:
+        """Counters of :meth:`prefetch` since the manager was created."""
+        s = self._live().prefetch_stats()
+        return PrefetchStats(int(s.issued), int(s.completed), int(s.used), int(s.wasted), int(s.skipped),
+                             int(s.cancelled), int(s.failed))
+
+    def in_flight_transfers(self) -> int:
+        """Non-blocking disk transfers submitted and not yet committed."""
+        return int(self._live().in_flight_transfers())
 
     # -- eviction ------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -197,6 +198,14 @@ class PageHandle:
         """False once the page was freed or dropped (the handle is then stale)."""
         return bool(self._manager._live().is_live(self.id))
 
+    @property
+    def in_flight(self) -> bool:
+        """True while a non-blocking disk transfer holds the page (see
+        :class:`PendingMigration`): it is still at :attr:`level`, its source, until the transfer
+        commits."""
+        with _native_errors():
+            return bool(self._manager._live().info(self.id).in_flight)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PageHandle) and other._manager is self._manager and other.id == self.id
 
@@ -240,11 +249,93 @@ class PageList(Sequence[PageHandle]):
 
 @dataclass(frozen=True)
 class MigrationResult:
-    """``moved``: pages now at the destination; ``dropped``: cold pages the envelope check
-    dropped (their handles are stale: the engine sees a cache miss)."""
+    """``moved``: pages now at the destination; ``dropped``: cold pages the envelope check (or
+    a missing or corrupt disk blob) dropped (their handles are stale: the engine sees a cache
+    miss); ``failed``: pages of a non-blocking migration whose disk transfer failed (they stay at
+    their source level and can be retried), with ``error`` the first failure's message."""
 
     moved: int
     dropped: PageList
+    failed: PageList | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PrefetchStats:
+    """Counters of :meth:`KVCacheManager.prefetch` (pages): ``issued`` submitted for reading,
+    ``completed`` landed at the host level, ``used`` onboarded to the hot level before leaving
+    the host level, ``wasted`` freed, dropped or evicted unused, ``skipped`` not prefetched (not
+    at the disk level, in flight, a repeat, over the budget or no free host slot),
+    ``cancelled`` given up by :meth:`PendingMigration.cancel`, ``failed`` whose read failed or
+    whose blob was missing or corrupt."""
+
+    issued: int
+    completed: int
+    used: int
+    wasted: int
+    skipped: int
+    cancelled: int
+    failed: int
+
+
+class PendingMigration:
+    """A non-blocking migration (``migrate/evict/onboard(..., blocking=False)``) or a
+    :meth:`KVCacheManager.prefetch`: its disk transfers finish on the manager's I/O thread.
+
+    Until a transfer commits its pages stay at their source level and are in flight
+    (:attr:`PageHandle.in_flight`): never evicted, and a call that frees, migrates or re-keys one
+    first waits for it. Thread-safe; keeps its manager's core alive.
+    """
+
+    def __init__(self, manager: Any, native: Any, prefetch: bool = False):
+        self._manager = manager
+        self._native = native
+        self._prefetch = prefetch
+
+    @property
+    def requested(self) -> int:
+        """Number of pages the call was given."""
+        return int(self._native.requested)
+
+    def done(self) -> bool:
+        """True once every transfer committed or rolled back (never blocks)."""
+        with _native_errors():
+            return bool(self._native.done())
+
+    def wait(self, timeout: float | None = None) -> MigrationResult:
+        """Blocks until :meth:`done` and returns the :class:`MigrationResult`.
+
+        A migration whose disk transfer failed raises :class:`MigrationError` (its
+        ``committed_pages`` moved, every other page stayed at its source and can be retried); a
+        prefetch never raises for that (its failures are counted in
+        :meth:`KVCacheManager.prefetch_stats`). ``timeout`` (seconds): TimeoutError when not done
+        by then, the migration still going on.
+        """
+        if timeout is not None:
+            deadline = time.monotonic() + float(timeout)
+            while not self.done():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"the migration of {self.requested} pages is not done after {timeout} s")
+                time.sleep(0.0005)
+        with _native_errors():
+            r = self._native.wait()
+        result = self._manager._result(r)
+        if not self._prefetch and (len(result.failed) or result.error):
+            raise MigrationError(
+                f"{len(result.failed)} of {self.requested} pages failed to migrate and stay at their source "
+                f"({result.moved} moved): {result.error}", result.moved)
+        return result
+
+    def cancel(self) -> None:
+        """Prefetch: gives up the reads not yet started (their pages stay on disk, counted
+        ``cancelled``); a started read still lands. A migration cannot be cancelled."""
+        if not self._prefetch:
+            raise ValueError("only a prefetch can be cancelled; a migration's pages land or stay at their source")
+        self._native.cancel()
+
+    def __repr__(self) -> str:
+        kind = "prefetch" if self._prefetch else "migration"
+        return f"<PendingMigration: {kind} of {self.requested} pages, {'done' if self.done() else 'in flight'}>"
 
 
 class _HostArray:

@@ -105,7 +105,8 @@ void bindDisk(py::module_& parent)
         .def_readwrite("after_ops", &FaultRule::afterOps)
         .def_readwrite("error", &FaultRule::error)
         .def_readwrite("torn", &FaultRule::torn)
-        .def_readwrite("count", &FaultRule::count);
+        .def_readwrite("count", &FaultRule::count)
+        .def_readwrite("delay_us", &FaultRule::delayUs);
 
     m.def(
         "crc32c",

@@ -382,6 +382,42 @@ void bindKvcm(py::module_& m)
                 return r;
             },
             py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none())
+        .def(
+            "submit",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
+                int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
+                PyGuard guard(m, "submit");
+                auto [p, n] = pageIds(ids);
+                std::optional<CacheLevel> required;
+                if (requiredSource)
+                {
+                    required = CacheLevel(*requiredSource);
+                }
+                py::gil_scoped_release release;
+                return m.submit(p, n, CacheLevel(level), toStream(stream), required);
+            },
+            py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none(),
+            py::keep_alive<0, 1>())
+        .def(
+            "prefetch",
+            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
+                uint64_t maxBytes) {
+                PyGuard guard(m, "prefetch");
+                auto [p, n] = pageIds(ids);
+                py::gil_scoped_release release;
+                return m.prefetch(p, n, maxBytes);
+            },
+            py::arg("pages"), py::arg("max_bytes"), py::keep_alive<0, 1>())
+        .def("prefetch_stats",
+            [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "prefetch_stats");
+                return m.prefetchStats();
+            })
+        .def("in_flight_transfers",
+            [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "in_flight_transfers");
+                return m.inFlightTransfers();
+            })
         .def("info",
             [](kvcm::KvCacheManager& m, uint64_t id) {
                 PyGuard guard(m, "info");

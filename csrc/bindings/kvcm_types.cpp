@@ -70,15 +70,41 @@ void bindKvcmResults(py::module_& k)
         .def_readonly("lifecycle", &kvcm::PageInfo::lifeCycle)
         .def_property_readonly("level", [](kvcm::PageInfo const& i) { return int32_t(i.level); })
         .def_readonly("slot", &kvcm::PageInfo::slot)
-        .def_readonly("pool_group", &kvcm::PageInfo::poolGroup);
+        .def_readonly("pool_group", &kvcm::PageInfo::poolGroup)
+        .def_readonly("in_flight", &kvcm::PageInfo::inFlight);
 
     py::class_<kvcm::MigrationResult>(k, "MigrationResult", "Outcome of migrate() (kvcm::MigrationResult).")
         .def_readonly("moved", &kvcm::MigrationResult::moved)
-        .def_property_readonly("dropped", [](kvcm::MigrationResult const& r) {
-            py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.dropped.size()));
-            std::copy(r.dropped.begin(), r.dropped.end(), out.mutable_data());
-            return out;
-        });
+        .def_property_readonly("dropped",
+            [](kvcm::MigrationResult const& r) {
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.dropped.size()));
+                std::copy(r.dropped.begin(), r.dropped.end(), out.mutable_data());
+                return out;
+            })
+        .def_property_readonly("failed",
+            [](kvcm::MigrationResult const& r) {
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.failed.size()));
+                std::copy(r.failed.begin(), r.failed.end(), out.mutable_data());
+                return out;
+            })
+        .def_readonly("error", &kvcm::MigrationResult::error);
+
+    py::class_<kvcm::PrefetchStats>(k, "PrefetchStats", "Prefetch counters (kvcm::PrefetchStats).")
+        .def_readonly("issued", &kvcm::PrefetchStats::issued)
+        .def_readonly("completed", &kvcm::PrefetchStats::completed)
+        .def_readonly("used", &kvcm::PrefetchStats::used)
+        .def_readonly("wasted", &kvcm::PrefetchStats::wasted)
+        .def_readonly("skipped", &kvcm::PrefetchStats::skipped)
+        .def_readonly("cancelled", &kvcm::PrefetchStats::cancelled)
+        .def_readonly("failed", &kvcm::PrefetchStats::failed);
+
+    // The GIL is released while these block: the I/O thread may need it for an observer.
+    py::class_<kvcm::PendingMigration, std::shared_ptr<kvcm::PendingMigration>>(
+        k, "PendingMigration", "A submitted migration (kvcm::PendingMigration); it keeps its KvcmCore alive.")
+        .def("done", &kvcm::PendingMigration::done, py::call_guard<py::gil_scoped_release>())
+        .def("wait", &kvcm::PendingMigration::wait, py::call_guard<py::gil_scoped_release>())
+        .def("cancel", &kvcm::PendingMigration::cancel, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("requested", &kvcm::PendingMigration::requested);
 
     py::class_<kvcm::MigrationRecord>(k, "MigrationRecord", "One submitted transfer (kvcm::MigrationRecord).")
         .def_property_readonly("src_level", [](kvcm::MigrationRecord const& r) { return int32_t(r.srcLevel); })

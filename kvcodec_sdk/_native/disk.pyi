@@ -54,6 +54,7 @@ class DiskRegion(metaclass=_pybind11_type):
 class FaultRule(metaclass=_pybind11_type):
     after_ops: int
     count: int
+    delay_us: int
     error: int
     op: str
     path_contains: str

@@ -5,9 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <stdexcept>
-#include <unistd.h>
 
 #include "tiers/disk/journal.h"
 
@@ -15,13 +13,11 @@ namespace kvcodec::kvcm {
 namespace {
 
 constexpr uint64_t kMinPageRingBytes = 64ull << 20;
-constexpr char const* kQuotaFile = "quota.json";
-constexpr uint64_t kMaxContainers = 9999;
 
 /// The quota a previous resize left for the same configured size, or `configured`.
 uint64_t recordedQuota(std::string const& path, uint64_t configured)
 {
-    FILE* f = std::fopen((path + "/" + kQuotaFile).c_str(), "r");
+    FILE* f = std::fopen((path + "/" + DiskColdLevel::kQuotaFile).c_str(), "r");
     if (f == nullptr)
     {
         return configured;
@@ -188,6 +184,7 @@ bool DiskColdLevel::eraseNow(Group& g, std::string const& regionKey, std::string
 
 void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const& contentKey, LifeCycleId lifeCycle)
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Group& g = groups_[size_t(group)];
     if (contentKey.empty())
     {
@@ -241,12 +238,13 @@ DiskColdLevel::Pending* DiskColdLevel::pending(BlobIo io) noexcept
             return &p;
         }
     }
-    return nullptr;
+    return nullptr; // (pending_ holds the few batches in flight: a scan is cheapest.)
 }
 
 BlobIo DiskColdLevel::submitRead(
     PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, BlobStatus* status) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Group& g = groups_[size_t(group)];
     try
     {
@@ -300,7 +298,7 @@ void DiskColdLevel::finishRead(
     {
         if (p.tickets[i] != 0)
         {
-            disk::Status const s = g.region->wait(p.tickets[i]);
+            disk::Status const s = p.awaited ? p.results[i] : g.region->wait(p.tickets[i]);
             codes[i] = s.code;
             messages[i] = s.message;
         }
@@ -310,6 +308,7 @@ void DiskColdLevel::finishRead(
 BlobIo DiskColdLevel::submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs,
     BlobName const* names, size_t count) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     try
     {
         for (size_t i = 0; i < count; ++i)
@@ -377,7 +376,7 @@ bool DiskColdLevel::finishWrite(Pending& p, std::string& error) noexcept
     std::vector<bool> written(p.count, false);
     for (size_t i = 0; i < p.count; ++i)
     {
-        disk::Status const s = g.region->wait(p.tickets[i]);
+        disk::Status const s = p.awaited ? p.results[i] : g.region->wait(p.tickets[i]);
         written[i] = s.code == disk::StatusCode::kOk;
         if (!written[i] && ok)
         {
@@ -401,8 +400,44 @@ bool DiskColdLevel::finishWrite(Pending& p, std::string& error) noexcept
     return ok;
 }
 
+void DiskColdLevel::awaitIo(BlobIo io) noexcept
+{
+    Pending* p = nullptr;
+    disk::DiskRegion* region = nullptr;
+    {
+        std::lock_guard<std::recursive_mutex> lock(mu_);
+        p = pending(io);
+        if (p == nullptr || p->awaited)
+        {
+            return;
+        }
+        region = groups_[size_t(p->group)].region.get();
+    }
+    // Outside the lock: only the owner of the handle completes (or erases) this entry, after
+    // this returns; the region's waits are thread-safe.
+    std::vector<disk::Status> results(p->tickets.size());
+    for (size_t i = 0; i < p->tickets.size(); ++i)
+    {
+        if (p->tickets[i] != 0)
+        {
+            try
+            {
+                results[i] = region->wait(p->tickets[i]);
+            }
+            catch (std::exception const& e)
+            {
+                results[i] = disk::Status{disk::StatusCode::kIoError, e.what()};
+            }
+        }
+    }
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    p->results = std::move(results);
+    p->awaited = true;
+}
+
 bool DiskColdLevel::complete(BlobIo io, std::string& error) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Pending* found = pending(io);
     if (found == nullptr)
     {
@@ -410,7 +445,7 @@ bool DiskColdLevel::complete(BlobIo io, std::string& error) noexcept
         return false;
     }
     Pending p = std::move(*found);
-    pending_.erase(pending_.begin() + (found - pending_.data()));
+    pending_.remove_if([&](Pending const& q) { return &q == found; });
     if (p.write)
     {
         return finishWrite(p, error);
@@ -443,6 +478,7 @@ bool DiskColdLevel::complete(BlobIo io, std::string& error) noexcept
 
 void DiskColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     Group& g = groups_[size_t(group)];
     try
     {
@@ -457,6 +493,7 @@ void DiskColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
 
 std::optional<DiskColdLevel::Found> DiskColdLevel::claim(std::string const& key)
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     auto it = found_.find(key);
     if (it == found_.end())
     {
@@ -469,6 +506,7 @@ std::optional<DiskColdLevel::Found> DiskColdLevel::claim(std::string const& key)
 
 size_t DiskColdLevel::forgetUnclaimed()
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     size_t const n = found_.size();
     for (auto const& [key, f] : found_)
     {
@@ -484,6 +522,7 @@ size_t DiskColdLevel::forgetUnclaimed()
 bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
     Stream stream, std::string& error) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     try
     {
         runtime_.synchronize(stream);
@@ -502,7 +541,7 @@ bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byt
         return false;
     }
     Pending batch = std::move(*p);
-    pending_.erase(pending_.begin() + (p - pending_.data()));
+    pending_.remove_if([&](Pending const& q) { return &q == p; });
     if (!batch.submitError.empty())
     {
         error = batch.submitError;
@@ -526,6 +565,7 @@ bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byt
 bool DiskColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
     Stream stream, std::string& error) noexcept
 {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     try
     {
         runtime_.synchronize(stream);
@@ -536,220 +576,6 @@ bool DiskColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte
         return false;
     }
     return complete(submitAssigned(group, slots, srcs, count), error);
-}
-
-} // namespace kvcodec::kvcm
-
-namespace kvcodec::kvcm {
-
-std::vector<uint32_t> DiskColdLevel::containersFor(uint64_t quota) const
-{
-    uint64_t total = 0;
-    for (Group const& g : groups_)
-    {
-        total += g.weight;
-    }
-    std::vector<uint32_t> out;
-    for (size_t i = 0; i < groups_.size(); ++i)
-    {
-        Group const& g = groups_[i];
-        // The configured size splits exactly as at construction; others in the same proportions.
-        uint64_t const share = quota == configured_ || total == 0
-            ? g.weight
-            : uint64_t(double(quota) * double(g.weight) / double(total));
-        uint64_t const n = std::max<uint64_t>(1, share / std::max<uint64_t>(g.containerBytes, 1));
-        if (n > kMaxContainers)
-        {
-            throw std::invalid_argument("quota_bytes is " + std::to_string(quota) + ": cold pool group "
-                + std::to_string(i) + " would get " + std::to_string(share) + " bytes = " + std::to_string(n)
-                + " container files of " + std::to_string(g.containerBytes) + " bytes; at most "
-                + std::to_string(kMaxContainers) + " (raise DiskTierConfig.container_bytes)");
-        }
-        if (g.region && n * g.region->slotsPerContainer() > uint64_t(INT32_MAX))
-        {
-            throw std::invalid_argument("quota_bytes is " + std::to_string(quota) + ": cold pool group "
-                + std::to_string(i) + " would get more than 2^31-1 slots");
-        }
-        out.push_back(uint32_t(n));
-    }
-    return out;
-}
-
-std::vector<uint64_t> DiskColdLevel::slotsFor(uint64_t quota) const
-{
-    std::vector<uint32_t> const containers = containersFor(quota);
-    std::vector<uint64_t> out;
-    for (size_t i = 0; i < groups_.size(); ++i)
-    {
-        out.push_back(uint64_t(containers[i]) * groups_[i].region->slotsPerContainer());
-    }
-    return out;
-}
-
-void DiskColdLevel::moveSlot(PoolGroupIndex group, int32_t from, int32_t to)
-{
-    Group& g = groups_[size_t(group)];
-    g.keys[size_t(to)] = std::move(g.keys[size_t(from)]);
-    g.keys[size_t(from)].clear();
-    g.tags[size_t(to)] = g.tags[size_t(from)];
-}
-
-std::vector<int32_t> DiskColdLevel::renumberUnclaimed(PoolGroupIndex group, uint64_t limit)
-{
-    std::vector<int32_t> vacated;
-    Group& g = groups_[size_t(group)];
-    for (auto& [key, f] : found_)
-    {
-        if (f.group == group && uint64_t(f.slot) >= limit)
-        {
-            int32_t const to = g.slots.take();
-            moveSlot(group, f.slot, to);
-            vacated.push_back(f.slot);
-            f.slot = to;
-        }
-    }
-    return vacated;
-}
-
-size_t DiskColdLevel::numUnclaimed(PoolGroupIndex group) const noexcept
-{
-    size_t n = 0;
-    for (auto const& [key, f] : found_)
-    {
-        n += f.group == group ? 1 : 0;
-    }
-    return n;
-}
-
-size_t DiskColdLevel::dropUnclaimed(PoolGroupIndex group, size_t count)
-{
-    Group& g = groups_[size_t(group)];
-    size_t n = 0;
-    for (auto it = found_.begin(); it != found_.end() && n < count;)
-    {
-        if (it->second.group != group)
-        {
-            ++it;
-            continue;
-        }
-        g.erasing.push_back(g.region->submitErase("k" + it->first));
-        g.keys[size_t(it->second.slot)].clear();
-        g.slots.give(it->second.slot, nullptr);
-        it = found_.erase(it);
-        ++n;
-    }
-    return n;
-}
-
-void DiskColdLevel::writeQuotaFile(uint64_t quota) const
-{
-    std::string const body = "{\"configured_max_bytes\":" + std::to_string(configured_)
-        + ",\"quota_bytes\":" + std::to_string(quota) + "}\n";
-    std::string const target = path_ + "/" + kQuotaFile;
-    std::string const tmp = target + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    bool ok = fd >= 0 && ::write(fd, body.data(), body.size()) == ssize_t(body.size()) && ::fsync(fd) == 0;
-    int err = errno;
-    if (fd >= 0)
-    {
-        ::close(fd);
-    }
-    ok = ok && std::rename(tmp.c_str(), target.c_str()) == 0;
-    if (!ok)
-    {
-        err = errno;
-        ::unlink(tmp.c_str());
-        throw std::runtime_error("cannot record the disk quota in " + target + ": " + std::strerror(err));
-    }
-    int dfd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0)
-    {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
-}
-
-void DiskColdLevel::resize(uint64_t quota)
-{
-    std::vector<uint32_t> const target = containersFor(quota);
-    std::vector<uint32_t> before;
-    for (Group& g : groups_)
-    {
-        waitErases(g); // Released blobs give their region slots back first.
-        before.push_back(g.region->numContainers());
-    }
-    auto rollBack = [&](size_t upTo) {
-        for (size_t j = 0; j < upTo; ++j)
-        {
-            try
-            {
-                groups_[j].region->resize(before[j]);
-            }
-            catch (...)
-            {
-                // It keeps the new size; a restart resizes it to the recorded quota.
-            }
-        }
-    };
-    for (size_t i = 0; i < groups_.size(); ++i)
-    {
-        try
-        {
-            groups_[i].region->resize(target[i]);
-        }
-        catch (disk::ResizeError const& e)
-        {
-            rollBack(i);
-            throw disk::ResizeError(e.code,
-                "resizing the disk level to " + std::to_string(quota) + " bytes failed at cold pool group "
-                    + std::to_string(i) + ": " + e.what() + "; the disk level keeps its quota of "
-                    + std::to_string(quota_) + " bytes");
-        }
-    }
-    try
-    {
-        writeQuotaFile(quota);
-    }
-    catch (std::exception const& e)
-    {
-        rollBack(groups_.size());
-        throw disk::ResizeError(disk::StatusCode::kIoError,
-            std::string(e.what()) + "; the disk level keeps its quota of " + std::to_string(quota_) + " bytes");
-    }
-    for (Group& g : groups_)
-    {
-        uint64_t const n = uint64_t(g.region->numContainers()) * g.region->slotsPerContainer();
-        g.keys.resize(n);
-        g.tags.resize(n, 0);
-        g.slots.setNumSlots(n);
-    }
-    quota_ = quota;
-}
-
-void DiskColdLevel::applyQuota(std::vector<uint64_t> const& slots, uint64_t quota)
-{
-    (void)slots; // slotsFor(quota): resize() derives the same geometry.
-    resize(quota);
-}
-
-uint64_t DiskColdLevel::defragment()
-{
-    uint64_t moved = 0;
-    for (size_t i = 0; i < groups_.size(); ++i)
-    {
-        Group& g = groups_[i];
-        waitErases(g);
-        try
-        {
-            moved += g.region->defragment().moved;
-        }
-        catch (disk::ResizeError const& e)
-        {
-            throw disk::ResizeError(e.code,
-                "defragmenting the disk level failed at cold pool group " + std::to_string(i) + ": " + e.what());
-        }
-    }
-    return moved;
 }
 
 } // namespace kvcodec::kvcm

@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -39,6 +41,11 @@ uint64_t pageRingBytes(uint64_t maxColdPageBytes);
 class DiskColdLevel final : public ColdLevel
 {
 public:
+    /// The file under the level's path that records a resized quota.
+    static constexpr char const* kQuotaFile = "quota.json";
+    /// The most containers one pool group's region may span.
+    static constexpr uint64_t kMaxContainers = 9999;
+
     struct GroupSpec
     {
         uint64_t pageBytes = 0;
@@ -109,6 +116,8 @@ public:
     BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, BlobName const* names,
         size_t count) noexcept override;
     bool complete(BlobIo io, std::string& error) noexcept override;
+    /// Waits for the batch's region tickets and keeps their statuses for complete().
+    void awaitIo(BlobIo io) noexcept override;
 
     [[nodiscard]] bool tracksBlobs() const noexcept override
     {
@@ -125,6 +134,7 @@ public:
     std::optional<Found> claim(std::string const& key) override;
     [[nodiscard]] size_t numUnclaimed() const noexcept override
     {
+        std::lock_guard<std::recursive_mutex> lock(mu_);
         return found_.size();
     }
     /// Erases every unclaimed found page and frees its slot; returns how many.
@@ -194,6 +204,8 @@ private:
         std::vector<std::string> keys;     ///< Writes: the region key of each submitted blob.
         BlobStatus* status = nullptr;      ///< Reads: the caller's per-page outcome array.
         std::string submitError;           ///< Writes: why submission stopped early.
+        std::vector<disk::Status> results; ///< Per ticket, once awaitIo() waited for them.
+        bool awaited = false;
     };
 
     // Waits for a read batch: the region's status per page (codes) and its message.
@@ -210,7 +222,10 @@ private:
 
     runtime::DeviceRuntime& runtime_;
     StagingManager& ring_;
-    std::vector<Pending> pending_; ///< Submitted batches (few: the manager completes each at once).
+    std::list<Pending> pending_; ///< Submitted batches (stable addresses: awaitIo() waits outside mu_).
+    // Guards every member against the manager's I/O thread, which submits and awaits batches
+    // while the manager's callers go on (recursive: public methods call each other).
+    mutable std::recursive_mutex mu_;
     uint64_t nextIo_ = 1;
     std::string path_;
     uint64_t configured_ = 0; ///< config.maxBytes.

@@ -28,7 +28,7 @@ void EvictionQueues::insert(uint32_t index)
 {
     erase(index); // At most one live entry per page.
     Page& p = pages_[index];
-    if (p.level < 0 || p.pins > 0)
+    if (p.level < 0 || p.pins > 0 || p.inFlight)
     {
         return;
     }

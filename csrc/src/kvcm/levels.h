@@ -235,6 +235,14 @@ public:
     /// status kFailed; a miss is not a failure); a write returns false with `error` when any page
     /// failed (then none of them is stored). Every handle is completed exactly once.
     virtual bool complete(BlobIo io, std::string& error) noexcept;
+    /// Blocks until a submitted batch's I/O has finished, without completing it (complete() then
+    /// returns at once). The one call a level must take from a thread other than the manager's
+    /// callers (the manager's I/O thread, without the manager's lock), once per handle, while the
+    /// manager goes on calling the level: a staged level guards its own state. Default: nothing.
+    virtual void awaitIo(BlobIo io) noexcept
+    {
+        (void)io;
+    }
 
     // --- Content-keyed blobs kept across restarts -------------------------------------------
 

@@ -93,14 +93,21 @@ KvCacheManager::KvCacheManager(
 
 KvCacheManager::~KvCacheManager()
 {
-    try
     {
-        synchronizeAll(); // No call can be in flight: callers hold the manager while they use it.
+        // The I/O thread may still try to commit: the lock keeps it out while jobs are waited for.
+        std::lock_guard<std::mutex> lock(mutex_);
+        owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        try
+        {
+            synchronizeAll(); // No call can be in flight: callers hold the manager while they use it.
+        }
+        catch (std::exception const& e)
+        {
+            std::fprintf(stderr, "kvcodec: synchronizing the KV-cache manager at destruction failed: %s\n", e.what());
+        }
+        owner_.store(std::thread::id(), std::memory_order_relaxed);
     }
-    catch (std::exception const& e)
-    {
-        std::fprintf(stderr, "kvcodec: synchronizing the KV-cache manager at destruction failed: %s\n", e.what());
-    }
+    stopIoThread();
     storage_.reset(); // Before the stream its ring events were recorded on.
     runtime_->destroyStream(stream_);
 }
@@ -191,11 +198,12 @@ PageInfo KvCacheManager::info(PageId id) const
     CallGuard guard(*this, "info");
     Page const& p = pages_[pages_.resolve(id, 0)];
     auto const level = CacheLevel(p.level);
-    return {p.lifeCycle, level, p.slot, storage_->poolGroup(level, p.lifeCycle)};
+    return {p.lifeCycle, level, p.slot, storage_->poolGroup(level, p.lifeCycle), p.inFlight};
 }
 
 void KvCacheManager::releasePage(uint32_t index) noexcept
 {
+    notePrefetchLeft(pages_[index], false);
     lru_.erase(index);
     keys_.erase(index);
     pages_.release(index);
@@ -211,6 +219,10 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
     }
     PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHot, lifeCycle);
     SlotPool& pool = storage_->slots(CacheLevel::kHot, g);
+    if (pool.freeSlots() < count && hasJobs())
+    {
+        waitJobs(nullptr); // Pages on their way to the disk still hold hot slots.
+    }
     if (pool.freeSlots() < count && storage_->config().autoEvict
         && pool.freeSlots() + lru_.live(CacheLevel::kHot, g) >= count)
     {
@@ -246,6 +258,7 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
 void KvCacheManager::free(PageId const* ids, size_t count)
 {
     CallGuard guard(*this, "free");
+    waitForPages(ids, count); // A page in flight is freed once its transfer landed.
     uint32_t const epoch = pages_.nextEpoch();
     auto& indices = detail::scratch().pages;
     indices.resize(count);
@@ -277,6 +290,7 @@ void KvCacheManager::free(PageId const* ids, size_t count)
 void KvCacheManager::setKey(PageId id, std::string const& key)
 {
     CallGuard guard(*this, "setKey");
+    waitForPages(&id, 1); // A page being written keeps its key until the write landed.
     uint32_t const index = pages_.resolve(id, 0);
     if (key.size() > 254)
     {
@@ -451,6 +465,7 @@ void KvCacheManager::synchronize()
 
 void KvCacheManager::synchronizeAll()
 {
+    waitJobs(nullptr);
     for (auto& [s, e] : lastEvents_)
     {
         e->synchronize();

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,6 +99,62 @@ struct MigrationResult
 {
     uint64_t moved = 0;
     std::vector<PageId> dropped; ///< Pages dropped instead of onboarded (now stale), see DropReason.
+    /// Pages of an asynchronous migration whose transfer failed: they stay at their source level.
+    std::vector<PageId> failed;
+    std::string error; ///< The first failure's message ("" when nothing failed).
+};
+
+class KvCacheManager;
+
+/// A migration whose staged transfers (disk writes and reads) finish on the manager's I/O
+/// thread: KvCacheManager::submit() returns once the work is submitted. The pages of those
+/// transfers are in flight (PageInfo::inFlight) until their transfer is committed: they stay at
+/// their source level, out of the eviction queues, and a later call that frees, migrates or
+/// re-keys one of them first waits for it. Shared by the caller's handle and the manager; it
+/// must not outlive the manager.
+class PendingMigration
+{
+public:
+    explicit PendingMigration(KvCacheManager& manager, size_t requested)
+        : manager_(manager)
+        , requested_(requested)
+    {
+    }
+    /// True once every transfer was committed or rolled back (never blocks).
+    [[nodiscard]] bool done() const;
+    /// Blocks until done(), committing finished transfers itself when the I/O thread has not yet
+    /// (so it never waits for another caller); then the result: pages moved and dropped, and the
+    /// pages whose transfer failed (still at their source) with the first error.
+    MigrationResult wait();
+    [[nodiscard]] size_t requested() const noexcept
+    {
+        return requested_;
+    }
+    /// Prefetch only: transfers not yet started are given up (their pages stay where they were).
+    void cancel();
+
+private:
+    friend class KvCacheManager;
+    KvCacheManager& manager_;
+    size_t requested_;
+    // Guarded by the manager's job mutex: transfers whose I/O has not finished, and those not yet
+    // committed; the result is written under the manager's lock only.
+    size_t ioLeft_ = 0;
+    size_t commitLeft_ = 0;
+    bool cancelled_ = false;
+    MigrationResult result_;
+};
+
+/// Prefetch counters (disk -> host, see KvCacheManager::prefetch).
+struct PrefetchStats
+{
+    uint64_t issued = 0;    ///< Pages submitted for reading.
+    uint64_t completed = 0; ///< Pages that reached the host level.
+    uint64_t used = 0;      ///< Prefetched pages migrated to the hot level before leaving the host level.
+    uint64_t wasted = 0;    ///< Prefetched pages freed, dropped or evicted before any use.
+    uint64_t skipped = 0;   ///< Pages not prefetched: over the budget, not at the disk level, or in flight.
+    uint64_t cancelled = 0; ///< Pages whose read was given up by cancel().
+    uint64_t failed = 0;    ///< Pages whose read failed or whose blob was missing or corrupt.
 };
 
 struct PageInfo
@@ -106,6 +163,7 @@ struct PageInfo
     CacheLevel level;
     int32_t slot;
     PoolGroupIndex poolGroup;
+    bool inFlight = false; ///< A staged transfer holds the page (see PendingMigration).
 };
 
 class KvCacheManager
@@ -165,8 +223,24 @@ public:
     /// Moves every page to a newly allocated slot at `level` (a page already there is relocated:
     /// hot -> hot per-pool copy, cold -> cold raw blob copy). Null `stream` = the manager's own.
     /// With `requiredSource`, every page must currently be at that level (evict/onboard).
+    /// Blocks until the disk transfers are durable (reads: landed); a failure throws
+    /// MigrationError, its pages left at their source.
     MigrationResult migrate(PageId const* pages, size_t count, CacheLevel level, Stream stream,
         std::optional<CacheLevel> requiredSource = std::nullopt);
+    /// migrate() that returns once everything is submitted: transfers to or from a staged
+    /// (disk) level complete on the manager's I/O thread (the caller's stream need not be
+    /// waited for: the I/O thread waits for the encode's event). A synchronous failure throws
+    /// as migrate() does; an asynchronous one is reported by the handle.
+    std::shared_ptr<PendingMigration> submit(PageId const* pages, size_t count, CacheLevel level, Stream stream,
+        std::optional<CacheLevel> requiredSource = std::nullopt);
+    /// Warms the host level from the disk level in the background: the pages at the disk level
+    /// (others are skipped) are read into host slots while the budget allows (`maxBytes` of
+    /// host blobs in flight or prefetched and not yet used; 0: no limit beyond free host slots).
+    /// Never evicts. Counted in prefetchStats().
+    std::shared_ptr<PendingMigration> prefetch(PageId const* pages, size_t count, uint64_t maxBytes);
+    [[nodiscard]] PrefetchStats prefetchStats() const;
+    /// Staged transfers submitted and not yet committed.
+    [[nodiscard]] size_t inFlightTransfers() const;
 
     /// Sets the page's content key (1..254 bytes; empty clears it). Keys are unique among live
     /// pages; a disk page is written under its key, so it can be found after a restart. A page
@@ -265,6 +339,7 @@ private:
         uint8_t path;    ///< Index into the path table.
     };
     struct Transfer;
+    struct Job;
     using Path = bool (KvCacheManager::*)(Transfer& t);
     /// What the path table is indexed by: the hot level, or a cold level's ColdAccess.
     enum class LevelKind : uint8_t
@@ -319,7 +394,35 @@ private:
     bool checkEnvelopes(Transfer& t);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
-    void commit(Transfer& t, uint64_t callsBefore);
+    void commit(Transfer& t, uint64_t calls, EventPtr const& finish);
+    void fillJob(Transfer& t, Job& job);
+    void commitPages(Job& job, size_t count, EventPtr const& finish);
+
+    // --- manager_async.cpp: staged transfers on the I/O thread --------------------------------
+    friend class PendingMigration;
+    MigrationResult migrateLocked(PageId const* ids, size_t count, CacheLevel dst, Stream stream,
+        std::optional<CacheLevel> requiredSource, std::shared_ptr<PendingMigration> const& pending);
+    // Queues a job for the I/O thread (started lazily); its pages become in flight.
+    void enqueue(std::unique_ptr<Job> job);
+    void ioLoop();
+    void startJob(Job& job) noexcept;
+    // Under the manager's lock: commits (or rolls back) every job whose I/O finished.
+    void drainJobs();
+    void commitJob(Job& job);
+    // Under the manager's lock: waits for the I/O of every job (of `pending`, or all) and commits it.
+    void waitJobs(PendingMigration const* pending);
+    // Under the manager's lock: waits for the oldest job's I/O and commits what finished.
+    void waitOldestJob();
+    // Under the manager's lock: waits for every job holding one of the pages.
+    void waitForPages(PageId const* ids, size_t count);
+    void stopIoThread() noexcept;
+    [[nodiscard]] bool hasJobs() const noexcept
+    {
+        return !jobs_.empty();
+    }
+    void throwIfFailed(MigrationResult const& result, CacheLevel dst, size_t count);
+    // A prefetched page leaves the host level (or is freed): counted used or wasted.
+    void notePrefetchLeft(Page& p, bool used) noexcept;
 
     // --- manager_eviction.cpp ---------------------------------------------------------------
     [[nodiscard]] std::optional<CacheLevel> colderLevel(CacheLevel level) const noexcept;
@@ -375,6 +478,21 @@ private:
     size_t statusUsed_ = 0;
     int64_t nextObserver_ = 1;
     std::exception_ptr observerError_;
+
+    // Staged jobs: jobs_ holds every job not yet committed, in submission order (changed under
+    // the manager's lock and jobsMu_); queue_ those the I/O thread has not started. A job's
+    // ioDone and its handle's counters are guarded by jobsMu_ (jobsCv_ signals them).
+    std::mutex jobsMu_;
+    std::condition_variable jobsCv_;
+    std::vector<std::unique_ptr<Job>> jobs_;
+    std::vector<Job*> queue_;
+    size_t ioDoneJobs_ = 0; ///< Jobs in jobs_ whose I/O finished (committable).
+    bool stopIo_ = false;
+    std::thread ioThread_;
+    std::shared_ptr<PendingMigration> current_; ///< The migration whose transfers are being submitted.
+    bool prefetching_ = false;                  ///< Those transfers are a prefetch's.
+    PrefetchStats prefetch_;
+    uint64_t prefetchBytes_ = 0; ///< Host bytes of prefetched pages in flight or unused.
 };
 
 } // namespace kvcodec::kvcm

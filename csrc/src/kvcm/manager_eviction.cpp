@@ -101,12 +101,20 @@ size_t KvCacheManager::evictable(CacheLevel level, PoolGroupIndex group) const
 void KvCacheManager::makeRoom(CacheLevel level, PoolGroupIndex group, uint64_t freeSlots, std::optional<Stream> stream)
 {
     CallGuard guard(*this, "makeRoom");
-    size_t const candidates = evictable(level, group);
     SlotPool& pool = storage_->slots(level, group);
     if (pool.freeSlots() >= freeSlots)
     {
         return;
     }
+    if (hasJobs() && evictable(level, group) + pool.freeSlots() < freeSlots)
+    {
+        waitJobs(nullptr); // Pages in flight free their slots (or become evictable) when they land.
+        if (pool.freeSlots() >= freeSlots)
+        {
+            return;
+        }
+    }
+    size_t const candidates = evictable(level, group);
     uint64_t const need = freeSlots - pool.freeSlots();
     if (candidates < need)
     {

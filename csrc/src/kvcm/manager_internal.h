@@ -4,11 +4,49 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kvcm/levels.h"
+#include "kvcm/manager.h"
 #include "runtime/device_runtime.h"
+
+namespace kvcodec::kvcm {
+
+// One staged transfer handed to the manager's I/O thread: a write of blobs (encoded into a
+// staging slice, or raw from an addressable level's slots) or a read of blobs into an
+// addressable level's slots. The pages stay at their source, in flight, until commitJob().
+struct KvCacheManager::Job
+{
+    bool write = false;
+    bool prefetch = false;
+    TransferKey key{};
+    std::vector<uint32_t> pages;
+    std::vector<uint32_t> generations;
+    std::vector<int32_t> dstSlots;
+    std::vector<int32_t> srcSlots; ///< Reads: the staged level's slots.
+    std::vector<std::byte*> blobs; ///< Writes: the sources; reads: the destinations.
+    std::vector<std::string> keys; ///< Writes: each page's content key (BlobName points here).
+    std::vector<BlobName> names;
+    std::vector<BlobStatus> status; ///< Reads: per page.
+    std::vector<EventPtr> waits;    ///< The I/O thread host-waits for these before submitting.
+    EventPtr finish;                ///< Protects the source slots once the job is committed.
+    std::optional<StagingBuffer> lease;
+    Stream stream = nullptr;
+    double seconds = 0;
+    uint64_t calls = 0;
+    BlobIo io{};
+    std::string error; ///< Why the I/O thread could not submit.
+    bool started = false;
+    bool ioDone = false;
+    bool cancelled = false;
+    uint64_t hostBytes = 0; ///< Prefetch: bytes this job counts against the budget.
+    std::shared_ptr<PendingMigration> owner;
+};
+
+} // namespace kvcodec::kvcm
 
 namespace kvcodec::kvcm::detail {
 

@@ -16,7 +16,45 @@ MigrationResult KvCacheManager::migrate(
     PageId const* ids, size_t count, CacheLevel dst, Stream stream, std::optional<CacheLevel> requiredSource)
 {
     CallGuard guard(*this, "migrate");
+    auto const pending = std::make_shared<PendingMigration>(*this, count);
+    MigrationResult result = migrateLocked(ids, count, dst, stream, requiredSource, pending);
+    waitJobs(pending.get());
+    MigrationResult& async = pending->result_;
+    result.moved += async.moved;
+    result.dropped.insert(result.dropped.end(), async.dropped.begin(), async.dropped.end());
+    result.failed = std::move(async.failed);
+    result.error = std::move(async.error);
+    throwIfFailed(result, dst, count);
+    return result;
+}
+
+std::shared_ptr<PendingMigration> KvCacheManager::submit(
+    PageId const* ids, size_t count, CacheLevel dst, Stream stream, std::optional<CacheLevel> requiredSource)
+{
+    CallGuard guard(*this, "submit");
+    auto const pending = std::make_shared<PendingMigration>(*this, count);
+    MigrationResult result = migrateLocked(ids, count, dst, stream, requiredSource, pending);
+    // What completed synchronously joins what the I/O thread will add.
+    MigrationResult& r = pending->result_;
+    r.moved += result.moved;
+    r.dropped.insert(r.dropped.end(), result.dropped.begin(), result.dropped.end());
+    return pending;
+}
+
+MigrationResult KvCacheManager::migrateLocked(PageId const* ids, size_t count, CacheLevel dst, Stream stream,
+    std::optional<CacheLevel> requiredSource, std::shared_ptr<PendingMigration> const& pending)
+{
     checkLevel(dst, "the destination level");
+    waitForPages(ids, count); // Ordered after the staged transfers holding any of these pages.
+    current_ = pending;
+    struct Reset
+    {
+        std::shared_ptr<PendingMigration>& p;
+        ~Reset()
+        {
+            p.reset();
+        }
+    } reset{current_};
     if (stream == nullptr || stream == cudaStreamLegacy)
     {
         stream = stream_; // Blocking: ordered after work on the legacy default stream.

@@ -65,6 +65,7 @@ struct KvCacheManager::Transfer
     // A staging slice (the level's): released, recording its event on the stream when it owns
     // one, when the transfer returns.
     std::optional<StagingBuffer> lease;
+    bool deferred = false; ///< The pages went to the I/O thread as a job: nothing to commit here.
 };
 
 uint8_t KvCacheManager::pathFor(LevelKind src, LevelKind dst) noexcept
@@ -112,9 +113,10 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
     {
         return false;
     }
-    if (count > 0) // Zero: every page was dropped before anything was submitted.
+    if (count > 0 && !t.deferred) // Zero: every page was dropped before anything was submitted.
     {
-        commit(t, callsBefore);
+        EventPtr const finish = runtime_->record(t.stream);
+        commit(t, storage_->codecCalls() - callsBefore, finish);
     }
     return true;
 }
@@ -324,28 +326,31 @@ bool KvCacheManager::decodeFromStaged(Transfer& t)
     return transcode(t, false, t.lease->data(), s.codecPairs.data(), t.status);
 }
 
+// Staged -> addressable: a job reads the blobs straight into the destination slots; the
+// destination slots' earlier transfers are host-waited for by the I/O thread (the host writes them).
 bool KvCacheManager::readToAddressable(Transfer& t)
 {
-    detail::Scratch& s = detail::scratch();
     uint64_t const pageBytes = storage_->pageBytes(t.key.src, t.key.srcGroup);
     std::byte* base = storage_->coldLevel(t.key.dst)->accessibleBase(t.key.dstGroup);
-    s.blobs.resize(t.count);
+    auto job = std::make_unique<Job>();
+    job->key = t.key;
+    job->stream = t.stream;
+    job->blobs.resize(t.count);
+    job->srcSlots.resize(t.count);
+    job->status.assign(t.count, BlobStatus::kFailed);
+    runtime::Event* last = nullptr;
     for (size_t i = 0; i < t.count; ++i)
     {
-        if (EventPtr const& e = t.dstPool.ready(t.dstSlots[i]))
+        if (EventPtr const& e = t.dstPool.ready(t.dstSlots[i]); e && e.get() != last)
         {
-            e->synchronize(); // The host writes the slot.
+            job->waits.push_back(e);
+            last = e.get();
         }
-        s.blobs[i] = base + uint64_t(t.dstSlots[i]) * pageBytes;
+        job->blobs[i] = base + uint64_t(t.dstSlots[i]) * pageBytes;
+        job->srcSlots[i] = pages_[t.pages[i]].slot;
     }
-    if (!readStaged(t, s.blobs.data(), false))
-    {
-        return false;
-    }
-    if (t.count > 0)
-    {
-        waitForSlots(t); // The raw blobs were read into the destination slots above.
-    }
+    fillJob(t, *job);
+    enqueue(std::move(job));
     return true;
 }
 
@@ -353,75 +358,128 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
 {
     detail::Scratch& s = detail::scratch();
     waitForSlots(t);
-    // Encode into a staging slice on the stream, wait for the encode on the host (correctness
-    // first: the level's workers read the slice), then write the blobs.
+    // Encode into a staging slice on the stream; a job's I/O thread waits for the encode's event
+    // (never the caller), then writes the blobs. The slice is released when the job commits;
+    // while every slice is held by jobs in flight, the oldest is waited for.
     ColdLevel* cold = storage_->coldLevel(t.key.dst);
     uint64_t const pageBytes = cold->pageBytes(t.key.dstGroup);
     t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
+    while (!t.lease && hasJobs())
+    {
+        waitOldestJob();
+        t.error.clear();
+        t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
+    }
     if (!t.lease)
     {
         return false;
     }
     s.codecPairs.resize(t.count);
-    s.blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
         s.codecPairs[i] = {int32_t(i), s.pairs[i].src};
-        s.blobs[i] = t.lease->data() + i * pageBytes;
     }
+    uint64_t const callsBefore = storage_->codecCalls();
     if (!transcode(t, true, t.lease->data(), s.codecPairs.data(), nullptr))
     {
         return false;
     }
-    if (EventPtr const encoded = runtime_->record(t.stream))
+    auto job = std::make_unique<Job>();
+    job->write = true;
+    job->calls = storage_->codecCalls() - callsBefore;
+    job->finish = runtime_->record(t.stream); // Null on the host backend: its work is done.
+    if (job->finish)
     {
-        encoded->synchronize(); // (The host backend returns no event: its work is done.)
+        job->waits.push_back(job->finish);
     }
-    s.names.resize(t.count);
+    job->blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
-        s.names[i] = {&keys_.of(t.pages[i]), pages_[t.pages[i]].lifeCycle};
+        job->blobs[i] = t.lease->data() + i * pageBytes;
     }
-    std::byte const* const* srcs = s.blobs.data();
-    return cold->complete(cold->submitWrite(t.key.dstGroup, t.dstSlots, srcs, s.names.data(), t.count), t.error);
+    job->lease = std::move(t.lease);
+    t.lease.reset();
+    fillJob(t, *job);
+    enqueue(std::move(job));
+    return true;
 }
 
 bool KvCacheManager::writeToStaged(Transfer& t)
 {
     detail::Scratch& s = detail::scratch();
     waitForSlots(t);
-    // Raw blob writes straight from the source slots; the host reads them, so the stream (the
-    // slots' last transfers) is synchronized first.
-    runtime_->synchronize(t.stream);
+    // Raw blob writes straight from the source slots; the I/O thread host-waits for the slots'
+    // last transfers (an event recorded on the stream now) before the writes read them.
     ColdLevel* src = storage_->coldLevel(t.key.src);
-    ColdLevel* dst = storage_->coldLevel(t.key.dst);
     std::byte* base = src->accessibleBase(t.key.srcGroup);
     if (base == nullptr)
     {
         t.error = "neither cold level is GPU-accessible; a blob copy between them needs a staging hop";
         return false;
     }
+    auto job = std::make_unique<Job>();
+    job->write = true;
+    job->finish = runtime_->record(t.stream);
+    if (job->finish)
+    {
+        job->waits.push_back(job->finish);
+    }
     uint64_t const stride = src->pageBytes(t.key.srcGroup);
-    s.blobs.resize(t.count);
-    s.names.resize(t.count);
+    job->blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
-        s.blobs[i] = base + uint64_t(s.pairs[i].src) * stride;
-        s.names[i] = {&keys_.of(t.pages[i]), pages_[t.pages[i]].lifeCycle};
+        job->blobs[i] = base + uint64_t(s.pairs[i].src) * stride;
     }
-    std::byte const* const* srcs = s.blobs.data();
-    return dst->complete(dst->submitWrite(t.key.dstGroup, t.dstSlots, srcs, s.names.data(), t.count), t.error);
+    fillJob(t, *job);
+    enqueue(std::move(job));
+    return true;
+}
+
+// The pages, destination slots and names of a transfer become a job's; the job is queued and
+// the pages are in flight until it commits (commitJob).
+void KvCacheManager::fillJob(Transfer& t, Job& job)
+{
+    job.key = t.key;
+    job.stream = t.stream;
+    job.seconds = t.seconds;
+    job.pages.assign(t.pages, t.pages + t.count);
+    job.dstSlots.assign(t.dstSlots, t.dstSlots + t.count);
+    job.generations.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        job.generations[i] = pages_[t.pages[i]].generation;
+    }
+    if (job.write)
+    {
+        job.keys.resize(t.count);
+        job.names.resize(t.count);
+        for (size_t i = 0; i < t.count; ++i)
+        {
+            job.keys[i] = keys_.of(t.pages[i]);
+            job.names[i] = {&job.keys[i], pages_[t.pages[i]].lifeCycle};
+        }
+    }
+    t.deferred = true;
+}
+
+// A finished job's commit: the same steps 4-5 as a synchronous transfer.
+void KvCacheManager::commitPages(Job& job, size_t count, EventPtr const& finish)
+{
+    size_t n = count;
+    Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, job.error,
+        storage_->slots(job.key.src, job.key.srcGroup), storage_->slots(job.key.dst, job.key.dstGroup), false, 0,
+        nullptr, false, job.seconds, std::nullopt};
+    commit(t, job.calls, finish);
 }
 
 // Step 4: attach the finish event to the destination slots (the source slots get it when
 // released in step 5); count; notify observers. Step 5: ownership moves to the destination; the
 // source slots are released. Every page leaves the source group's eviction queue and joins the
 // destination group's (unless pinned).
-void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
+void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
 {
     TransferKey const& key = t.key;
     size_t const count = t.count;
-    EventPtr const finish = runtime_->record(t.stream);
     noteEvent(t.stream, finish);
     for (size_t i = 0; i < count; ++i)
     {
@@ -430,7 +488,6 @@ void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
     bool const fromHot = key.src == CacheLevel::kHot;
     bool const toHot = key.dst == CacheLevel::kHot;
     uint64_t const dstPageBytes = storage_->pageBytes(key.dst, key.dstGroup);
-    uint64_t const calls = storage_->codecCalls() - callsBefore;
     auto& srcStats = stats_[size_t(key.src)][size_t(key.srcGroup)];
     auto& dstStats = stats_[size_t(key.dst)][size_t(key.dstGroup)];
     if (fromHot && !toHot)
@@ -458,11 +515,6 @@ void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
     {
         dstStats.pagesCopied += count;
     }
-    if (!observers_.empty())
-    {
-        notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
-    }
-
     LruQueue& srcQueue = lru_.queue(key.src, key.srcGroup);
     LruQueue& dstQueue = lru_.queue(key.dst, key.dstGroup);
     ColdLevel* const releaseFrom = tracking(key.src);
@@ -470,6 +522,10 @@ void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
     for (size_t i = 0; i < count; ++i)
     {
         Page& p = pages_[t.pages[i]];
+        if (p.prefetched && key.src == CacheLevel::kHost)
+        {
+            notePrefetchLeft(p, toHot);
+        }
         if (releaseFrom != nullptr)
         {
             releaseFrom->release(key.srcGroup, p.slot);
@@ -497,6 +553,11 @@ void KvCacheManager::commit(Transfer& t, uint64_t callsBefore)
         checkRanges_.push_back({key, statusUsed_, count});
         checkPages_.insert(checkPages_.end(), t.pages, t.pages + count);
         statusUsed_ += count;
+    }
+    if (!observers_.empty())
+    {
+        // Last: the page table is consistent whatever an observer does (it may raise).
+        notify({key.src, key.dst, key.srcGroup, key.dstGroup, key.rep, count, count * dstPageBytes});
     }
 }
 

@@ -66,6 +66,7 @@ uint64_t KvCacheManager::compact(CacheLevel level, std::vector<uint64_t> const& 
 void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional<Stream> stream)
 {
     CallGuard guard(*this, "resize");
+    waitJobs(nullptr);          // No staged transfer may hold a page or slot that moves.
     checkLevel(level, "level"); // Every level the manager has can be resized.
     if (quotaBytes == 0)
     {
@@ -140,6 +141,7 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
 uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stream)
 {
     CallGuard guard(*this, "defragment");
+    waitJobs(nullptr);          // No staged transfer may hold a page or slot that moves.
     checkLevel(level, "level"); // Every level the manager has can be defragmented.
     if (kindOf(level) == LevelKind::kStaged)
     {

@@ -38,6 +38,10 @@ struct Page
     int32_t priority = 0;
     uint64_t tick = 0;     ///< Recency: larger is more recent.
     uint64_t lruStamp = 0; ///< Stamp of the page's live eviction-queue entry; 0: not queued.
+    /// A staged transfer (a disk write or read on the manager's I/O thread) holds the page: it
+    /// stays at its source level, out of the eviction queues, until the transfer is committed.
+    bool inFlight = false;
+    bool prefetched = false; ///< Brought to the host level by prefetch() and not used since.
 };
 
 /// "0x..." of a page id, for messages.

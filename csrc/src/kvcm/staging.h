@@ -137,6 +137,13 @@ public:
 
     /// Releases the lease now (idempotent).
     void reset() noexcept;
+    /// Releases the lease without recording an event: for a caller that waited for every access
+    /// to its bytes already (its stream may be gone by then).
+    void releaseFinished() noexcept
+    {
+        owner_.reset();
+        reset();
+    }
 
 private:
     friend class StagingManager;

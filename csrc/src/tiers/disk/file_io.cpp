@@ -2,7 +2,9 @@
 #include "tiers/disk/file_io.h"
 
 #include <cerrno>
+#include <chrono>
 #include <fcntl.h>
+#include <thread>
 #include <unistd.h>
 
 namespace kvcodec::disk {
@@ -112,7 +114,7 @@ public:
     ssize_t pwrite(int fd, void const* buf, size_t bytes, off_t offset) override
     {
         FaultRule const* rule = match("pwrite", fd);
-        if (rule == nullptr)
+        if (rule == nullptr || !fails(*rule))
         {
             return posix_.pwrite(fd, buf, bytes, offset);
         }
@@ -135,7 +137,7 @@ public:
 
     ssize_t pread(int fd, void* buf, size_t bytes, off_t offset) override
     {
-        if (FaultRule const* rule = match("pread", fd))
+        if (FaultRule const* rule = match("pread", fd); rule != nullptr && fails(*rule))
         {
             return -rule->error;
         }
@@ -144,7 +146,7 @@ public:
 
     int fdatasync(int fd) override
     {
-        if (FaultRule const* rule = match("fdatasync", fd))
+        if (FaultRule const* rule = match("fdatasync", fd); rule != nullptr && fails(*rule))
         {
             return -rule->error;
         }
@@ -153,7 +155,7 @@ public:
 
     int fallocate(int fd, off_t offset, off_t bytes) override
     {
-        if (FaultRule const* rule = match("fallocate", fd))
+        if (FaultRule const* rule = match("fallocate", fd); rule != nullptr && fails(*rule))
         {
             return -rule->error;
         }
@@ -166,6 +168,16 @@ public:
     }
 
 private:
+    // Applies a matched rule's delay; true when the operation must then fail.
+    static bool fails(FaultRule const& r)
+    {
+        if (r.delayUs != 0)
+        {
+            std::this_thread::sleep_for(std::chrono::microseconds(r.delayUs));
+        }
+        return r.error != 0;
+    }
+
     FaultRule const* match(char const* op, int fd)
     {
         std::lock_guard<std::mutex> lock(mu_);

@@ -67,9 +67,10 @@ struct FaultRule
     std::string op;
     std::string pathContains;
     uint64_t afterOps = 0;
-    int error = 5;     ///< errno to report (EIO = 5, ENOSPC = 28).
+    int error = 5;     ///< errno to report (EIO = 5, ENOSPC = 28); 0: none (a delay only).
     bool torn = false; ///< pwrite only: write the first half of the buffer, then report `error`.
     uint64_t count = 0;
+    uint32_t delayUs = 0; ///< Sleep this long first; with `error` 0 the operation then runs normally.
 };
 
 /// A FileIo over POSIX that applies `rules` (test use only).
