@@ -4,6 +4,7 @@ the host tier, bring them back and verify them. Runs on the CPU backend and on a
     python examples/engine_demo.py --device cpu                      # numpy, or torch when installed
     python examples/engine_demo.py --device cpu --framework numpy    # nothing beyond the SDK's install
     python examples/engine_demo.py --device cuda:0                   # torch with CUDA
+    python examples/engine_demo.py --disk /tmp/kv                    # through a disk tier, off the caller's thread
 """
 
 from __future__ import annotations
@@ -11,10 +12,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import time
 
 import numpy as np
 
-from kvcodec_sdk import BufferDesc, CacheLevel, DType, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role
+from kvcodec_sdk import (
+    BufferDesc,
+    CacheLevel,
+    DiskTierConfig,
+    DType,
+    KVCacheConfig,
+    KVCacheManager,
+    LayerGroupConfig,
+    Role,
+)
 
 TOKENS, HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 4
 
@@ -49,13 +60,16 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=64)
     parser.add_argument("--framework", choices=("auto", "torch", "numpy"), default="auto",
                         help="what writes and reads the pages: torch when installed (needed on a GPU), else numpy")
+    parser.add_argument("--disk", metavar="DIR", help="also use a disk tier in DIR: evict to it without blocking, "
+                        "then prefetch back to the host tier before onboarding")
     args = parser.parse_args()
 
     config = KVCacheConfig(
         # Two layer groups (e.g. full attention and sliding window) with identical page layouts:
         # they share one hot pool group; the host tier holds their cold pages.
         layer_groups=[LayerGroupConfig(kv_buffers(range(0, LAYERS))), LayerGroupConfig(kv_buffers(range(LAYERS, 2 * LAYERS)))],
-        gpu_quota=256 << 20, host_quota=512 << 20, pool_ratio=[3, 1], device=args.device)
+        gpu_quota=256 << 20, host_quota=512 << 20, pool_ratio=[3, 1], device=args.device,
+        disk=DiskTierConfig(args.disk, max_bytes=1 << 30) if args.disk else None)
     manager = KVCacheManager(config)  # the default lossless concat codec
     print(manager)
     device = manager.device
@@ -83,7 +97,19 @@ def main() -> None:
                 v[...] = x  # what an attention kernel would write
             expected.append(values)
 
-    manager.evict(pages, stream=stream)  # hot -> host, ordered after the writes on the same stream
+    if args.disk:
+        t0 = time.perf_counter()
+        # hot -> disk: returns once submitted; the writes land on the manager's I/O thread while
+        # the engine goes on (the pages stay hot and in flight until then).
+        pending = manager.evict(pages, stream=stream, level=CacheLevel.DISK, blocking=False)
+        blocked_us = (time.perf_counter() - t0) * 1e6
+        pending.wait()  # durable now (raises MigrationError if a write failed: the pages stay hot)
+        assert all(p.level == CacheLevel.DISK for p in pages)
+        manager.prefetch(pages).wait()  # disk -> host in the background, e.g. when a prefix is scheduled
+        s = manager.prefetch_stats()
+        print(f"evicted to disk blocking the caller {blocked_us:.0f} us; prefetched {s.completed} pages to the host")
+    else:
+        manager.evict(pages, stream=stream)  # hot -> host, ordered after the writes on the same stream
     assert all(p.level == CacheLevel.HOST for p in pages)
     manager.onboard(pages, stream=stream)  # host -> hot, into new slots
     manager.synchronize()
@@ -97,6 +123,7 @@ def main() -> None:
     print(f"{len(pages)} pages evicted and onboarded byte-exact on {manager.device} ({framework}): "
           f"{stats.pages_offloaded} offloaded ({stats.bytes_offloaded >> 20} MiB), {stats.pages_onboarded} onboarded")
     manager.free(pages)
+    manager.close()
 
 
 if __name__ == "__main__":

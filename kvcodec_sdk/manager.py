@@ -298,7 +298,7 @@ class KVCacheManager:
         handle = _interop.stream_handle(stream)
         with _native_errors():
             if not blocking:
-                return PendingMigration(self, self._live().submit(ids, int(level), handle, required))
+                return PendingMigration(self, self._live().submit(ids, int(level), handle, required), PageList(self, ids))
             r = self._live().migrate(ids, int(level), handle, required)
         return self._result(r)
 
@@ -309,7 +309,7 @@ class KVCacheManager:
         """Warms the host tier from the disk tier in the background and returns at once.
 
         ``pages`` are page handles, or content keys (the pages :meth:`find_on_disk` finds under
-        them; missing keys are skipped). Pages at the disk level are read into free host slots
+        them, missing keys skipped: the handles are the returned ``PendingMigration.pages``). Pages at the disk level are read into free host slots
         on the manager's I/O thread; pages elsewhere, already in flight, beyond ``max_bytes`` of
         host blobs prefetched and not yet used, or without a free host slot are skipped
         (prefetch never evicts). A later ``onboard(pages, source=CacheLevel.HOST)`` then decodes
@@ -322,7 +322,8 @@ class KVCacheManager:
             pages = [p for p in self.find_on_disk(pages) if p is not None]
         ids = self._ids(pages)
         with _native_errors():
-            return PendingMigration(self, self._live().prefetch(ids, int(max_bytes or 0)), prefetch=True)
+            return PendingMigration(self, self._live().prefetch(ids, int(max_bytes or 0)), PageList(self, ids),
+                                    prefetch=True)
 
     def prefetch_stats(self) -> PrefetchStats:
         """Counters of :meth:`prefetch` since the manager was created."""

@@ -287,10 +287,11 @@ class PendingMigration:
     first waits for it. Thread-safe; keeps its manager's core alive.
     """
 
-    def __init__(self, manager: Any, native: Any, prefetch: bool = False):
+    def __init__(self, manager: Any, native: Any, pages: PageList, prefetch: bool = False):
         self._manager = manager
         self._native = native
         self._prefetch = prefetch
+        self.pages = pages  #: The pages the call was given (a prefetch by content key: those found).
 
     @property
     def requested(self) -> int:
@@ -320,10 +321,13 @@ class PendingMigration:
         with _native_errors():
             r = self._native.wait()
         result = self._manager._result(r)
-        if not self._prefetch and (len(result.failed) or result.error):
+        if not self._prefetch and len(result.failed):
             raise MigrationError(
                 f"{len(result.failed)} of {self.requested} pages failed to migrate and stay at their source "
                 f"({result.moved} moved): {result.error}", result.moved)
+        if not self._prefetch and result.error:
+            # Every page landed; something after the commit (a migration observer) raised.
+            raise MigrationError(f"all {result.moved} pages moved, then: {result.error}", result.moved)
         return result
 
     def cancel(self) -> None:

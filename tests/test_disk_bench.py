@@ -38,20 +38,22 @@ def test_disk_bench_rows_through_the_manager(tmp_path):
     rows = disk_manager.run_manager(str(tmp_path), codecs=codecs, device="cpu", total_bytes=256 * layout.page_bytes,
                                     batch=64, io_threads=2, store_gbps={"write": 1.0, "read": 1.0}, layout=layout,
                                     progress=False)
-    assert [(r.codec, r.path) for r in rows] == [(c, f"{s}->{d}") for c in codecs for s, d in disk_manager.PATHS]
+    assert [(r.codec, r.path, r.mode) for r in rows] == [
+        (c, f"{s}->{d}", mode) for c in codecs for mode in ("blocking", "async") for s, d in disk_manager.PATHS]
     for r in rows:
         assert r.pages == 256 and r.calls == 4 and r.raw_gbps > 0 and r.blocked_us_max >= r.blocked_us_median > 0
         assert r.blocked_target_us == 50 + 0.2 * 64
         assert r.vs_store == r.cold_gbps  # the store's rate given as 1.0 GB/s
-    verified = {(r.codec, r.path): r.verified for r in rows}
-    assert verified[("concat", "disk->hot")] == verified[("concat", "disk->host")] == "byte-exact"
-    if "fp8" in codecs:
-        assert verified[("fp8", "disk->hot")] == "within bound"
+    verified = {(r.codec, r.path, r.mode): r.verified for r in rows}
+    for mode in ("blocking", "async"):
+        assert verified[("concat", "disk->hot", mode)] == verified[("concat", "disk->host", mode)] == "byte-exact"
+        if "fp8" in codecs:
+            assert verified[("fp8", "disk->hot", mode)] == "within bound"
         fp8 = [r for r in rows if r.codec == "fp8"]
         assert all(abs(r.raw_gbps / r.cold_gbps - 2.0) < 0.1 for r in fp8)  # fp8 blobs are about half the page
     rep = disk.Report(str(tmp_path), "buffered", 4096, 1, 2, 2, manager=rows)
     rep.gbps.update(store_write=1.0, store_read=1.0)
     assert set(rep.round_trip()) == set(codecs)
     text = disk.manager_table(rep).plain()
-    assert "hot->disk" in text and "blocked us/call" in text
+    assert "hot->disk" in text and "blocked us/call" in text and "async" in text
     assert list(tmp_path.iterdir()) == []

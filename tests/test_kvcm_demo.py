@@ -30,6 +30,12 @@ def test_engine_demo_on_the_cpu_with_torch():
     assert "16 pages evicted and onboarded byte-exact on cpu (torch)" in run_demo("cpu", "--framework", "torch")
 
 
+def test_engine_demo_through_a_disk_tier(tmp_path):
+    """Non-blocking eviction to disk, prefetch back to the host, onboard: byte-exact."""
+    out = run_demo("cpu", "--framework", "numpy", "--disk", str(tmp_path / "kv"))
+    assert "prefetched 16 pages to the host" in out and "16 pages evicted and onboarded byte-exact" in out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(_native.driver_info()["device_count"] == 0, reason="needs a CUDA device")
 def test_engine_demo_on_the_gpu():

@@ -104,6 +104,28 @@ private:
     std::optional<kvcm::KvCacheManager::CallGuard> guard_;
 };
 
+// Deletes a manager from Python's deallocation (GIL held): its transfers in flight are waited
+// for first with the GIL released (the I/O thread may need it for an observer), then the
+// manager, and the Python observers it holds, go with the GIL held.
+struct ManagerDeleter
+{
+    void operator()(kvcm::KvCacheManager* m) const noexcept
+    {
+        {
+            py::gil_scoped_release release;
+            try
+            {
+                m->synchronize();
+            }
+            catch (std::exception const&)
+            {
+                // Closed already (nothing in flight), or a device error the destructor reports.
+            }
+        }
+        delete m;
+    }
+};
+
 py::dict statsDict(kvcm::PoolGroupStats const& s)
 {
     py::dict d;
@@ -328,7 +350,7 @@ void bindKvcm(py::module_& m)
     bindKvcmConfig(k);
     bindKvcmResults(k);
 
-    py::class_<kvcm::KvCacheManager>(k, "KvcmCore")
+    py::class_<kvcm::KvCacheManager, std::unique_ptr<kvcm::KvCacheManager, ManagerDeleter>>(k, "KvcmCore")
         .def(py::init([](kvcm::KvcmConfig config, runtime::OwnedCodec* codec, int32_t device) {
             // Consumptive: the codec leaves the Python object before anything can fail.
             runtime::CodecPtr owned = codec ? codec->take() : runtime::CodecPtr();

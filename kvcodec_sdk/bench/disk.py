@@ -71,7 +71,7 @@ class Report:
         out: dict = {}
         w, r = self.gbps.get("store_write", 0.0), self.gbps.get("store_read", 0.0)
         for codec in dict.fromkeys(row.codec for row in self.manager):
-            rows = {row.path: row for row in self.manager if row.codec == codec}
+            rows = {row.path: row for row in self.manager if row.codec == codec and row.mode == "blocking"}
             ev, on = rows.get("hot->disk"), rows.get("disk->hot")
             if not (ev and on and w and r):
                 continue
@@ -365,12 +365,13 @@ def manager_table(rep: Report) -> Table | None:
 
     title = (f"through the KV-cache manager ({rep.manager[0].device}): KV-like pages, calls of up to "
              f"{rep.manager[0].pages // max(1, rep.manager[0].calls)} pages; x store = blob GB/s over the store alone")
-    cols = [Column("codec", 8, "<", ""), Column("path", 11, "<"), Column("raw GB/s", 9), Column("blob GB/s", 10),
+    cols = [Column("codec", 8, "<", ""), Column("path", 11, "<"), Column("mode", 9, "<"), Column("raw GB/s", 9),
+            Column("blob GB/s", 10),
             Column("x store", 8), Column("blocked us/call", 16), Column("target", 8), Column("", 0, "<", "  ")]
     rows = []
     for m in rep.manager:
         ok = "ok" if m.blocked_us_median <= blocked_target(m.pages // max(1, m.calls)) else "blocks the caller"
-        rows.append([m.codec, m.path, f"{m.raw_gbps:.2f}", f"{m.cold_gbps:.2f}",
+        rows.append([m.codec, m.path, m.mode, f"{m.raw_gbps:.2f}", f"{m.cold_gbps:.2f}",
                      f"{m.vs_store:.2f}" if m.vs_store else "-", f"{m.blocked_us_median:.0f} (max {m.blocked_us_max:.0f})",
                      f"{m.blocked_target_us:.0f}", "; ".join(x for x in (ok, m.verified) if x)])
     notes = [f"{codec}: hot -> disk -> hot is {v['cold_vs_store']:.2f}x the store alone in blob bytes, "

@@ -2,7 +2,9 @@
 
 For each codec (concat and fp8 by default, on the GPU when there is one), a manager with a hot,
 a host and a disk level moves every page hot -> disk -> hot, then hot -> host -> disk -> host, in
-calls of ``batch`` pages, the way an engine evicts and onboards. Each row reports:
+calls of ``batch`` pages, the way an engine evicts and onboards: once with blocking calls and
+once with ``blocking=False`` (every call's handle waited for at the end of the path, so the rates
+include completion). Each row reports:
 
 * the page's raw (hot) bytes and its blob (cold) bytes per second, completion included;
 * the blob rate as a ratio to the store alone (measured in the same run, same direction): the
@@ -10,7 +12,8 @@ calls of ``batch`` pages, the way an engine evicts and onboards. Each row report
   store's ceiling because fewer bytes reach the disk;
 * the caller's blocked time per call (median and max), against the target of 50 us + 0.2 us
   per page: a migration to or from disk that completes inside the call blocks the caller for
-  the whole transfer, which this column shows.
+  the whole transfer, which this column shows; a non-blocking one returns once submitted (disk
+  -> hot still waits for the read, since the decode needs the bytes).
 
 Every page onboarded is compared with the original: byte-exact for a lossless codec, within the
 codec's declared bound (its ``check_error``) for a lossy one.
@@ -53,6 +56,7 @@ class ManagerRow:
     blocked_us_max: float
     blocked_target_us: float
     verified: str         #: "byte-exact", "within bound" or "" (checked after a later row)
+    mode: str = "blocking"  #: "blocking", or "async" (blocking=False, handles waited at the end)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -108,15 +112,18 @@ def _run_codec(name: str, device: str, torch, layout: Layout, n: int, batch: int
             torch.cuda.synchronize()
 
         rows = []
-        for src, dst in PATHS:
-            if src == "host" and pages[0].level != CacheLevel.HOST:
-                _move(m, pages, CacheLevel.HOST, batch)  # hot -> host, not timed
-            rows.append(_timed_path(m, pages, name, device, src, dst, batch, layout.page_bytes, cold, store_gbps))
-            if dst == "hot":
-                rows[-1].verified = _verify(bench, spec, pools, slots(), layout)
-        _move(m, pages, CacheLevel.HOT, batch)
-        rows[-1].verified = _verify(bench, spec, pools, slots(), layout)
-        _log(progress, "  " + "; ".join(f"{r.path} {r.raw_gbps:.2f} GB/s raw" for r in rows))
+        for blocking in (True, False):
+            for src, dst in PATHS:
+                if src == "host" and pages[0].level != CacheLevel.HOST:
+                    _move(m, pages, CacheLevel.HOST, batch)  # hot -> host, not timed
+                rows.append(_timed_path(m, pages, name, device, src, dst, batch, layout.page_bytes, cold,
+                                        store_gbps, blocking))
+                if dst == "hot":
+                    rows[-1].verified = _verify(bench, spec, pools, slots(), layout)
+            _move(m, pages, CacheLevel.HOT, batch)
+            rows[-1].verified = _verify(bench, spec, pools, slots(), layout)
+            _log(progress, f"  {rows[-1].mode}: " + "; ".join(
+                f"{r.path} {r.raw_gbps:.2f} GB/s raw, {r.blocked_us_median:.0f} us/call" for r in rows[-len(PATHS):]))
         return rows
     finally:
         m.close()
@@ -131,14 +138,18 @@ def _move(m: KVCacheManager, pages: list, level: int, batch: int) -> None:
 
 
 def _timed_path(m: KVCacheManager, pages: list, name: str, device: str, src: str, dst: str, batch: int,
-                page_bytes: int, cold: int, store_gbps: dict) -> ManagerRow:
+                page_bytes: int, cold: int, store_gbps: dict, blocking: bool = True) -> ManagerRow:
     level = {"hot": CacheLevel.HOT, "host": CacheLevel.HOST, "disk": CacheLevel.DISK}[dst]
     blocked = []
+    pending = []
     t0 = time.perf_counter()
     for i in range(0, len(pages), batch):
         c0 = time.perf_counter()
-        res = m.migrate(pages[i:i + batch], level)
+        res = m.migrate(pages[i:i + batch], level, blocking=blocking)
         blocked.append(time.perf_counter() - c0)
+        pending.append(res)
+    for res in pending:
+        res = res if blocking else res.wait()  # a failed transfer raises MigrationError
         if len(res.dropped):
             raise RuntimeError(f"{name}: {len(res.dropped)} pages were dropped on {src}->{dst}")
     m.synchronize()
@@ -148,7 +159,7 @@ def _timed_path(m: KVCacheManager, pages: list, name: str, device: str, src: str
     store = store_gbps.get("write" if dst == "disk" else "read", 0.0) if "disk" in (src, dst) else 0.0
     return ManagerRow(name, device, f"{src}->{dst}", n, len(blocked), n * page_bytes / seconds / 1e9, cold_gbps,
                       cold_gbps / store if store else 0.0, statistics.median(blocked) * 1e6, max(blocked) * 1e6,
-                      blocked_target(min(batch, n)), "")
+                      blocked_target(min(batch, n)), "", "blocking" if blocking else "async")
 
 
 def _verify(bench: _Bench, spec, pools: list, slots: np.ndarray, layout: Layout) -> str:

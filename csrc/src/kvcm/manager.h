@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -124,7 +125,8 @@ public:
     [[nodiscard]] bool done() const;
     /// Blocks until done(), committing finished transfers itself when the I/O thread has not yet
     /// (so it never waits for another caller); then the result: pages moved and dropped, and the
-    /// pages whose transfer failed (still at their source) with the first error.
+    /// pages whose transfer failed (still at their source) with the first error. An exception a
+    /// migration observer raised on one of its commits is rethrown here, everything committed.
     MigrationResult wait();
     [[nodiscard]] size_t requested() const noexcept
     {
@@ -143,6 +145,7 @@ private:
     size_t commitLeft_ = 0;
     bool cancelled_ = false;
     MigrationResult result_;
+    std::exception_ptr observerError_; ///< The first exception an observer raised on its commits.
 };
 
 /// Prefetch counters (disk -> host, see KvCacheManager::prefetch).

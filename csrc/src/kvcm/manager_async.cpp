@@ -48,11 +48,19 @@ MigrationResult PendingMigration::wait()
         manager_.jobsCv_.wait(lock, [&] { return ioLeft_ == 0; });
         if (commitLeft_ == 0)
         {
+            if (observerError_)
+            {
+                std::rethrow_exception(observerError_);
+            }
             return result_;
         }
     }
     KvCacheManager::CallGuard guard(manager_, "PendingMigration.wait");
     manager_.waitJobs(this);
+    if (observerError_)
+    {
+        std::rethrow_exception(observerError_);
+    }
     return result_;
 }
 
@@ -331,6 +339,15 @@ void KvCacheManager::commitJob(Job& job)
         return;
     }
     commitPages(job, kept, job.write ? job.finish : nullptr);
+    if (observerError_)
+    {
+        // Raised by an observer of this commit: the job's own caller gets it, not the next one.
+        if (!job.owner->observerError_)
+        {
+            job.owner->observerError_ = observerError_;
+        }
+        observerError_ = nullptr;
+    }
     if (job.prefetch)
     {
         prefetch_.completed += kept;

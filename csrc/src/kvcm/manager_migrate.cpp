@@ -17,7 +17,23 @@ MigrationResult KvCacheManager::migrate(
 {
     CallGuard guard(*this, "migrate");
     auto const pending = std::make_shared<PendingMigration>(*this, count);
-    MigrationResult result = migrateLocked(ids, count, dst, stream, requiredSource, pending);
+    MigrationResult result;
+    try
+    {
+        result = migrateLocked(ids, count, dst, stream, requiredSource, pending);
+    }
+    catch (MigrationError const& e)
+    {
+        // Staged transfers submitted before the failure land first (a blocking call leaves
+        // nothing in flight) and count as committed.
+        waitJobs(pending.get());
+        throw MigrationError(e.what(), e.committedPages + pending->result_.moved);
+    }
+    catch (...)
+    {
+        waitJobs(pending.get());
+        throw;
+    }
     waitJobs(pending.get());
     MigrationResult& async = pending->result_;
     result.moved += async.moved;
@@ -25,6 +41,10 @@ MigrationResult KvCacheManager::migrate(
     result.failed = std::move(async.failed);
     result.error = std::move(async.error);
     throwIfFailed(result, dst, count);
+    if (pending->observerError_)
+    {
+        std::rethrow_exception(pending->observerError_); // Everything committed, as synchronously.
+    }
     return result;
 }
 

@@ -1,0 +1,371 @@
+"""Non-blocking disk migrations and prefetch (CPU backend): a migration returns once submitted with
+its pages in flight at their source, lands on the manager's I/O thread, orders every later call on
+those pages after it, changes nothing when its I/O fails, and prefetch warms the host tier within
+its budget with every page counted."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from test_kvcm_support import config, group, hot_bytes, write_random
+
+from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager
+from kvcodec_sdk.manager import MigrationError, PendingMigration, StalePageError
+
+GROUPS = [group([0, 1], [64, 32]), group([2], [48])]
+HOLD_US = 300_000  # one delayed write: long enough that the caller surely sees the pages in flight
+
+
+def make(path, faults=None, host_quota=1 << 17, groups=GROUPS, **disk):
+    disk.setdefault("max_bytes", 8 << 20)
+    disk.setdefault("container_bytes", 1 << 20)
+    disk.setdefault("io_mode", "buffered")
+    return KVCacheManager(config(groups, host_quota=host_quota,
+                                 disk=DiskTierConfig(str(path), _faults=faults, **disk)))
+
+
+def hold_first_write(us=HOLD_US):
+    """A fault rule that only delays the first container write (no error)."""
+    return [{"op": "pwrite", "path": "containers", "errno": 0, "delay_us": us, "count": 1}]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(11)
+
+
+def scribble(m):
+    for lc in range(m.num_layer_groups):
+        for pool in m.hot_pool_tensors(lc):
+            pool[:] = 0
+
+
+def check_hot(m, pages, model):
+    for p in pages:
+        assert p.level == CacheLevel.HOT and not p.in_flight
+        assert np.array_equal(hot_bytes(m, p), model[p.id]), p
+
+
+def disk_slots_free(m):
+    return all(free == total for total, free in m.slot_counts(CacheLevel.DISK))
+
+
+def test_a_non_blocking_evict_returns_in_flight_and_lands(tmp_path, rng):
+    m = make(tmp_path, hold_first_write())
+    pages = m.allocate(0, 5) + m.allocate(1, 3)
+    model = write_random(m, pages, rng)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    assert isinstance(pending, PendingMigration) and pending.requested == 8
+    # The first write is held: the call returned with every page still hot and in flight.
+    assert all(p.in_flight and p.level == CacheLevel.HOT for p in pages)
+    assert m.in_flight_transfers() >= 1 and not pending.done()
+    assert m.evictable(CacheLevel.HOT, 0) == 0  # in flight: never an eviction candidate
+    r = pending.wait()
+    assert pending.done() and r.moved == 8 and not len(r.failed) and r.error == ""
+    assert all(p.level == CacheLevel.DISK and not p.in_flight for p in pages)
+    assert m.in_flight_transfers() == 0
+    assert [s.pages_offloaded for s in m.stats(CacheLevel.DISK)] == [5, 3]
+    assert [m.disk_stats(g)["slots_live"] for g in (0, 1)] == [5, 3]
+    scribble(m)
+    r = m.onboard(pages, source=CacheLevel.DISK, blocking=False).wait()
+    assert r.moved == 8
+    check_hot(m, pages, model)
+    assert disk_slots_free(m) and m.page_ring()["live_leases"] == 0
+
+
+def test_calls_on_in_flight_pages_wait_for_their_transfer(tmp_path, rng):
+    m = make(tmp_path, hold_first_write())
+    pages = m.allocate(0, 6)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    assert all(p.in_flight for p in pages)
+    # Onboarding pages still in flight to disk: ordered after the write, byte-exact.
+    scribble(m)
+    assert m.onboard(pages[:3], source=CacheLevel.DISK).moved == 3
+    check_hot(m, pages[:3], model)
+    # Re-keying a page in flight to disk waits for the landing, then refuses (the blob is
+    # written under its old key), as for any page at the disk level.
+    m.set_keys(pages[:1], [b"kept"])
+    m.evict(pages[:3], level=CacheLevel.DISK, blocking=False)
+    with pytest.raises(ValueError, match="at the disk level"):
+        m.set_keys(pages[:1], [b"other"])
+    assert pages[0].key == b"kept" and not pages[0].in_flight
+    # Freeing pages in flight (disk -> host reads): they land first, then leave every tier.
+    m.migrate(pages[1:], CacheLevel.HOST, blocking=False)
+    m.free(pages[3:])
+    assert m.disk_stats(0)["slots_live"] == 1  # only pages[0]'s blob is left
+    for p in pages[3:]:
+        with pytest.raises(StalePageError):
+            p.level
+    m.synchronize()
+    assert m.in_flight_transfers() == 0
+    assert pages[0].level == CacheLevel.DISK and pages[1].level == CacheLevel.HOST
+    m.close()
+    m2 = make(tmp_path)
+    found = m2.find_on_disk([b"kept"])
+    assert found[0] is not None
+    m2.onboard(found, source=CacheLevel.DISK)
+    assert np.array_equal(hot_bytes(m2, found[0]), model[pages[0].id])
+
+
+def test_a_failed_non_blocking_write_leaves_the_pages_at_their_source(tmp_path, rng):
+    faults = [{"op": "pwrite", "path": "containers", "after": 1, "errno": 5, "count": 1}]
+    m = make(tmp_path, faults, io_threads=1)
+    pages = m.allocate(0, 4, keys=[b"a", b"b", b"c", b"d"])
+    model = write_random(m, pages, rng)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    with pytest.raises(MigrationError, match="stay at their source") as e:
+        pending.wait()
+    assert e.value.committed_pages == 0
+    check_hot(m, pages, model)  # nothing moved, nothing lost, evictable again
+    assert m.evictable(CacheLevel.HOT, 0) == 4
+    assert disk_slots_free(m) and m.disk_stats(0)["slots_live"] == 0
+    assert m.in_flight_transfers() == 0
+    # The fault was transient: a retry lands.
+    assert m.evict(pages, level=CacheLevel.DISK, blocking=False).wait().moved == 4
+    scribble(m)
+    m.onboard(pages, source=CacheLevel.DISK)
+    check_hot(m, pages, model)
+
+
+def test_a_blocking_evict_reports_a_failed_write_as_before(tmp_path, rng):
+    faults = [{"op": "pwrite", "path": "containers", "after": 2, "errno": 5, "count": 1}]
+    m = make(tmp_path, faults, io_threads=1)
+    pages = m.allocate(0, 4)
+    model = write_random(m, pages, rng)
+    with pytest.raises(MigrationError, match="disk write") as e:
+        m.evict(pages, level=CacheLevel.DISK)
+    assert e.value.committed_pages == 0
+    check_hot(m, pages, model)
+
+
+def test_a_non_blocking_read_of_a_corrupt_blob_drops_the_page(tmp_path, rng):
+    groups = [group([0], [4096])]
+    m = make(tmp_path, groups=groups)
+    pages = m.allocate(0, 2, keys=[b"x", b"y"])
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    m.close()
+    container = tmp_path / "group0" / "containers" / "0000.bin"
+    data = bytearray(container.read_bytes())
+    data[100] ^= 0xFF  # the first slot's payload
+    container.write_bytes(bytes(data))
+    m2 = make(tmp_path, groups=groups)
+    found = m2.find_on_disk([b"x", b"y"])
+    r = m2.migrate(found, CacheLevel.HOST, blocking=False).wait()
+    assert r.moved == 1 and len(r.dropped) == 1 and not len(r.failed)
+    good = found[1] if r.dropped.ids[0] == found[0].id else found[0]
+    assert good.level == CacheLevel.HOST
+    assert m2.stats(CacheLevel.DISK)[0].dropped_by_reason["disk_checksum"] == 1
+    m2.onboard([good])
+    assert any(np.array_equal(hot_bytes(m2, good), model[p.id]) for p in pages)
+
+
+def test_prefetch_warms_the_host_tier_within_its_budget(tmp_path, rng):
+    m = make(tmp_path)
+    pages = m.allocate(0, 8)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    page_bytes = m.page_bytes(CacheLevel.HOST, 0)
+    pending = m.prefetch(pages, max_bytes=5 * page_bytes)
+    r = pending.wait()
+    assert r.moved == 5
+    s = m.prefetch_stats()
+    assert (s.issued, s.completed, s.skipped, s.used, s.wasted) == (5, 5, 3, 0, 0)
+    warm = [p for p in pages if p.level == CacheLevel.HOST]
+    cold = [p for p in pages if p.level == CacheLevel.DISK]
+    assert len(warm) == 5 and len(cold) == 3
+    # The budget is full until prefetched pages are used: nothing more is issued.
+    m.prefetch(cold, max_bytes=5 * page_bytes).wait()
+    assert m.prefetch_stats().issued == 5 and m.prefetch_stats().skipped == 6
+    # Onboarding from the host counts used; freeing and evicting unused ones counts wasted.
+    scribble(m)
+    m.onboard(warm[:3])
+    check_hot(m, warm[:3], model)
+    m.free(warm[3:4])
+    m.migrate(warm[4:5], CacheLevel.DISK)
+    s = m.prefetch_stats()
+    assert (s.used, s.wasted) == (3, 2)
+    # The budget is free again; pages not at the disk level and repeats are skipped.
+    m.prefetch(cold + cold[:1] + warm[:1], max_bytes=5 * page_bytes).wait()
+    s = m.prefetch_stats()
+    assert s.issued == 8 and s.skipped == 6 + 2
+    m.onboard(cold)
+    check_hot(m, cold, model)
+    assert m.prefetch_stats().used == 6
+
+
+def test_prefetch_never_evicts(tmp_path, rng):
+    # A small host tier, full but for one slot: one page can be prefetched.
+    m = make(tmp_path, host_quota=1 << 12)
+    host_slots = m.slot_counts(CacheLevel.HOST)[0][0]
+    assert 1 < host_slots < 32
+    pages = m.allocate(0, host_slots + 3)
+    write_random(m, pages, rng)
+    m.evict(pages[:host_slots - 1])
+    m.evict(pages[host_slots - 1:], level=CacheLevel.DISK)
+    m.prefetch(pages[host_slots - 1:]).wait()
+    assert sum(p.level == CacheLevel.HOST for p in pages[host_slots - 1:]) == 1
+    assert all(p.level == CacheLevel.HOST for p in pages[:host_slots - 1])  # nothing evicted
+    assert m.prefetch_stats().skipped == 3
+
+
+def test_prefetch_by_content_key_after_a_restart(tmp_path, rng):
+    m = make(tmp_path)
+    keys = [b"k%d" % i for i in range(4)]
+    pages = m.allocate(0, 4, keys=keys)
+    model = {k: v for k, v in zip(keys, write_random(m, pages, rng).values())}
+    m.evict(pages, level=CacheLevel.DISK)
+    m.close()
+    m2 = make(tmp_path)
+    pending = m2.prefetch(keys + [b"absent"])
+    assert pending.wait().moved == 4
+    found = list(pending.pages)
+    assert [p.key for p in found] == keys
+    assert all(p.level == CacheLevel.HOST for p in found)
+    m2.onboard(found)
+    for k, p in zip(keys, found):
+        assert np.array_equal(hot_bytes(m2, p), model[k])
+    assert m2.prefetch_stats().used == 4
+
+
+def test_cancel_gives_up_reads_not_yet_started(tmp_path, rng):
+    # Every container write is slowed down: the I/O thread is busy with one while a prefetch queues.
+    m = make(tmp_path, [{"op": "pwrite", "path": "containers", "errno": 0, "delay_us": 100_000}], io_threads=1)
+    early = m.allocate(0, 4)
+    write_random(m, early, rng)
+    m.evict(early, level=CacheLevel.HOST)
+    late = m.allocate(0, 4)
+    model = write_random(m, late, rng)
+    m.evict(late, level=CacheLevel.DISK)
+    # Hold the I/O thread with another write, then queue a prefetch behind it and cancel it.
+    m.migrate(early, CacheLevel.DISK, blocking=False)
+    pending = m.prefetch(late)
+    pending.cancel()
+    r = pending.wait()
+    s = m.prefetch_stats()
+    assert s.issued == 4 and s.cancelled + s.completed == 4 and r.moved == s.completed
+    assert all(p.level in (CacheLevel.DISK, CacheLevel.HOST) and not p.in_flight for p in late)
+    assert s.cancelled == 4  # the read never started: it was queued behind the slow write
+    scribble(m)
+    for p in late:
+        if p.level != CacheLevel.HOT:
+            m.onboard([p], source=CacheLevel(p.level))
+    check_hot(m, late, model)
+    with pytest.raises(ValueError, match="only a prefetch"):
+        m.evict(m.allocate(0, 1), level=CacheLevel.DISK, blocking=False).cancel()
+
+
+def test_wait_with_a_timeout_and_argument_checks(tmp_path, rng):
+    m = make(tmp_path, hold_first_write(2_000_000))
+    pages = m.allocate(0, 2)
+    write_random(m, pages, rng)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    with pytest.raises(TimeoutError, match="not done after"):
+        pending.wait(timeout=0.01)
+    assert pending.wait().moved == 2
+    with pytest.raises(TypeError, match="blocking is 'no'"):
+        m.onboard(pages, source=CacheLevel.DISK, blocking="no")
+    with pytest.raises(ValueError, match="max_bytes is 0"):
+        m.prefetch(pages, max_bytes=0)
+    no_disk = KVCacheManager(config(GROUPS))
+    with pytest.raises(ValueError, match="no disk level"):
+        no_disk.prefetch(no_disk.allocate(0, 1))
+
+
+def test_observers_see_transfers_committed_on_the_io_thread(tmp_path, rng):
+    m = make(tmp_path, hold_first_write())
+    seen = []
+    m.add_migration_observer(lambda r: seen.append((r.src_level, r.dst_level, r.pages, threading.get_ident())))
+    pages = m.allocate(0, 3)
+    write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK, blocking=False).wait()
+    assert [(s, d, n) for s, d, n, _ in seen] == [(CacheLevel.HOT, CacheLevel.DISK, 3)]
+
+
+def test_close_lands_transfers_in_flight(tmp_path, rng):
+    m = make(tmp_path, hold_first_write())
+    pages = m.allocate(0, 3, keys=[b"p", b"q", b"r"])
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    m.close()
+    m2 = make(tmp_path)
+    found = m2.find_on_disk([b"p", b"q", b"r"])
+    m2.onboard(found, source=CacheLevel.DISK)
+    for p, q in zip(pages, found):
+        assert np.array_equal(hot_bytes(m2, q), model[p.id])
+
+
+def test_threads_migrating_asynchronously_keep_every_byte(tmp_path):
+    m = make(tmp_path, host_quota=1 << 18, max_bytes=32 << 20)
+    errors = []
+
+    def worker(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            pages = m.allocate(seed % 2, 6)
+            model = write_random(m, pages, rng)
+            for round_ in range(12):
+                level = (CacheLevel.DISK, CacheLevel.HOST)[round_ % 2]
+                pending = m.evict(pages, level=level, blocking=False)
+                if round_ % 3 == 0:
+                    m.prefetch(pages).wait()  # pages in flight: skipped or ordered, never torn
+                pending.wait()
+                if level == CacheLevel.DISK and round_ % 4 == 0:
+                    m.prefetch(pages).wait()
+                m.onboard(pages, source=CacheLevel(pages[0].level), blocking=False).wait()
+                for p in pages:
+                    assert np.array_equal(hot_bytes(m, p), model[p.id]), (seed, round_, p)
+            m.free(pages)
+        except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    assert not errors, errors
+    m.synchronize()
+    assert m.in_flight_transfers() == 0 and disk_slots_free(m)
+
+
+def test_an_observer_raising_on_the_io_thread_is_raised_by_wait(tmp_path, rng):
+    m = make(tmp_path, hold_first_write())
+
+    def observer(record):
+        raise RuntimeError("observer failed")
+
+    oid = m.add_migration_observer(observer)
+    pages = m.allocate(0, 2)
+    model = write_random(m, pages, rng)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    with pytest.raises(RuntimeError, match="observer raised.*observer failed"):
+        pending.wait()  # as a blocking migration re-raises it, once everything committed
+    assert all(p.level == CacheLevel.DISK for p in pages)  # the page table is consistent
+    assert m.remove_migration_observer(oid)
+    m.onboard(pages, source=CacheLevel.DISK)
+    check_hot(m, pages, model)
+
+
+def test_dropping_a_manager_with_transfers_in_flight_lands_them(tmp_path, rng):
+    """No close(): the core's deallocation waits for the I/O thread (which needs the GIL for the
+    observer) without holding the GIL, then goes."""
+    m = make(tmp_path, hold_first_write())
+    seen = []
+    m.add_migration_observer(lambda r: seen.append(r.pages))
+    pages = m.allocate(0, 3, keys=[b"u", b"v", b"w"])
+    model = list(write_random(m, pages, rng).values())
+    m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    del m, pages
+    gc.collect()
+    assert seen == [3]
+    m2 = make(tmp_path)
+    found = m2.find_on_disk([b"u", b"v", b"w"])
+    m2.onboard(found, source=CacheLevel.DISK)
+    for p, want in zip(found, model):
+        assert np.array_equal(hot_bytes(m2, p), want)
