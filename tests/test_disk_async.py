@@ -19,11 +19,11 @@ GROUPS = [group([0, 1], [64, 32]), group([2], [48])]
 HOLD_US = 300_000  # one delayed write: long enough that the caller surely sees the pages in flight
 
 
-def make(path, faults=None, host_quota=1 << 17, groups=GROUPS, **disk):
+def make(path, faults=None, host_quota=1 << 17, groups=GROUPS, gpu_quota=1 << 16, **disk):
     disk.setdefault("max_bytes", 8 << 20)
     disk.setdefault("container_bytes", 1 << 20)
     disk.setdefault("io_mode", "buffered")
-    return KVCacheManager(config(groups, host_quota=host_quota,
+    return KVCacheManager(config(groups, gpu_quota=gpu_quota, host_quota=host_quota,
                                  disk=DiskTierConfig(str(path), _faults=faults, **disk)))
 
 
@@ -369,3 +369,24 @@ def test_dropping_a_manager_with_transfers_in_flight_lands_them(tmp_path, rng):
     m2.onboard(found, source=CacheLevel.DISK)
     for p, want in zip(found, model):
         assert np.array_equal(hot_bytes(m2, p), want)
+
+
+def test_with_the_page_ring_held_encodes_stage_in_free_host_slots(tmp_path, rng):
+    """More than the pinned page ring in flight: later evictions encode into free host-tier
+    slots instead of waiting for the oldest write, so no call waits for the disk."""
+    groups = [group([0], [512 << 10, 512 << 10])]  # 1 MiB pages: the 64 MiB ring holds 64
+    m = make(tmp_path, hold_first_write(1_000_000), groups=groups, gpu_quota=101 << 20, host_quota=101 << 20,
+             max_bytes=256 << 20, container_bytes=64 << 20)
+    host = m.slot_counts(CacheLevel.HOST)[0]
+    assert host[0] >= 100
+    pages = m.allocate(0, 100)
+    model = write_random(m, pages, rng)
+    pending = [m.evict(pages[i:i + 25], level=CacheLevel.DISK, blocking=False) for i in range(0, 100, 25)]
+    # The first write is still held: no call waited for it.
+    assert not pending[0].done()
+    assert m.slot_counts(CacheLevel.HOST)[0][1] < host[1]  # host slots are staging blobs
+    assert sum(p.wait().moved for p in pending) == 100
+    assert m.slot_counts(CacheLevel.HOST)[0] == host  # and went back
+    scribble(m)
+    m.onboard(pages, source=CacheLevel.DISK)
+    check_hot(m, pages, model)

@@ -115,3 +115,29 @@ def test_restart_finds_keyed_pages_and_onboards_them(tmp_path, legacy_busy):
     torch.cuda.synchronize()  # anything still queued behind the sleep has run by now
     for f, p in zip(found, pages):
         assert np.array_equal(hot_bytes(m2, f), expected[p.id])
+
+
+@pytest.mark.parametrize("params", PATHS, ids=["copy_engine", "sm"])
+def test_non_blocking_evict_does_not_wait_for_the_stream_and_prefetch_lands(tmp_path, params):
+    """The encode waits behind a busy stream: a non-blocking evict to disk returns before the
+    stream drains (the I/O thread, not the caller, waits for the encode's event), the pages land
+    byte-exact, and a prefetch brings them to the host tier for an onboard from memory."""
+    m = cuda_manager(tmp_path, ("concat", params))
+    s = torch.cuda.Stream()
+    pages = m.allocate(0, 200) + m.allocate(1, 60)
+    expected = write_on_stream(m, pages, s)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # tens of ms of GPU work ahead of the encode
+    pending = m.evict(pages, stream=s, level=CacheLevel.DISK, blocking=False)
+    assert not s.query(), "the caller waited for the stream"
+    assert all(p.in_flight and p.level == CacheLevel.HOT for p in pages)
+    r = pending.wait()
+    assert r.moved == len(pages) and all(p.level == CacheLevel.DISK for p in pages)
+    zero_hot(m)
+    assert m.prefetch(pages).wait().moved == len(pages)
+    assert all(p.level == CacheLevel.HOST for p in pages)
+    m.onboard(pages, stream=s)
+    s.synchronize()
+    for p in pages:
+        assert np.array_equal(hot_bytes(m, p), expected[p.id])
+    assert m.prefetch_stats().used == len(pages)

@@ -390,6 +390,9 @@ private:
     bool decodeFromAddressable(Transfer& t);
     bool copyAddressable(Transfer& t);
     bool encodeToStaged(Transfer& t);
+    // encodeToStaged's stage when the ring is held by jobs in flight: free host-tier slots of the
+    // same page size, if there are enough (false: none taken).
+    bool encodeToHostSlots(Transfer& t);
     bool decodeFromStaged(Transfer& t);
     bool writeToStaged(Transfer& t);
     bool readToAddressable(Transfer& t);

@@ -278,6 +278,15 @@ void KvCacheManager::commitJob(Job& job)
         job.lease->releaseFinished(); // The I/O thread waited for the encode; the writes are done.
         job.lease.reset();
     }
+    if (!job.hostSlots.empty())
+    {
+        SlotPool& host = storage_->slots(CacheLevel::kHost, job.hostGroup);
+        for (int32_t slot : job.hostSlots)
+        {
+            host.give(slot, job.finish); // The writes read them; the encode is all that could be left.
+        }
+        job.hostSlots.clear();
+    }
     for (uint32_t index : job.pages)
     {
         pages_[index].inFlight = false;

@@ -34,6 +34,9 @@ struct KvCacheManager::Job
     std::vector<EventPtr> waits;    ///< The I/O thread host-waits for these before submitting.
     EventPtr finish;                ///< Protects the source slots once the job is committed.
     std::optional<StagingBuffer> lease;
+    /// Free host-tier slots staging the encoded blobs instead of the ring (ring held by jobs).
+    std::vector<int32_t> hostSlots;
+    PoolGroupIndex hostGroup = 0;
     Stream stream = nullptr;
     double seconds = 0;
     uint64_t calls = 0;

@@ -364,6 +364,10 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     ColdLevel* cold = storage_->coldLevel(t.key.dst);
     uint64_t const pageBytes = cold->pageBytes(t.key.dstGroup);
     t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
+    if (!t.lease && hasJobs() && encodeToHostSlots(t))
+    {
+        return true; // The ring is busy with earlier writes: the caller does not wait for them.
+    }
     while (!t.lease && hasJobs())
     {
         waitOldestJob();
@@ -399,6 +403,63 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     }
     job->lease = std::move(t.lease);
     t.lease.reset();
+    fillJob(t, *job);
+    enqueue(std::move(job));
+    return true;
+}
+
+bool KvCacheManager::encodeToHostSlots(Transfer& t)
+{
+    if (!storage_->hasLevel(CacheLevel::kHost))
+    {
+        return false;
+    }
+    ColdLevel* cold = storage_->coldLevel(t.key.dst);
+    ColdLevel* host = storage_->coldLevel(CacheLevel::kHost);
+    PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHost, pages_[t.pages[0]].lifeCycle);
+    std::byte* base = host->accessibleBase(g);
+    uint64_t const pageBytes = cold->pageBytes(t.key.dstGroup);
+    SlotPool& pool = storage_->slots(CacheLevel::kHost, g);
+    if (base == nullptr || host->pageBytes(g) != pageBytes || pool.freeSlots() < t.count)
+    {
+        return false;
+    }
+    detail::Scratch& s = detail::scratch();
+    auto job = std::make_unique<Job>();
+    job->hostGroup = g;
+    job->hostSlots.resize(t.count);
+    s.events.clear();
+    runtime::Event* last = nullptr;
+    s.codecPairs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        int32_t const slot = pool.take();
+        job->hostSlots[i] = slot;
+        collect(s.events, pool.ready(slot), last); // Whatever last read the slot (a decode).
+        s.codecPairs[i] = {slot, s.pairs[i].src};
+    }
+    waitAll(s.events, t.stream);
+    uint64_t const callsBefore = storage_->codecCalls();
+    if (!transcode(t, true, base, s.codecPairs.data(), nullptr))
+    {
+        for (int32_t slot : job->hostSlots)
+        {
+            pool.give(slot, runtime_->record(t.stream));
+        }
+        return false;
+    }
+    job->write = true;
+    job->calls = storage_->codecCalls() - callsBefore;
+    job->finish = runtime_->record(t.stream);
+    if (job->finish)
+    {
+        job->waits.push_back(job->finish);
+    }
+    job->blobs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        job->blobs[i] = base + uint64_t(job->hostSlots[i]) * pageBytes;
+    }
     fillJob(t, *job);
     enqueue(std::move(job));
     return true;
