@@ -170,6 +170,16 @@ def main(argv: list[str]) -> int:
             version[k] = got[1]
             log("V", k, got[1])
 
+    def migrate(handles, level, source=None):
+        """A migration, half of the time non-blocking (the I/O thread writes or reads while the
+        child waits): either way the call is resolved once it returned or its wait() did."""
+        blocking = rng.random() < 0.5
+        if source is not None:
+            r = m.evict(handles, level=level, blocking=blocking)
+        else:
+            r = m.migrate(handles, level, blocking=blocking)
+        return r if blocking else r.wait()
+
     def put(ks) -> None:
         """New pages for keys without one: allocate, write, send to disk (direct or via host)."""
         for lc in (0, 1):
@@ -185,7 +195,7 @@ def main(argv: list[str]) -> int:
                 for k in group_keys:
                     log("I", k, version[k])
                 try:
-                    m.evict(handles, level=DISK)
+                    migrate(handles, DISK, HOT)
                 finally:
                     resolve(group_keys)
             elif rng.random() < 0.7:
@@ -194,7 +204,7 @@ def main(argv: list[str]) -> int:
                 for k in group_keys:
                     log("I", k, version[k])
                 try:
-                    m.migrate(handles, DISK)  # host -> disk: raw blob copy
+                    migrate(handles, DISK)  # host -> disk: raw blob copy
                 finally:
                     resolve(group_keys)
 
@@ -210,7 +220,7 @@ def main(argv: list[str]) -> int:
             if how == "onboard":
                 r = m.onboard(hs, source=DISK)
             elif how == "up":
-                r = m.migrate(hs, HOST)
+                r = migrate(hs, HOST)
             else:
                 m.free(hs)
                 r = None

@@ -361,8 +361,6 @@ def manager_table(rep: Report) -> Table | None:
     """The rows through the KV-cache manager as table cells, or None when none ran."""
     if not rep.manager:
         return None
-    from .disk_manager import blocked_target
-
     title = (f"through the KV-cache manager ({rep.manager[0].device}): KV-like pages, calls of up to "
              f"{rep.manager[0].pages // max(1, rep.manager[0].calls)} pages; x store = blob GB/s over the store alone")
     cols = [Column("codec", 8, "<", ""), Column("path", 11, "<"), Column("mode", 9, "<"), Column("raw GB/s", 9),
@@ -370,7 +368,7 @@ def manager_table(rep: Report) -> Table | None:
             Column("x store", 8), Column("blocked us/call", 16), Column("target", 8), Column("", 0, "<", "  ")]
     rows = []
     for m in rep.manager:
-        ok = "ok" if m.blocked_us_median <= blocked_target(m.pages // max(1, m.calls)) else "blocks the caller"
+        ok = "ok" if m.blocked_us_median <= m.blocked_target_us else "blocks the caller"
         rows.append([m.codec, m.path, m.mode, f"{m.raw_gbps:.2f}", f"{m.cold_gbps:.2f}",
                      f"{m.vs_store:.2f}" if m.vs_store else "-", f"{m.blocked_us_median:.0f} (max {m.blocked_us_max:.0f})",
                      f"{m.blocked_target_us:.0f}", "; ".join(x for x in (ok, m.verified) if x)])
