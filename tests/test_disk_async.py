@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_kvcm_support import config, group, hot_bytes, write_random
+from test_kvcm_support import config, damage_first_blob, group, hot_bytes, write_random
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager
 from kvcodec_sdk.manager import MigrationError, PendingMigration, StalePageError
@@ -149,10 +149,7 @@ def test_a_non_blocking_read_of_a_corrupt_blob_drops_the_page(tmp_path, rng):
     model = write_random(m, pages, rng)
     m.evict(pages, level=CacheLevel.DISK)
     m.close()
-    container = tmp_path / "group0" / "containers" / "0000.bin"
-    data = bytearray(container.read_bytes())
-    data[100] ^= 0xFF  # the first slot's payload
-    container.write_bytes(bytes(data))
+    damage_first_blob(tmp_path)
     m2 = make(tmp_path, groups=groups)
     found = m2.find_on_disk([b"x", b"y"])
     r = m2.migrate(found, CacheLevel.HOST, blocking=False).wait()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_kvcm_support import config, group, hot_bytes, make_test_codec, write_random
+from test_kvcm_support import config, damage_first_blob, group, hot_bytes, make_test_codec, write_random
 
 from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheConfigError, KVCacheManager
 from kvcodec_sdk.manager import MigrationError, StalePageError, page_ring_bytes
@@ -174,10 +174,7 @@ def test_checksum_mismatch_drops_the_page(tmp_path, rng):
     model = write_random(m, pages, rng)
     m.evict(pages, level=CacheLevel.DISK)
     m.close()
-    container = tmp_path / "group0" / "containers" / "0000.bin"
-    data = bytearray(container.read_bytes())
-    data[100] ^= 0xFF  # the first slot's payload
-    container.write_bytes(bytes(data))
+    damage_first_blob(tmp_path)
     m2 = KVCacheManager(disk_config(tmp_path, groups=[group([0], [4096])]))
     found = m2.find_on_disk([b"x", b"y"])
     r = m2.onboard(found, source=CacheLevel.DISK)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -95,3 +96,11 @@ def check_all(m: KVCacheManager, model: dict, lifecycles: dict, codec: str) -> N
         else:
             blob = np.asarray(m.page_view(page)[0])
             assert np.array_equal(blob, expected_blob(m, lifecycles[pid], content, codec)), f"host page {pid:#x} differs"
+
+
+def damage_first_blob(disk_dir) -> None:
+    """Flips a payload byte of the first slot of pool group 0's first container (a closed disk tier)."""
+    container = Path(disk_dir) / "group0" / "containers" / "0000.bin"
+    data = bytearray(container.read_bytes())
+    data[100] ^= 0xFF
+    container.write_bytes(bytes(data))

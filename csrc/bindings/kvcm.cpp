@@ -104,6 +104,11 @@ private:
     std::optional<kvcm::KvCacheManager::CallGuard> guard_;
 };
 
+std::optional<CacheLevel> optionalLevel(std::optional<int32_t> level)
+{
+    return level ? std::optional<CacheLevel>(CacheLevel(*level)) : std::nullopt;
+}
+
 // Deletes a manager from Python's deallocation (GIL held): its transfers in flight are waited
 // for first with the GIL released (the I/O thread may need it for an observer), then the
 // manager, and the Python observers it holds, go with the GIL held.
@@ -391,15 +396,10 @@ void bindKvcm(py::module_& m)
                 int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
                 PyGuard guard(m, "migrate");
                 auto [p, n] = pageIds(ids);
-                std::optional<CacheLevel> required;
-                if (requiredSource)
-                {
-                    required = CacheLevel(*requiredSource);
-                }
                 kvcm::MigrationResult r;
                 {
                     py::gil_scoped_release release;
-                    r = m.migrate(p, n, CacheLevel(level), toStream(stream), required);
+                    r = m.migrate(p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
                 }
                 return r;
             },
@@ -410,13 +410,8 @@ void bindKvcm(py::module_& m)
                 int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
                 PyGuard guard(m, "submit");
                 auto [p, n] = pageIds(ids);
-                std::optional<CacheLevel> required;
-                if (requiredSource)
-                {
-                    required = CacheLevel(*requiredSource);
-                }
                 py::gil_scoped_release release;
-                return m.submit(p, n, CacheLevel(level), toStream(stream), required);
+                return m.submit(p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
             },
             py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none(),
             py::keep_alive<0, 1>())
