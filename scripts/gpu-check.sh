@@ -203,6 +203,12 @@ step "kvcodec bench workload (prefix reuse: host tier vs hot only)"
 (cd "$OUT_DIR" && timeout 240 kvcodec bench workload --device cuda --sessions 256 --turns 4 --prefix-pages 64 \
    --json bench-workload.json) > "$OUT_DIR/bench-workload.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-workload.txt"
+step "kvcodec bench workload with a disk tier, a small host tier and prefetch"
+mkdir -p "$OUT_DIR/workload-disk"
+(cd "$OUT_DIR" && timeout 240 kvcodec bench workload --device cuda --sessions 256 --turns 4 --prefix-pages 64 \
+   --disk-dir workload-disk --host-fraction 0.3 --prefetch --json bench-workload-prefetch.json) \
+   > "$OUT_DIR/bench-workload-prefetch.txt" 2>&1 || status=1
+grep -v '^\[bench\]' "$OUT_DIR/bench-workload-prefetch.txt"
 fi
 
 if want disk; then

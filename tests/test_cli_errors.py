@@ -97,6 +97,8 @@ USAGE = [
     (["bench", "codec", "all", "--params", "{}", *TINY], "--params applies to one codec"),
     (["bench", "workload", "--sessions", "2", "--prefixes", "4", *TINY], "prefixes is 4; it must be at most sessions"),
     (["bench", "workload", "--disk-dir", "/no/such/folder", *TINY], "argument --disk-dir: '/no/such/folder' does not"),
+    (["bench", "workload", "--prefetch", *TINY], "--prefetch warms the host tier from a disk tier: it needs --disk-dir"),
+    (["bench", "workload", "--host-fraction", "9", *TINY], "workload host_fraction is 9.0; it must be in (0, 4]"),
     (["bench", "disk", "--dir", "/no/such/folder"], "argument --dir: '/no/such/folder' does not exist"),
     (["bench", "disk", "--dir", "/etc/hostname"], "argument --dir: '/etc/hostname' is not a folder"),
     (["bench", "disk", "--sizes", "4K"], "kvcodec bench disk: error: unrecognized arguments: --sizes 4K"),

@@ -103,3 +103,18 @@ def test_a_blob_damaged_on_the_host_fails_at_onboarding(monkeypatch):
     with pytest.raises(RuntimeError, match=r"\(host hit, onboarded\) has wrong bytes"):
         workload.run(device="cpu", workload=TINY, progress=False)
     assert damaged
+
+
+def test_workload_prefetching_the_next_turn_turns_disk_hits_into_host_hits(tmp_path):
+    shape = dict(sessions=12, turns=3, prefixes=3, prefix_pages=6, new_pages=2, host_fraction=0.25)
+    plain = workload.run(device="cpu", workload=workload.Workload(**shape), disk_dir=str(tmp_path), progress=False)
+    rep = workload.run(device="cpu", workload=workload.Workload(**shape, prefetch=True), disk_dir=str(tmp_path),
+                       progress=False)
+    with_host, hot_only = rep.runs
+    p = with_host.prefetch
+    assert p is not None and hot_only.prefetch is None  # no host tier: nothing to prefetch into
+    assert p["issued"] > 0 and p["completed"] + p["failed"] + p["cancelled"] <= p["issued"]
+    assert 0 < p["used"] <= p["completed"] and p["hit_rate"] == p["used"] / p["completed"]
+    assert with_host.hits["disk"] < plain.runs[0].hits["disk"]
+    assert with_host.hits["miss"] == plain.runs[0].hits["miss"]  # prefetch changes where, never whether
+    assert "prefetch (host tier run)" in workload.format_table(rep)

@@ -15,6 +15,12 @@ the engine:
 5. verifies every page it uses, byte for byte, against a pattern derived from its key (a wrong
    byte fails the benchmark), then unpins at the turn's end.
 
+With a disk tier and ``prefetch``, the engine also acts as a scheduler that knows its queue:
+before each turn it prefetches the next turn's disk pages to the host tier in the background
+(``KVCacheManager.prefetch``, at most one turn's pages in flight or unused), so the next turn
+finds them as host hits; the run then reports the prefetch counters and their hit rate (pages
+used / pages prefetched).
+
 The working set (all prefixes plus every session's pages) is larger than the hot quota. The same
 workload runs twice in one invocation: with the host tier and with it disabled (``host_quota=0``,
 a GPU-only manager whose evictions drop). Reported per run:
@@ -66,6 +72,7 @@ class Workload:
     hot_fraction: float = 0.25  # hot quota as a fraction of the working set
     host_fraction: float = 0.75  # host quota as a fraction of the working set (host run)
     seed: int = 1
+    prefetch: bool = False  # with a disk tier: prefetch the next turn's disk pages (host-tier run)
 
     def validate(self) -> None:
         """Raises ValueError naming the first invalid field, its value and what is valid."""
@@ -129,6 +136,7 @@ class RunReport:
     pages_verified: int
     wall_seconds: float
     level_stats: dict = field(default_factory=dict)
+    prefetch: dict | None = None  # prefetch counters and hit_rate (used / completed), when prefetching
 
 
 @dataclass
@@ -263,11 +271,20 @@ class _Engine:
             return -1
         return int(self.m._live().info(page).level)
 
+    def _needed(self, session: int, turn: int) -> list[bytes]:
+        w = self.w
+        needed = [f"p{session % w.prefixes}/{i}".encode() for i in range(w.prefix_pages)]
+        return needed + [f"s{session}/{i}".encode() for i in range(turn * w.new_pages)]
+
+    def prefetch(self, session: int, turn: int) -> None:
+        """Warms the host tier with the disk pages a coming turn needs (returns at once)."""
+        ids = [self.pages[k] for k in self._needed(session, turn) if self._lookup(k) == CacheLevel.DISK]
+        if ids:
+            self.m.prefetch(np.array(ids, dtype=np.uint64), max_bytes=self.w.turn_pages() * self.w.page_bytes)
+
     def turn(self, session: int, turn: int) -> None:
         w, m = self.w, self.m
-        prefix = session % w.prefixes
-        needed = [f"p{prefix}/{i}".encode() for i in range(w.prefix_pages)]
-        needed += [f"s{session}/{i}".encode() for i in range(turn * w.new_pages)]
+        needed = self._needed(session, turn)
         found: dict[int, list] = {CacheLevel.HOT: [], CacheLevel.HOST: [], CacheLevel.DISK: []}
         missing: list[bytes] = []
         for key in needed:
@@ -295,7 +312,9 @@ class _Engine:
                 need = len(keys) - m.slot_counts(CacheLevel.HOT)[self.hot_group][1]
                 if need > 0:
                     self._timed(lambda: m.make_room(CacheLevel.HOT, self.hot_group, len(keys)))
-                res, _ = self._timed(lambda: m.onboard(ids, source=source))
+                # migrate, not onboard(source=...): a disk page still in flight to the host (a
+                # prefetch) is at the host level once the call has waited for it.
+                res, _ = self._timed(lambda: m.migrate(ids, CacheLevel.HOT))
                 if len(res.dropped):
                     raise RuntimeError(f"{len(res.dropped)} pages were dropped while onboarding from "
                                        f"{CacheLevel.name(source)} (concat has no envelope: none should be)")
@@ -336,8 +355,13 @@ def _run_once(w: Workload, device: str, torch, host_tier: bool, disk_dir: str | 
     order = np.repeat(np.arange(w.sessions), w.turns)
     rng.shuffle(order)
     next_turn = [0] * w.sessions
+    prefetching = w.prefetch and engine.disk and host_tier
+    queue = order.tolist()
     t0 = time.perf_counter()
-    for s in order.tolist():
+    for i, s in enumerate(queue):
+        if prefetching and i + 1 < len(queue):
+            following = queue[i + 1]
+            engine.prefetch(following, next_turn[following] + (following == s))
         engine.turn(s, next_turn[s])
         next_turn[s] += 1
     engine._sync()
@@ -362,6 +386,9 @@ def _run_once(w: Workload, device: str, torch, host_tier: bool, disk_dir: str | 
         alloc_p50_us=_pct(engine.alloc_s, 50), alloc_p99_us=_pct(engine.alloc_s, 99),
         alloc_us_per_page=sum(engine.alloc_s) / engine.alloc_pages * 1e6 if engine.alloc_pages else None,
         pages_verified=engine.verified, wall_seconds=wall, level_stats=stats)
+    if prefetching:
+        p = m.prefetch_stats()
+        report.prefetch = asdict(p) | {"hit_rate": p.used / p.completed if p.completed else 0.0}
     engine.close()
     _log(progress, f"{'host tier' if host_tier else 'hot only '}: hit rate "
                    + ", ".join(f"{k} {v:.3f}" for k, v in report.hit_rate.items())
@@ -449,6 +476,11 @@ def table(report: Report) -> Table:
                      f"{r.pages_moved_per_s:.0f}", cell(r.host_us_per_moved_page, ".2f"), cell(r.alloc_p50_us, ".1f"),
                      cell(r.alloc_p99_us, ".1f"), cell(r.alloc_us_per_page, ".2f"), str(r.pages_verified)])
     notes = ["host tier / hot only: " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in report.ratios.items())]
+    for r in report.runs:
+        if r.prefetch:
+            p = r.prefetch
+            notes.append(f"prefetch (host tier run): {p['issued']} pages issued, {p['completed']} landed, {p['used']} "
+                         f"used, {p['wasted']} wasted, {p['skipped']} skipped: hit rate {p['hit_rate']:.3f}")
     return Table([title], cols, rows, notes)
 
 

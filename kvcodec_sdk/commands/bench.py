@@ -102,6 +102,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--new-pages", type=count(1, 1_000_000), default=4, help="new pages per turn (default 4)")
     w.add_argument("--piece-bytes", type=parse_size, default=4 * 1024, help="bytes of each K and V buffer (default 4K)")
     w.add_argument("--disk-dir", type=folder, default=None, help="also give both runs a disk tier in a temp dir under this path")
+    w.add_argument("--host-fraction", type=float, default=0.75,
+                   help="host quota of the host-tier run as a fraction of the working set, in (0, 4] (default 0.75)")
+    w.add_argument("--prefetch", action="store_true",
+                   help="with --disk-dir: prefetch the next turn's disk pages to the host tier before each turn")
 
     d = sub.choices["disk"]
     _output(d)
@@ -290,7 +294,10 @@ def _run_workload(args: argparse.Namespace) -> int:
     from ..bench import workload
 
     w = workload.Workload(sessions=args.sessions, turns=args.turns, prefixes=args.prefixes,
-                          prefix_pages=args.prefix_pages, new_pages=args.new_pages, piece_bytes=args.piece_bytes)
+                          prefix_pages=args.prefix_pages, new_pages=args.new_pages, piece_bytes=args.piece_bytes,
+                          host_fraction=args.host_fraction, prefetch=args.prefetch)
+    if args.prefetch and args.disk_dir is None:
+        return _usage_error("--prefetch warms the host tier from a disk tier: it needs --disk-dir")
     try:
         w.validate()
     except ValueError as exc:  # options that do not fit together, e.g. more prefixes than sessions
