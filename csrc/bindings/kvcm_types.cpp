@@ -63,6 +63,17 @@ void bindKvcmConfig(py::module_& k)
         .def_readwrite("disk", &kvcm::KvcmConfig::disk);
 }
 
+namespace {
+
+py::array_t<uint64_t> pageArray(std::vector<kvcm::PageId> const& ids)
+{
+    py::array_t<uint64_t> out(static_cast<py::ssize_t>(ids.size()));
+    std::copy(ids.begin(), ids.end(), out.mutable_data());
+    return out;
+}
+
+} // namespace
+
 // Query results with named, read-only fields.
 void bindKvcmResults(py::module_& k)
 {
@@ -75,18 +86,8 @@ void bindKvcmResults(py::module_& k)
 
     py::class_<kvcm::MigrationResult>(k, "MigrationResult", "Outcome of migrate() (kvcm::MigrationResult).")
         .def_readonly("moved", &kvcm::MigrationResult::moved)
-        .def_property_readonly("dropped",
-            [](kvcm::MigrationResult const& r) {
-                py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.dropped.size()));
-                std::copy(r.dropped.begin(), r.dropped.end(), out.mutable_data());
-                return out;
-            })
-        .def_property_readonly("failed",
-            [](kvcm::MigrationResult const& r) {
-                py::array_t<uint64_t> out(static_cast<py::ssize_t>(r.failed.size()));
-                std::copy(r.failed.begin(), r.failed.end(), out.mutable_data());
-                return out;
-            })
+        .def_property_readonly("dropped", [](kvcm::MigrationResult const& r) { return pageArray(r.dropped); })
+        .def_property_readonly("failed", [](kvcm::MigrationResult const& r) { return pageArray(r.failed); })
         .def_readonly("error", &kvcm::MigrationResult::error);
 
     py::class_<kvcm::PrefetchStats>(k, "PrefetchStats", "Prefetch counters (kvcm::PrefetchStats).")

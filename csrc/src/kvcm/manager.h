@@ -393,10 +393,12 @@ private:
     // encodeToStaged's stage when the ring is held by jobs in flight: free host-tier slots of the
     // same page size, if there are enough (false: none taken).
     bool encodeToHostSlots(Transfer& t);
+    std::unique_ptr<Job> writeJob(Transfer& t, uint64_t calls);
+    void dropUnread(TransferKey const& key, uint32_t index, int32_t dstSlot, int reason, MigrationResult& result);
     bool decodeFromStaged(Transfer& t);
     bool writeToStaged(Transfer& t);
     bool readToAddressable(Transfer& t);
-    bool readStaged(Transfer& t, std::byte* const* blobs, bool leaseIndices);
+    bool readStaged(Transfer& t, std::byte* const* blobs);
     bool checkEnvelopes(Transfer& t);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);

@@ -332,10 +332,7 @@ void KvCacheManager::commitJob(Job& job)
                 ++kept;
                 continue;
             }
-            cold->release(job.key.srcGroup, pages_[index].slot);
-            dstPool.give(job.dstSlots[i], dstPool.ready(job.dstSlots[i]));
-            int const reason = job.status[i] == BlobStatus::kMissing ? kDropBlobMissing : kDropBlobCorrupt;
-            dropPage(index, job.key.src, job.key.srcGroup, reason, result);
+            dropUnread(job.key, index, job.dstSlots[i], unreadReason(job.status[i]), result);
             if (job.prefetch)
             {
                 ++prefetch_.failed;

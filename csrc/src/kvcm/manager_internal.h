@@ -49,6 +49,12 @@ struct KvCacheManager::Job
     std::shared_ptr<PendingMigration> owner;
 };
 
+/// The drop reason of a staged read that did not return a good blob (missing, or corrupt).
+inline int unreadReason(BlobStatus status) noexcept
+{
+    return status == BlobStatus::kMissing ? kDropBlobMissing : kDropBlobCorrupt;
+}
+
 } // namespace kvcodec::kvcm
 
 namespace kvcodec::kvcm::detail {
@@ -70,7 +76,6 @@ struct Scratch
     std::vector<int32_t> levelSlots;
     std::vector<std::byte*> blobs;
     std::vector<BlobStatus> status;
-    std::vector<BlobName> names;
 };
 Scratch& scratch() noexcept;
 

@@ -241,8 +241,8 @@ bool KvCacheManager::copyAddressable(Transfer& t)
 
 // Staged sources are read first, on this thread (the level's workers do the I/O), into `blobs`.
 // A missing or corrupt blob drops the page like a failed envelope check; a failed read fails
-// the transfer with nothing changed. `leaseIndices` records each kept page's blob index.
-bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs, bool leaseIndices)
+// the transfer with nothing changed. s.leaseIndex records each kept page's blob index.
+bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs)
 {
     detail::Scratch& s = detail::scratch();
     ColdLevel* cold = storage_->coldLevel(t.key.src);
@@ -263,9 +263,8 @@ bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs, bool lease
     for (size_t i = 0; i < t.count; ++i)
     {
         uint32_t const index = t.pages[i];
-        Page const& p = pages_[index];
         bool good = s.status[i] == BlobStatus::kOk;
-        int reason = s.status[i] == BlobStatus::kMissing ? kDropBlobMissing : kDropBlobCorrupt;
+        int reason = unreadReason(s.status[i]);
         if (good && t.hostCheck)
         {
             reason = int(checkColdPageEnvelope(blobs[i], pageBytes, t.envelope));
@@ -275,16 +274,11 @@ bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs, bool lease
         {
             t.pages[kept] = index;
             t.dstSlots[kept] = t.dstSlots[i];
-            if (leaseIndices)
-            {
-                s.leaseIndex[kept] = uint32_t(i);
-            }
+            s.leaseIndex[kept] = uint32_t(i);
             ++kept;
             continue;
         }
-        cold->release(t.key.srcGroup, p.slot);
-        t.dstPool.give(t.dstSlots[i], t.dstPool.ready(t.dstSlots[i]));
-        dropPage(index, t.key.src, t.key.srcGroup, reason, t.result);
+        dropUnread(t.key, index, t.dstSlots[i], reason, t.result);
     }
     t.count = kept;
     return true;
@@ -307,7 +301,7 @@ bool KvCacheManager::decodeFromStaged(Transfer& t)
     {
         s.blobs[i] = t.lease->data() + i * pageBytes;
     }
-    if (!readStaged(t, s.blobs.data(), true))
+    if (!readStaged(t, s.blobs.data()))
     {
         return false;
     }
@@ -333,8 +327,6 @@ bool KvCacheManager::readToAddressable(Transfer& t)
     uint64_t const pageBytes = storage_->pageBytes(t.key.src, t.key.srcGroup);
     std::byte* base = storage_->coldLevel(t.key.dst)->accessibleBase(t.key.dstGroup);
     auto job = std::make_unique<Job>();
-    job->key = t.key;
-    job->stream = t.stream;
     job->blobs.resize(t.count);
     job->srcSlots.resize(t.count);
     job->status.assign(t.count, BlobStatus::kFailed);
@@ -388,14 +380,7 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     {
         return false;
     }
-    auto job = std::make_unique<Job>();
-    job->write = true;
-    job->calls = storage_->codecCalls() - callsBefore;
-    job->finish = runtime_->record(t.stream); // Null on the host backend: its work is done.
-    if (job->finish)
-    {
-        job->waits.push_back(job->finish);
-    }
+    std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
     job->blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
@@ -425,16 +410,14 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
         return false;
     }
     detail::Scratch& s = detail::scratch();
-    auto job = std::make_unique<Job>();
-    job->hostGroup = g;
-    job->hostSlots.resize(t.count);
+    std::vector<int32_t> slots(t.count);
     s.events.clear();
     runtime::Event* last = nullptr;
     s.codecPairs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
         int32_t const slot = pool.take();
-        job->hostSlots[i] = slot;
+        slots[i] = slot;
         collect(s.events, pool.ready(slot), last); // Whatever last read the slot (a decode).
         s.codecPairs[i] = {slot, s.pairs[i].src};
     }
@@ -442,19 +425,16 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
     uint64_t const callsBefore = storage_->codecCalls();
     if (!transcode(t, true, base, s.codecPairs.data(), nullptr))
     {
-        for (int32_t slot : job->hostSlots)
+        EventPtr const done = runtime_->record(t.stream);
+        for (int32_t slot : slots)
         {
-            pool.give(slot, runtime_->record(t.stream));
+            pool.give(slot, done);
         }
         return false;
     }
-    job->write = true;
-    job->calls = storage_->codecCalls() - callsBefore;
-    job->finish = runtime_->record(t.stream);
-    if (job->finish)
-    {
-        job->waits.push_back(job->finish);
-    }
+    std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
+    job->hostGroup = g;
+    job->hostSlots = std::move(slots);
     job->blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
@@ -478,13 +458,7 @@ bool KvCacheManager::writeToStaged(Transfer& t)
         t.error = "neither cold level is GPU-accessible; a blob copy between them needs a staging hop";
         return false;
     }
-    auto job = std::make_unique<Job>();
-    job->write = true;
-    job->finish = runtime_->record(t.stream);
-    if (job->finish)
-    {
-        job->waits.push_back(job->finish);
-    }
+    std::unique_ptr<Job> job = writeJob(t, 0);
     uint64_t const stride = src->pageBytes(t.key.srcGroup);
     job->blobs.resize(t.count);
     for (size_t i = 0; i < t.count; ++i)
@@ -494,6 +468,33 @@ bool KvCacheManager::writeToStaged(Transfer& t)
     fillJob(t, *job);
     enqueue(std::move(job));
     return true;
+}
+
+// A write job whose I/O waits for the work submitted on the transfer's stream so far (the
+// encode, or the source slots' last transfers): an event recorded now, null on the host
+// backend, whose work is done.
+std::unique_ptr<KvCacheManager::Job> KvCacheManager::writeJob(Transfer& t, uint64_t calls)
+{
+    auto job = std::make_unique<Job>();
+    job->write = true;
+    job->calls = calls;
+    job->finish = runtime_->record(t.stream);
+    if (job->finish)
+    {
+        job->waits.push_back(job->finish);
+    }
+    return job;
+}
+
+// Drops a page whose staged read missed or failed its checksum (a miss), as the read path
+// does: its level slot and its unused destination slot are released.
+void KvCacheManager::dropUnread(
+    TransferKey const& key, uint32_t index, int32_t dstSlot, int reason, MigrationResult& result)
+{
+    storage_->coldLevel(key.src)->release(key.srcGroup, pages_[index].slot);
+    SlotPool& dst = storage_->slots(key.dst, key.dstGroup);
+    dst.give(dstSlot, dst.ready(dstSlot));
+    dropPage(index, key.src, key.srcGroup, reason, result);
 }
 
 // The pages, destination slots and names of a transfer become a job's; the job is queued and
