@@ -30,7 +30,7 @@ def kvcodec_register_codecs(registry: CodecRegistry) -> None:
     """Register the codecs this plugin provides.
 
     Called once per registry, after every enabled plugin is loaded. Call
-    :meth:`~kvcodec_sdk.registry.CodecRegistry.register` with one
+    :meth:`~kvcodec_sdk.CodecRegistry.register` with one
     :class:`~kvcodec_sdk.spec.CodecSpec` per codec. A name registered twice keeps the first
     registration and warns, naming both plugins.
 

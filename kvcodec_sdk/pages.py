@@ -158,7 +158,7 @@ class PageHandle:
     def key(self) -> bytes | None:
         """The page's content key (None when unset). Setting it (bytes or str, 1..254 bytes;
         unique among live pages; before the page goes to disk) names its disk blob, so a later
-        manager on the same disk tier can find it (:meth:`~kvcodec_sdk.manager.KVCacheManager.find_on_disk`)."""
+        manager on the same disk tier can find it (:meth:`~kvcodec_sdk.KVCacheManager.find_on_disk`)."""
         with _native_errors():
             k = self._manager._live().key(self.id)
         return bytes(k) or None

@@ -84,7 +84,7 @@ class CodecSpec:
     :param version: Version of the distribution providing the codec.
     :param format_version: Version of the blob format; must equal the native factory's.
     :param lossless: True when decode(encode(x)) == x byte for byte.
-    :param error_bound: For lossy codecs, the declared bound in words (e.g. "|x - y| <= ...").
+    :param error_bound: For lossy codecs, the declared bound in words (e.g. ``"|x - y| <= ..."``).
     :param params: Parameter schema.
     :param devices: Implementations shipped: ``"cpu"`` (reference) and/or ``"cuda"``.
     :param factory: Returns the PyCapsule carrying the codec's ``KvcodecCodecFactory``.

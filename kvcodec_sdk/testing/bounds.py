@@ -3,7 +3,7 @@
 A lossy codec declares its bound in words (``CodecSpec.error_bound``) and as a check
 (``CodecSpec.check_error``). The suite does not take the check's word for it: for every buffer of
 a decoded page it first applies what holds for any K/V codec, with its own element conversion
-(:func:`~kvcodec_sdk.testing.data.to_float32`) per buffer and per dtype, then asks the codec's
+(:func:`~kvcodec_sdk.testing.to_float32`) per buffer and per dtype, then asks the codec's
 ``check_error`` for a second opinion, after making sure that opinion can say no.
 
 - **Exact buffers are exact.** ``OTHER`` buffers (``BufferRole::kOther``: "codecs must not
