@@ -16,7 +16,11 @@ import time
 import numpy as np
 import pytest
 import torch
-from lmcache.v1.distributed.api import MemoryLayoutDesc
+from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+from lmcache.v1.distributed.config import L1ManagerConfig, L1MemoryManagerConfig
+from lmcache.v1.distributed.l1_manager import L1Manager
+from lmcache.v1.distributed.l2_adapters.mock_l2_adapter import MockL2Adapter, MockL2AdapterConfig
+from lmcache.v1.distributed.l2_adapters.serde_wrapper import SerdeL2AdapterWrapper
 from lmcache.v1.distributed.serde import AsyncSerdeProcessor, SerdeConfig, create_serde_processor
 from lmcache.v1.distributed.serde.factory import get_registered_serde_types
 from lmcache.v1.memory_allocators.host_memory_allocator import HostMemoryAllocator
@@ -295,3 +299,61 @@ def test_a_page_that_does_not_fit_is_not_stored(serdes, alloc):
         free([obj, fits], temps, temps2, outs)
     finally:
         serde.close()
+
+
+def until(poll, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = poll()
+        if result is not None:
+            return result
+        time.sleep(0.005)
+    raise TimeoutError(f"no result in {timeout} s")
+
+
+@pytest.mark.parametrize("codec", ["concat", "fp8"])
+def test_through_lmcaches_storage_path_a_damaged_object_is_a_miss(serdes, alloc, codec):
+    """LMCache's own L2 path: SerdeL2AdapterWrapper over its mock L2 adapter, temp buffers from a
+    real L1Manager. Stored chunks load back (found in the load bitmap); after one stored object is
+    damaged, a load that includes it reports every key of the task missing, and the intact chunk
+    alone still loads."""
+    rng = np.random.default_rng(17)
+    l1 = L1Manager(L1ManagerConfig(memory_config=L1MemoryManagerConfig(size_in_bytes=32 << 20, use_lazy=False,
+                                                                       shm_name="")))
+    inner = MockL2Adapter(MockL2AdapterConfig(max_size_gb=0.05, mock_bandwidth_gb=100.0))
+    wrapper = SerdeL2AdapterWrapper(inner, serde_of(f"kvcodec-{codec}", num_heads=HEADS), l1)
+    try:
+        keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 16, model_name="tiny", kv_rank=0) for i in range(2)]
+        srcs = [kv_object(alloc, rng) for _ in keys]
+        task = wrapper.submit_store_task(keys, srcs)
+        assert until(lambda: wrapper.pop_completed_store_tasks().get(task)).is_successful()
+        layout = {0: MemoryLayoutDesc(shapes=srcs[0].get_shapes(), dtypes=srcs[0].get_dtypes())}
+        found = until(lambda t=wrapper.submit_lookup_and_lock_task(keys, layout): wrapper.query_lookup_and_lock_result(t))
+        assert [found.test(i) for i in range(2)] == [True, True]
+
+        def load(which):
+            dsts = [alloc.allocate(SHAPE, torch.bfloat16, MemoryFormat.KV_2LTD) for _ in which]
+            for d in dsts:
+                d.raw_tensor[: d.get_size()].fill_(0xA5)
+            t = wrapper.submit_load_task([keys[i] for i in which], dsts)
+            bitmap = until(lambda: wrapper.query_load_result(t))
+            return [bitmap.test(i) for i in range(len(which))], dsts
+
+        hits, dsts = load([0, 1])
+        assert hits == [True, True]
+        for src, dst in zip(srcs, dsts):
+            if codec == "concat":
+                np.testing.assert_array_equal(host_bytes(dst), host_bytes(src))
+            else:
+                assert not np.array_equal(host_bytes(dst), host_bytes(src))
+                np.testing.assert_allclose(dst.tensor.float().numpy(), src.tensor.float().numpy(), rtol=0.07,
+                                           atol=0.07 * float(src.tensor.float().abs().max()))
+        # Damage the second stored object where the L2 adapter keeps it (the mock's own dict).
+        inner._memory_objects[keys[1]].raw_tensor[kl.FRAME_BYTES + 100] ^= 0x01
+        hits, dsts2 = load([0, 1])
+        assert hits == [False, False]
+        hits, dsts3 = load([0])
+        assert hits == [True]
+        free(srcs, dsts, dsts2, dsts3)
+    finally:
+        wrapper.close()
