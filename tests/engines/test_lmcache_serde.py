@@ -173,6 +173,26 @@ def test_lossless_codecs_round_trip_byte_exact(serdes, alloc, codec):
         serde.close()
 
 
+def test_concurrent_tasks_on_several_workers_round_trip(serdes, alloc):
+    """Tasks submitted together run on LMCache's worker threads at once, each in its own staging slot."""
+    rng = np.random.default_rng(18)
+    serde = serde_of("kvcodec-concat", num_heads=HEADS, max_workers=3)
+    try:
+        objs = [kv_object(alloc, rng) for _ in range(6)]
+        size = serde.estimate_serialized_size(MemoryLayoutDesc(shapes=[SHAPE], dtypes=[torch.bfloat16]))
+        temps = [alloc.allocate(torch.Size([size]), torch.uint8, MemoryFormat.BINARY_BUFFER) for _ in objs]
+        tasks = [serde.submit_serialize([o], [t], [None]) for o, t in zip(objs, temps)]
+        assert all(wait(serde.get_serialize_event_fd(), serde.query_serialize_result, t) for t in tasks)
+        outs = [alloc.allocate(SHAPE, torch.bfloat16, MemoryFormat.KV_2LTD) for _ in objs]
+        tasks = [serde.submit_deserialize([t], [o], [None]) for t, o in zip(temps, outs)]
+        assert all(wait(serde.get_deserialize_event_fd(), serde.query_deserialize_result, t) for t in tasks)
+        for src, out in zip(objs, outs):
+            np.testing.assert_array_equal(host_bytes(out), host_bytes(src))
+        free(objs, temps, outs)
+    finally:
+        serde.close()
+
+
 @pytest.mark.parametrize("codec", LOSSY)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_lossy_codecs_stay_inside_their_declared_bound(serdes, alloc, codec, dtype):
