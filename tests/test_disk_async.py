@@ -387,3 +387,109 @@ def test_with_the_page_ring_held_encodes_stage_in_free_host_slots(tmp_path, rng)
     scribble(m)
     m.onboard(pages, source=CacheLevel.DISK)
     check_hot(m, pages, model)
+
+
+def hold_first_read(us=HOLD_US):
+    """A fault rule that only delays the first container read (no error)."""
+    return [{"op": "pread", "path": "containers", "errno": 0, "delay_us": us, "count": 1}]
+
+
+def test_a_non_blocking_onboard_from_disk_returns_in_flight_and_decodes_at_commit(tmp_path, rng):
+    m = make(tmp_path, hold_first_read())
+    pages = m.allocate(0, 5) + m.allocate(1, 3)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    scribble(m)
+    pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
+    # The first read is held: the call returned with every page still on disk and in flight.
+    assert all(p.in_flight and p.level == CacheLevel.DISK for p in pages)
+    assert not pending.done() and m.in_flight_transfers() >= 1
+    assert m.evictable(CacheLevel.DISK, 0) == 0
+    r = pending.wait()
+    assert r.moved == 8 and not len(r.failed) and not len(r.dropped)
+    check_hot(m, pages, model)
+    assert [s.pages_onboarded for s in m.stats(CacheLevel.HOT)] == [5, 3]
+    assert disk_slots_free(m) and m.page_ring()["live_leases"] == 0
+    assert m.in_flight_transfers() == 0
+
+
+def test_a_non_blocking_onboard_larger_than_a_ring_slice_lands_every_transfer(tmp_path, rng):
+    # 1 MiB pages and the 64 MiB page ring: a transfer carries 32 pages (half the ring), so 80
+    # pages are three transfers, read, decoded and committed one after another while the later
+    # ones are still being read; the third waits for the first's slice.
+    groups = [group([0], [1 << 20])]
+    m = make(tmp_path, groups=groups, gpu_quota=96 << 20, host_quota=0, max_bytes=96 << 20,
+             container_bytes=8 << 20)
+    assert m.page_ring()["capacity"] == 64 << 20
+    pages = m.allocate(0, 80)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    scribble(m)
+    r = m.onboard(pages, source=CacheLevel.DISK, blocking=False).wait()
+    assert r.moved == 80
+    check_hot(m, pages, model)
+    # Blocking onboards take the same path and land in full before returning.
+    m.evict(pages, level=CacheLevel.DISK)
+    scribble(m)
+    assert m.onboard(pages, source=CacheLevel.DISK).moved == 80
+    check_hot(m, pages, model)
+    assert m.page_ring()["live_leases"] == 0
+
+
+def test_a_non_blocking_onboard_drops_a_corrupt_blob_and_fails_nothing_else(tmp_path, rng):
+    groups = [group([0], [4096])]
+    m = make(tmp_path, groups=groups)
+    pages = m.allocate(0, 3, keys=[b"x", b"y", b"z"])
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    m.close()
+    damage_first_blob(tmp_path)
+    m2 = make(tmp_path, groups=groups)
+    found = m2.find_on_disk([b"x", b"y", b"z"])
+    r = m2.onboard(found, source=CacheLevel.DISK, blocking=False).wait()
+    assert r.moved == 2 and len(r.dropped) == 1 and not len(r.failed)
+    assert m2.stats(CacheLevel.DISK)[0].dropped_by_reason["disk_checksum"] == 1
+    good = [p for p in found if p.id != r.dropped.ids[0]]
+    for p in good:
+        assert p.level == CacheLevel.HOT and not p.in_flight
+        assert any(np.array_equal(hot_bytes(m2, p), model[q.id]) for q in pages)
+    assert m2.slot_counts(CacheLevel.HOT)[0][1] == m2.slot_counts(CacheLevel.HOT)[0][0] - 2
+
+
+def test_a_failed_non_blocking_read_leaves_the_pages_on_disk(tmp_path, rng):
+    faults = [{"op": "pread", "path": "containers", "after": 1, "errno": 5, "count": 1}]
+    m = make(tmp_path, faults, io_threads=1)
+    pages = m.allocate(0, 4)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    hot_free = m.slot_counts(CacheLevel.HOT)[0][1]
+    pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
+    with pytest.raises(MigrationError, match="stay at their source") as e:
+        pending.wait()
+    assert e.value.committed_pages == 0
+    assert all(p.level == CacheLevel.DISK and not p.in_flight for p in pages)
+    assert m.slot_counts(CacheLevel.HOT)[0][1] == hot_free  # the destination slots went back
+    assert m.evictable(CacheLevel.DISK, 0) == 4
+    # The fault was transient: a retry lands, byte-exact.
+    scribble(m)
+    assert m.onboard(pages, source=CacheLevel.DISK, blocking=False).wait().moved == 4
+    check_hot(m, pages, model)
+
+
+def test_non_blocking_onboards_beyond_the_page_ring_do_not_wait_for_a_slice(tmp_path, rng):
+    # Three calls of 32 pages of 1 MiB: the 64 MiB page ring holds two of their slices. The first
+    # read is held, yet the third call returns at once (its job waits for a slice without the
+    # caller) and every page lands byte-exact once the first job frees its slice.
+    groups = [group([0], [1 << 20])]
+    m = make(tmp_path, hold_first_read(), groups=groups, gpu_quota=96 << 20, host_quota=0,
+             max_bytes=96 << 20, container_bytes=8 << 20, io_threads=1)
+    pages = m.allocate(0, 96)
+    model = write_random(m, pages, rng)
+    m.evict(pages, level=CacheLevel.DISK)
+    scribble(m)
+    handles = [m.onboard(pages[i:i + 32], source=CacheLevel.DISK, blocking=False) for i in (0, 32, 64)]
+    assert not handles[0].done(), "a call waited for the held read"
+    assert all(p.in_flight and p.level == CacheLevel.DISK for p in pages)
+    assert [h.wait().moved for h in handles] == [32, 32, 32]
+    check_hot(m, pages, model)
+    assert m.page_ring()["live_leases"] == 0 and m.in_flight_transfers() == 0

@@ -224,10 +224,12 @@ def test_disk_config_and_key_errors_name_the_field(tmp_path, rng):
     assert m.find_on_disk([b"k"]) == [None]
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 @pytest.mark.parametrize("checked", [True, False], ids=["checked-decode", "host-check"])
-def test_disk_to_hot_drops_blobs_the_codec_refuses(tmp_path, rng, checked):
+def test_disk_to_hot_drops_blobs_the_codec_refuses(tmp_path, rng, checked, blocking):
     """Disk -> hot with an enveloped codec: a blob that holds no page (did not fit) is dropped
-    and counted, by the codec's page status or by the host envelope check."""
+    and counted, by the codec's page status or by the host envelope check, whether the call
+    waits or its job commits later."""
     codec = make_test_codec(envelope=True, did_not_fit_marker=0xEE, checked_decode=checked)
     m = KVCacheManager(disk_config(tmp_path, groups=[group([0], [64])]), cold_page_codec=codec)
     pages = m.allocate(0, 4)
@@ -235,7 +237,8 @@ def test_disk_to_hot_drops_blobs_the_codec_refuses(tmp_path, rng, checked):
     m.page_view(pages[2], framework="numpy")[0][0] = 0xEE
     assert m.evict(pages, level=CacheLevel.DISK).moved == 4
     scribble(m)
-    r = m.onboard(pages, source=CacheLevel.DISK)
+    r = m.onboard(pages, source=CacheLevel.DISK, blocking=blocking)
+    r = r if blocking else r.wait()
     assert r.moved == 3 and r.dropped.ids.tolist() == [pages[2].id]
     st = m.stats(CacheLevel.DISK)[0]
     assert st.pages_dropped == 1 and st.dropped_by_reason["did_not_fit"] == 1 and st.pages_onboarded == 3

@@ -141,3 +141,48 @@ def test_non_blocking_evict_does_not_wait_for_the_stream_and_prefetch_lands(tmp_
     for p in pages:
         assert np.array_equal(hot_bytes(m, p), expected[p.id])
     assert m.prefetch_stats().used == len(pages)
+
+
+def _registered(name):
+    from kvcodec_sdk import list_codecs
+
+    if name not in [s.name for s in list_codecs()]:
+        pytest.skip(f"codec {name!r} is not installed")
+
+
+@pytest.mark.parametrize("codec", [("concat", {"path": "sm"}), ("nvcomp-lz4", {})], ids=["concat", "nvcomp-lz4"])
+def test_non_blocking_onboard_from_disk_decodes_behind_the_read(tmp_path, codec):
+    """Disk -> hot with blocking=False returns before the reads land and without waiting for the
+    caller's busy stream; after wait() the pages are hot and byte-exact once the stream drains.
+    concat commits when its read lands (the decode queued on the stream behind the caller's
+    work); nvcomp's checked decode is waited for by the I/O thread first, so a blob that did not
+    decode would be dropped, never reported moved."""
+    _registered(codec[0])
+    m = cuda_manager(tmp_path, codec, host_quota=0)
+    s = torch.cuda.Stream()
+    pages = m.allocate(0, 300) + m.allocate(1, 80)
+    rng = np.random.default_rng(5)
+    expected = {}
+    with torch.cuda.stream(s):
+        for p in pages:
+            for v in m.page_view(p):  # a repeating pattern per page: non-zero and compressible
+                pattern = torch.from_numpy(rng.integers(1, 256, size=64, dtype=np.uint8))
+                v.copy_(pattern.repeat(v.numel() // 64).view(v.shape).to("cuda", non_blocking=False))
+    s.synchronize()
+    for p in pages:
+        expected[p.id] = hot_bytes(m, p)
+    assert m.evict(pages, stream=s, level=CacheLevel.DISK).moved == len(pages)
+    zero_hot(m)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # tens of ms of GPU work ahead of the decode
+    pending = m.onboard(pages, stream=s, source=CacheLevel.DISK, blocking=False)
+    assert not s.query(), "the caller waited for the stream"
+    assert all(p.in_flight and p.level == CacheLevel.DISK for p in pages)
+    r = pending.wait()
+    assert r.moved == len(pages) and not len(r.dropped) and not len(r.failed)
+    assert all(p.level == CacheLevel.HOT and not p.in_flight for p in pages)
+    s.synchronize()
+    for p in pages:
+        assert np.array_equal(hot_bytes(m, p), expected[p.id])
+    assert m.page_ring()["live_leases"] == 0 and m.in_flight_transfers() == 0
+    m.close()

@@ -13,7 +13,7 @@ include completion). Each row reports:
 * the caller's blocked time per call (median and max), against the target of 50 us + 0.2 us
   per page: a migration to or from disk that completes inside the call blocks the caller for
   the whole transfer, which this column shows; a non-blocking one returns once submitted (disk
-  -> hot still waits for the read, since the decode needs the bytes).
+  -> hot included: the decode is submitted when the read lands).
 
 Every page onboarded is compared with the original: byte-exact for a lossless codec, within the
 codec's declared bound (its ``check_error``) for a lossy one.

@@ -398,7 +398,6 @@ private:
     bool decodeFromStaged(Transfer& t);
     bool writeToStaged(Transfer& t);
     bool readToAddressable(Transfer& t);
-    bool readStaged(Transfer& t, std::byte* const* blobs);
     bool checkEnvelopes(Transfer& t);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
@@ -416,11 +415,21 @@ private:
     void startJob(Job& job) noexcept;
     // Under the manager's lock: commits (or rolls back) every job whose I/O finished.
     void drainJobs();
-    void commitJob(Job& job);
+    // False when the job was queued again (a decode submitted, whose wait comes next).
+    bool commitJob(Job& job);
+    bool decodeJob(Job& job, size_t kept);
+    void settleDecode(Job& job);
+    void failJob(Job& job, size_t count, EventPtr const& after, std::string const& error);
+    runtime::Allocation takeStatusBuffer(size_t bytes);
+    void finishCommit(Job& job, size_t kept, EventPtr const& finish);
     // Under the manager's lock: waits for the I/O of every job (of `pending`, or all) and commits it.
     void waitJobs(PendingMigration const* pending);
-    // Under the manager's lock: waits for the oldest job's I/O and commits what finished.
-    void waitOldestJob();
+    // Under the manager's lock: waits until some job's I/O finished and commits what finished.
+    void waitAnyJob();
+    // Under the manager's lock: gives the decode jobs waiting for a staging slice theirs, in
+    // submission order, and queues them for their reads.
+    void stageWaiting();
+    void useSlice(Job& job, StagingBuffer lease);
     // Under the manager's lock: waits for every job holding one of the pages.
     void waitForPages(PageId const* ids, size_t count);
     void stopIoThread() noexcept;
@@ -475,6 +484,7 @@ private:
     // per page of one migration; read after its one wait at the end of the migration.
     runtime::Allocation statusBuf_;
     size_t statusCapacity_ = 0;
+    std::vector<runtime::Allocation> statusFree_; ///< Status buffers of staged decodes, for reuse.
     struct CheckRange
     {
         TransferKey key;

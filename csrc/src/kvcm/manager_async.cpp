@@ -94,7 +94,10 @@ void KvCacheManager::enqueue(std::unique_ptr<Job> job)
     std::lock_guard<std::mutex> lock(jobsMu_);
     ++job->owner->ioLeft_;
     ++job->owner->commitLeft_;
-    queue_.push_back(job.get());
+    if (!job->unstaged)
+    {
+        queue_.push_back(job.get());
+    }
     jobs_.push_back(std::move(job));
     if (!ioThread_.joinable())
     {
@@ -116,6 +119,10 @@ void KvCacheManager::startJob(Job& job) noexcept
     {
         job.error = std::string("waiting for the work the transfer depends on failed: ") + e.what();
         return;
+    }
+    if (job.decoded)
+    {
+        return; // Its decode was what it waited for: the statuses can be read now.
     }
     ColdLevel* cold = storage_->coldLevel(job.write ? job.key.dst : job.key.src);
     size_t const n = job.pages.size();
@@ -228,9 +235,10 @@ void KvCacheManager::drainJobs()
     }
     for (Job* job : done)
     {
+        bool finished = true;
         try
         {
-            commitJob(*job);
+            finished = commitJob(*job);
         }
         catch (std::exception const& e)
         {
@@ -242,14 +250,66 @@ void KvCacheManager::drainJobs()
         std::shared_ptr<PendingMigration> const owner = job->owner;
         std::lock_guard<std::mutex> lock(jobsMu_);
         --ioDoneJobs_;
+        if (!finished)
+        {
+            // Its decode was submitted: the I/O thread waits for it, then it commits again.
+            job->ioDone = false;
+            job->started = false;
+            job->io = {};
+            ++owner->ioLeft_;
+            queue_.push_back(job);
+            continue;
+        }
         --owner->commitLeft_;
         jobs_.erase(std::find_if(jobs_.begin(), jobs_.end(), [&](auto const& j) { return j.get() == job; }));
     }
+    stageWaiting(); // The commits freed slices.
     jobsCv_.notify_all();
 }
 
-void KvCacheManager::commitJob(Job& job)
+void KvCacheManager::stageWaiting()
 {
+    bool held = false;
+    for (auto const& job : jobs_)
+    {
+        held = held || job->lease.has_value();
+    }
+    for (auto const& job : jobs_)
+    {
+        if (!job->unstaged)
+        {
+            continue;
+        }
+        std::string error;
+        std::optional<StagingBuffer> lease
+            = storage_->coldLevel(job->key.src)->stage(job->key.srcGroup, job->pages.size(), std::nullopt, error);
+        if (!lease && held)
+        {
+            return; // Later ones wait too: slices are taken in submission order.
+        }
+        std::lock_guard<std::mutex> lock(jobsMu_);
+        job->unstaged = false;
+        if (!lease)
+        {
+            job->error = error; // No job holds a slice, and still none fits: it fails, nothing moved.
+            job->ioDone = true;
+            ++ioDoneJobs_;
+            --job->owner->ioLeft_;
+            continue;
+        }
+        useSlice(*job, std::move(*lease));
+        held = true;
+        queue_.push_back(job.get());
+    }
+}
+
+bool KvCacheManager::commitJob(Job& job)
+{
+    if (job.decoded)
+    {
+        settleDecode(job);
+        return true;
+    }
     MigrationResult& result = job.owner->result_;
     ColdLevel* cold = storage_->coldLevel(job.write ? job.key.dst : job.key.src);
     size_t const n = job.pages.size();
@@ -273,9 +333,9 @@ void KvCacheManager::commitJob(Job& job)
     {
         ok = cold->complete(job.io, error);
     }
-    if (job.lease)
+    if (job.lease && (!ok || !job.decode))
     {
-        job.lease->releaseFinished(); // The I/O thread waited for the encode; the writes are done.
+        job.lease->releaseFinished(); // The I/O thread waited for the encode; the I/O is done.
         job.lease.reset();
     }
     if (!job.hostSlots.empty())
@@ -291,60 +351,146 @@ void KvCacheManager::commitJob(Job& job)
     {
         pages_[index].inFlight = false;
     }
-    SlotPool& dstPool = storage_->slots(job.key.dst, job.key.dstGroup);
     if (!ok)
     {
-        // Nothing moves: the destination slots go back (a read may have written them partly),
-        // the pages stay where they were, evictable again.
-        for (size_t i = 0; i < n; ++i)
-        {
-            dstPool.give(job.dstSlots[i], dstPool.ready(job.dstSlots[i]));
-            lru_.insert(job.pages[i]);
-            if (!job.cancelled)
-            {
-                result.failed.push_back(makeId(job.pages[i], job.generations[i]));
-            }
-        }
-        if (result.error.empty() && !error.empty())
-        {
-            result.error = error;
-        }
-        if (job.prefetch)
-        {
-            (job.cancelled ? prefetch_.cancelled : prefetch_.failed) += n;
-            prefetchBytes_ -= job.hostBytes;
-        }
-        return;
+        failJob(job, n, nullptr, error);
+        return true;
     }
     size_t kept = n;
     if (!job.write)
     {
-        // A missing or corrupt blob drops its page (a miss), as a synchronous read does.
+        // A missing or corrupt blob drops its page (a miss), as does an envelope that fails its
+        // host check before a decode.
         uint64_t const hostBytes = job.prefetch ? storage_->pageBytes(job.key.dst, job.key.dstGroup) : 0;
+        uint64_t const blobBytes = cold->pageBytes(job.key.srcGroup);
+        job.leaseIndex.resize(n);
         kept = 0;
         for (size_t i = 0; i < n; ++i)
         {
             uint32_t const index = job.pages[i];
-            if (job.status[i] == BlobStatus::kOk)
+            bool good = job.status[i] == BlobStatus::kOk;
+            int reason = unreadReason(job.status[i]);
+            if (good && job.hostCheck)
+            {
+                reason = int(checkColdPageEnvelope(job.blobs[i], blobBytes, job.envelope));
+                good = reason == int(EnvelopeStatus::kOk);
+            }
+            if (good)
             {
                 job.pages[kept] = index;
                 job.dstSlots[kept] = job.dstSlots[i];
+                job.generations[kept] = job.generations[i];
+                job.leaseIndex[kept] = uint32_t(i);
                 ++kept;
                 continue;
             }
-            dropUnread(job.key, index, job.dstSlots[i], unreadReason(job.status[i]), result);
+            dropUnread(job.key, index, job.dstSlots[i], reason, result);
             if (job.prefetch)
             {
                 ++prefetch_.failed;
                 prefetchBytes_ -= hostBytes;
             }
         }
+        job.pages.resize(kept);
+        job.dstSlots.resize(kept);
+        job.generations.resize(kept);
     }
     if (kept == 0)
     {
+        job.lease.reset();
+        return true;
+    }
+    if (job.decode)
+    {
+        return decodeJob(job, kept);
+    }
+    finishCommit(job, kept, job.write ? job.finish : nullptr);
+    return true;
+}
+
+// Nothing moves: the destination slots go back (after `after`: work that may have written them
+// partly), the pages stay where they were, evictable again; each is reported failed.
+void KvCacheManager::failJob(Job& job, size_t count, EventPtr const& after, std::string const& error)
+{
+    MigrationResult& result = job.owner->result_;
+    SlotPool& dstPool = storage_->slots(job.key.dst, job.key.dstGroup);
+    for (size_t i = 0; i < count; ++i)
+    {
+        dstPool.give(job.dstSlots[i], after ? after : dstPool.ready(job.dstSlots[i]));
+        pages_[job.pages[i]].inFlight = false;
+        lru_.insert(job.pages[i]);
+        if (!job.cancelled)
+        {
+            result.failed.push_back(makeId(job.pages[i], job.generations[i]));
+        }
+    }
+    if (result.error.empty() && !error.empty())
+    {
+        result.error = error;
+    }
+    if (job.prefetch)
+    {
+        (job.cancelled ? prefetch_.cancelled : prefetch_.failed) += count;
+        prefetchBytes_ -= job.hostBytes;
+    }
+}
+
+void KvCacheManager::settleDecode(Job& job)
+{
+    size_t kept = job.pages.size();
+    for (uint32_t index : job.pages)
+    {
+        pages_[index].inFlight = false;
+    }
+    if (!job.error.empty())
+    {
+        failJob(job, kept, job.finish, job.error); // Waiting for the decode failed.
         return;
     }
-    commitPages(job, kept, job.write ? job.finish : nullptr);
+    if (job.checked)
+    {
+        auto const* status = reinterpret_cast<uint8_t const*>(job.checkStatus.data());
+        size_t good = 0;
+        for (size_t i = 0; i < kept; ++i)
+        {
+            uint8_t const st = status[i];
+            if (st == kPageOk)
+            {
+                job.pages[good] = job.pages[i];
+                job.dstSlots[good] = job.dstSlots[i];
+                ++good;
+                continue;
+            }
+            int const reason = st < kNumDropReasons ? int(st) : int(kPageDecodeFailed);
+            dropUnread(job.key, job.pages[i], job.dstSlots[i], reason, job.owner->result_);
+        }
+        kept = good;
+        statusFree_.push_back(std::move(job.checkStatus));
+    }
+    if (kept > 0)
+    {
+        finishCommit(job, kept, job.finish);
+    }
+}
+
+runtime::Allocation KvCacheManager::takeStatusBuffer(size_t bytes)
+{
+    for (auto it = statusFree_.begin(); it != statusFree_.end(); ++it)
+    {
+        if (it->size() >= bytes)
+        {
+            runtime::Allocation a = std::move(*it);
+            statusFree_.erase(it);
+            return a;
+        }
+    }
+    return runtime::Allocation(*runtime_, runtime::MemoryKind::kMappedHost, std::max<size_t>(bytes, 256));
+}
+
+// Steps 4-5 for a job's kept pages, the observers' error handed to the job's own caller.
+void KvCacheManager::finishCommit(Job& job, size_t kept, EventPtr const& finish)
+{
+    commitPages(job, kept, finish);
     if (observerError_)
     {
         // Raised by an observer of this commit: the job's own caller gets it, not the next one.
@@ -379,7 +525,7 @@ void KvCacheManager::waitJobs(PendingMigration const* pending)
     }
 }
 
-void KvCacheManager::waitOldestJob()
+void KvCacheManager::waitAnyJob()
 {
     {
         std::unique_lock<std::mutex> lock(jobsMu_);
@@ -387,8 +533,7 @@ void KvCacheManager::waitOldestJob()
         {
             return;
         }
-        Job const* oldest = jobs_.front().get();
-        jobsCv_.wait(lock, [&] { return oldest->ioDone; });
+        jobsCv_.wait(lock, [&] { return ioDoneJobs_ > 0; });
     }
     drainJobs();
 }

@@ -47,6 +47,16 @@ struct KvCacheManager::Job
     bool cancelled = false;
     uint64_t hostBytes = 0; ///< Prefetch: bytes this job counts against the budget.
     std::shared_ptr<PendingMigration> owner;
+    // Staged -> hot: the blobs are read into a staging slice (`lease`) and decoded from it when
+    // the job commits; a checked decode's statuses are read once the I/O thread waited for it.
+    bool decode = false;
+    bool unstaged = false;  ///< Waits for a slice (every one was held): not queued for I/O yet.
+    bool decoded = false;   ///< The decode was submitted; the job is queued again for its wait.
+    bool hostCheck = false; ///< The envelopes are checked on the host before decoding.
+    uint16_t envelope = 0;
+    bool checked = false;             ///< The decode writes one status byte per page.
+    runtime::Allocation checkStatus;  ///< Mapped host memory for those bytes.
+    std::vector<uint32_t> leaseIndex; ///< Each kept page's blob index in the slice.
 };
 
 /// The drop reason of a staged read that did not return a good blob (missing, or corrupt).
@@ -72,10 +82,6 @@ struct Scratch
     std::vector<PageIndexPair> pairs;
     std::vector<runtime::Event*> events;
     std::vector<PageIndexPair> codecPairs;
-    std::vector<uint32_t> leaseIndex;
-    std::vector<int32_t> levelSlots;
-    std::vector<std::byte*> blobs;
-    std::vector<BlobStatus> status;
 };
 Scratch& scratch() noexcept;
 

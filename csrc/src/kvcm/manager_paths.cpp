@@ -239,85 +239,53 @@ bool KvCacheManager::copyAddressable(Transfer& t)
         t.count, t.stream, t.error);
 }
 
-// Staged sources are read first, on this thread (the level's workers do the I/O), into `blobs`.
-// A missing or corrupt blob drops the page like a failed envelope check; a failed read fails
-// the transfer with nothing changed. s.leaseIndex records each kept page's blob index.
-bool KvCacheManager::readStaged(Transfer& t, std::byte* const* blobs)
+// Staged -> hot: a job reads the blobs into a staging slice on the I/O thread; its commit drops
+// what is missing or corrupt and decodes the rest from the slice on the transfer's stream
+// (commitJob), so the decode of one transfer runs while the next one's blobs are still read.
+// The host writes the slice, so it is acquired synchronously: earlier decodes reading it have
+// finished. While every slice is held by jobs in flight the job waits for one without its
+// caller (stageWaiting(), when a job commits and frees its slice).
+bool KvCacheManager::decodeFromStaged(Transfer& t)
 {
-    detail::Scratch& s = detail::scratch();
     ColdLevel* cold = storage_->coldLevel(t.key.src);
-    uint64_t const pageBytes = cold->pageBytes(t.key.srcGroup);
-    s.levelSlots.resize(t.count);
-    s.status.resize(t.count);
+    t.lease = cold->stage(t.key.srcGroup, t.count, std::nullopt, t.error);
+    if (!t.lease && !hasJobs())
+    {
+        return false; // Nothing else holds the ring: the slice cannot fit.
+    }
+    t.error.clear();
+    auto job = std::make_unique<Job>();
+    job->decode = true;
+    job->hostCheck = t.hostCheck;
+    job->envelope = t.envelope;
+    job->checked = t.checked;
+    job->srcSlots.resize(t.count);
+    job->status.assign(t.count, BlobStatus::kFailed);
     for (size_t i = 0; i < t.count; ++i)
     {
-        s.levelSlots[i] = pages_[t.pages[i]].slot;
+        job->srcSlots[i] = pages_[t.pages[i]].slot;
     }
-    BlobIo const io = cold->submitRead(t.key.srcGroup, s.levelSlots.data(), blobs, t.count, s.status.data());
-    if (!cold->complete(io, t.error))
+    fillJob(t, *job);
+    if (t.lease)
     {
-        return false;
+        useSlice(*job, std::move(*t.lease));
+        t.lease.reset();
     }
-    s.leaseIndex.resize(t.count);
-    size_t kept = 0;
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        uint32_t const index = t.pages[i];
-        bool good = s.status[i] == BlobStatus::kOk;
-        int reason = unreadReason(s.status[i]);
-        if (good && t.hostCheck)
-        {
-            reason = int(checkColdPageEnvelope(blobs[i], pageBytes, t.envelope));
-            good = reason == int(EnvelopeStatus::kOk);
-        }
-        if (good)
-        {
-            t.pages[kept] = index;
-            t.dstSlots[kept] = t.dstSlots[i];
-            s.leaseIndex[kept] = uint32_t(i);
-            ++kept;
-            continue;
-        }
-        dropUnread(t.key, index, t.dstSlots[i], reason, t.result);
-    }
-    t.count = kept;
+    job->unstaged = !job->lease;
+    enqueue(std::move(job));
     return true;
 }
 
-bool KvCacheManager::decodeFromStaged(Transfer& t)
+// A staged decode job's slice: the blobs are read into it in order.
+void KvCacheManager::useSlice(Job& job, StagingBuffer lease)
 {
-    detail::Scratch& s = detail::scratch();
-    ColdLevel* cold = storage_->coldLevel(t.key.src);
-    uint64_t const pageBytes = cold->pageBytes(t.key.srcGroup);
-    // Synchronous acquisition: the host writes the slice, so earlier decodes reading these
-    // staging bytes must have finished.
-    t.lease = cold->stage(t.key.srcGroup, t.count, std::nullopt, t.error);
-    if (!t.lease)
+    uint64_t const pageBytes = storage_->pageBytes(job.key.src, job.key.srcGroup);
+    job.blobs.resize(job.srcSlots.size());
+    for (size_t i = 0; i < job.blobs.size(); ++i)
     {
-        return false;
+        job.blobs[i] = lease.data() + i * pageBytes;
     }
-    s.blobs.resize(t.count);
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        s.blobs[i] = t.lease->data() + i * pageBytes;
-    }
-    if (!readStaged(t, s.blobs.data()))
-    {
-        return false;
-    }
-    if (t.count == 0)
-    {
-        return true;
-    }
-    waitForSlots(t);
-    // Decode from the slice the blobs were read into.
-    s.codecPairs.resize(t.count);
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        s.codecPairs[i] = {t.dstSlots[i], int32_t(s.leaseIndex[i])};
-    }
-    t.lease->setStream(t.stream);
-    return transcode(t, false, t.lease->data(), s.codecPairs.data(), t.status);
+    job.lease = std::move(lease);
 }
 
 // Staged -> addressable: a job reads the blobs straight into the destination slots; the
@@ -362,7 +330,7 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     }
     while (!t.lease && hasJobs())
     {
-        waitOldestJob();
+        waitAnyJob();
         t.error.clear();
         t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
     }
@@ -468,6 +436,80 @@ bool KvCacheManager::writeToStaged(Transfer& t)
     fillJob(t, *job);
     enqueue(std::move(job));
     return true;
+}
+
+// Staged -> hot, once the blobs are read: the stream waits for the destination slots' earlier
+// transfers, the codec decodes from the slice, and the slice is released behind the decode.
+// Without a checked decode (or on the host backend, where the decode is done when it returns)
+// the pages commit now, ordered on the stream like any transfer; a checked decode's job is
+// queued again so the I/O thread waits for it (never the caller), then settleDecode() drops the
+// pages whose status is bad and commits the rest. Uses no per-thread scratch: it may run inside
+// another migration that waits for a job.
+bool KvCacheManager::decodeJob(Job& job, size_t kept)
+{
+    SlotPool& dstPool = storage_->slots(job.key.dst, job.key.dstGroup);
+    std::vector<runtime::Event*> events;
+    std::vector<PageIndexPair> pairs(kept);
+    runtime::Event* last = nullptr;
+    for (size_t i = 0; i < kept; ++i)
+    {
+        collect(events, dstPool.ready(job.dstSlots[i]), last);
+        pairs[i] = {job.dstSlots[i], int32_t(job.leaseIndex[i])};
+    }
+    uint8_t* status = nullptr;
+    if (job.checked)
+    {
+        job.checkStatus = takeStatusBuffer(kept);
+        status = reinterpret_cast<uint8_t*>(job.checkStatus.data());
+    }
+    std::string error;
+    size_t n = kept;
+    Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
+        storage_->slots(job.key.src, job.key.srcGroup), dstPool, false, 0, status, false, 0, std::nullopt};
+    uint64_t const callsBefore = storage_->codecCalls();
+    bool ok = false;
+    EventPtr finish;
+    try
+    {
+        waitAll(events, job.stream);
+        ok = transcode(t, false, job.lease->data(), pairs.data(), status);
+        finish = runtime_->record(job.stream);
+    }
+    catch (std::exception const& e)
+    {
+        ok = false;
+        error = e.what();
+        try
+        {
+            runtime_->synchronize(job.stream); // No event: the slots are free once the stream is.
+        }
+        catch (...)
+        {
+        }
+    }
+    job.lease->setStream(job.stream);
+    job.lease.reset(); // Reusable once the decode finished.
+    if (!ok)
+    {
+        failJob(job, kept, finish,
+            "decoding the blobs read from the " + std::string(levelName(job.key.src)) + " level failed: " + error);
+        return true;
+    }
+    job.calls = storage_->codecCalls() - callsBefore;
+    job.seconds = t.seconds;
+    job.finish = finish;
+    if (!job.checked || !finish)
+    {
+        settleDecode(job);
+        return true;
+    }
+    for (uint32_t index : job.pages)
+    {
+        pages_[index].inFlight = true; // Until the statuses are read.
+    }
+    job.decoded = true;
+    job.waits.assign(1, finish);
+    return false;
 }
 
 // A write job whose I/O waits for the work submitted on the transfer's stream so far (the
