@@ -207,7 +207,8 @@ def test_piped_output_is_plain_text_without_escape_codes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1].split() == ["piece", "dir", "variant", "GB/s", "x", "ceiling", "x", "base", "us/page", "path"]
+    assert lines[1].split() == ["piece", "dir", "variant", "GB/s", "x", "ceiling", "x", "base", "us/page", "path", "GB/s",
+                                "min-max"]
     assert lines[2].split()[:4] == ["4", "KiB", "encode", "concat-cpu"]
     assert all(line.startswith("[bench] ") for line in result.stderr.splitlines()[:-1])
     assert result.stderr.splitlines()[-1] == f"wrote {out}"

@@ -9,9 +9,10 @@ command line renders the same cells as a terminal table.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -20,6 +21,27 @@ MiB = 1024 * KiB
 def fmt_size(n: int) -> str:
     """'4 KiB', '1 MiB' or '100 B'."""
     return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} B"
+
+
+def spread(values: Iterable[float]) -> dict:
+    """The spread of one figure over its repeats: ``{"n", "min", "median", "max"}`` (the JSON
+    rows' ``spread`` entries)."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    return {"n": len(v), "min": v[0], "median": statistics.median(v), "max": v[-1]}
+
+
+def rates(nbytes: float, seconds: Iterable[float]) -> list[float]:
+    """GB/s of moving ``nbytes`` in each of the ``seconds`` samples."""
+    return [nbytes / s / 1e9 for s in seconds if s > 0]
+
+
+def fmt_range(s: dict | None, fmt: str = ".2f") -> str:
+    """A spread as a compact table cell: ``min-max`` of its repeats, ``-`` for a single one."""
+    if not s or s.get("n", 0) < 2:
+        return "-"
+    return f"{format(s['min'], fmt)}-{format(s['max'], fmt)}"
 
 
 class ProgressSink(Protocol):

@@ -27,8 +27,11 @@ from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc
 from ..registry import create_codec
 from ._common import Column, KiB, MiB, Table
 from ._common import advance as _advance
+from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt_size
 from ._common import log as _log
+from ._common import rates as _rates
+from ._common import spread as _spread
 from ._common import steps as _steps
 
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
@@ -48,6 +51,8 @@ class Row:
     ratio_to_baseline: float | None
     host_us_per_page: float
     path: str = ""
+    repeat: int = 0  # timed samples behind gbps (its median)
+    spread: dict = field(default_factory=dict)  # figure -> {"n", "min", "median", "max"} over the samples
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Report:
     iters: int
     ceilings_gbps: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
+    ceilings_spread: dict = field(default_factory=dict)  # piece -> ceiling -> spread over the samples
     info: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -114,24 +120,27 @@ def _run_cpu(pools: int, sizes, total: int, iters: int, progress: bool) -> Repor
         flat_src = np.concatenate(hot)[: pages * pools * piece]
         flat_dst = np.empty_like(flat_src)
 
-        def timed(fn: Callable[[], None]) -> float:
+        def timed(fn: Callable[[], None]) -> list[float]:
             fn()
             samples = []
             for _ in range(iters):
                 t0 = time.perf_counter()
                 fn()
                 samples.append(time.perf_counter() - t0)
-            return statistics.median(samples)
+            return samples
 
         moved = pages * pools * piece
-        ceiling = moved / timed(lambda: np.copyto(flat_dst, flat_src)) / 1e9
+        ceiling_s = timed(lambda: np.copyto(flat_dst, flat_src))
+        ceiling = moved / statistics.median(ceiling_s) / 1e9
         report.ceilings_gbps[str(piece)] = {"memcpy": ceiling}
+        report.ceilings_spread[str(piece)] = {"memcpy": _spread(_rates(moved, ceiling_s))}
         for direction, idx in (("encode", enc), ("decode", dec)):
             op = codec.encode if direction == "encode" else codec.decode
-            t = timed(lambda: op(0, cold, idx))
+            samples = timed(lambda: op(0, cold, idx))
+            t = statistics.median(samples)
             gbps = moved / t / 1e9
             report.rows.append(Row(piece, direction, "concat-cpu", pages, gbps, gbps / ceiling, None,
-                                   t / pages * 1e6, "memcpy"))
+                                   t / pages * 1e6, "memcpy", iters, {"gbps": _spread(_rates(moved, samples))}))
             _log(progress, f"{_fmt_size(piece):>8} {direction}: {gbps:7.2f} GB/s = {gbps / ceiling:.2f}x memcpy")
         codec.close()
         _advance(progress)
@@ -167,8 +176,8 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
     info["baseline"] = "one cuMemcpyAsync per piece"
     report = Report(device, pools, total, iters, info=info)
 
-    def elapsed(fn: Callable[[], None]) -> float:
-        """Median seconds per call, timed with events on `stream` after one warm-up call."""
+    def elapsed(fn: Callable[[], None]) -> list[float]:
+        """Seconds per call of each timed sample, with events on `stream` after one warm-up call."""
         with torch.cuda.stream(stream):
             fn()
             stream.synchronize()
@@ -181,7 +190,7 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                 end.record(stream)
                 end.synchronize()
                 samples.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(samples)
+        return samples
 
     _steps(progress, len(sizes))
     for piece in sizes:
@@ -200,13 +209,17 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
         enc_host, dec_host = enc_dev.cpu(), dec_dev.cpu()
         expected = torch.cat([h.view(slots, piece)[src.long()] for h in hot], dim=1)
 
-        ceil_d2h = moved / elapsed(lambda: cold.copy_(contig_dev, non_blocking=True)) / 1e9
-        ceil_h2d = moved / elapsed(lambda: contig_dev.copy_(cold, non_blocking=True)) / 1e9
+        d2h_s = elapsed(lambda: cold.copy_(contig_dev, non_blocking=True))
+        h2d_s = elapsed(lambda: contig_dev.copy_(cold, non_blocking=True))
+        ceil_d2h = moved / statistics.median(d2h_s) / 1e9
+        ceil_h2d = moved / statistics.median(h2d_s) / 1e9
         ceilings = {"encode": ceil_d2h, "decode": ceil_h2d}
         report.ceilings_gbps[str(piece)] = {"d2h_pinned": ceil_d2h, "h2d_pinned": ceil_h2d}
+        report.ceilings_spread[str(piece)] = {"d2h_pinned": _spread(_rates(moved, d2h_s)),
+                                              "h2d_pinned": _spread(_rates(moved, h2d_s))}
         _log(progress, f"  ceiling: D2H {ceil_d2h:.1f} GB/s, H2D {ceil_h2d:.1f} GB/s")
 
-        measured: dict[tuple[str, str], tuple[float, float, str]] = {}
+        measured: dict[tuple[str, str], tuple[float, float, str, dict]] = {}
         for variant, params in VARIANTS.items():
             # One codec over the source pools (encode) and one over fresh pools (decode), so the
             # decode check cannot pass by leaving the original data in place.
@@ -238,7 +251,8 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                     if not torch.equal(got, expected[:, p * piece:(p + 1) * piece]):
                         raise RuntimeError(f"concat {variant} decode produced wrong hot pages at piece {piece}")
             for direction, call in calls.items():
-                t = elapsed(call)
+                samples = elapsed(call)
+                t = statistics.median(samples)
                 # Host time of the call alone (descriptor building + submission) on an idle stream.
                 host = []
                 with torch.cuda.stream(stream):
@@ -248,14 +262,15 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                         call()
                         host.append(time.perf_counter() - t0)
                     stream.synchronize()
-                measured[(variant, direction)] = (moved / t / 1e9, min(host) / pages * 1e6, path)
+                measured[(variant, direction)] = (moved / t / 1e9, min(host) / pages * 1e6, path,
+                                                  _spread(_rates(moved, samples)))
             encoder.close()
             decoder.close()
 
-        for (variant, direction), (gbps, host_us, path) in measured.items():
+        for (variant, direction), (gbps, host_us, path, sp) in measured.items():
             base = measured[("baseline_per_copy", direction)][0]
             row = Row(piece, direction, variant, pages, gbps, gbps / ceilings[direction],
-                      gbps / base, host_us, "sm" if path == "device" else "copy_engine")
+                      gbps / base, host_us, "sm" if path == "device" else "copy_engine", iters, {"gbps": sp})
             report.rows.append(row)
             _log(progress, f"  {direction:6} {variant:18} {gbps:7.1f} GB/s  {row.ratio_to_ceiling:5.2f}x ceiling  "
                            f"{row.ratio_to_baseline:6.2f}x baseline  {host_us:6.3f} us/page host ({row.path})")
@@ -268,10 +283,11 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
 def table(report: Report) -> Table:
     """The report as table cells (see :class:`Table`)."""
     cols = [Column("piece", 8), Column("dir", 6, "<"), Column("variant", 18, "<"), Column("GB/s", 8),
-            Column("x ceiling", 9), Column("x base", 7), Column("us/page", 8), Column("path", 0, "<", "  ")]
+            Column("x ceiling", 9), Column("x base", 7), Column("us/page", 8), Column("path", 11, "<", "  "),
+            Column("GB/s min-max", 0, "<", "  ")]
     rows = [[_fmt_size(r.piece_bytes), r.direction, r.variant, f"{r.gbps:.2f}", f"{r.ratio_to_ceiling:.2f}",
              f"{r.ratio_to_baseline:.2f}" if r.ratio_to_baseline is not None else "-", f"{r.host_us_per_page:.3f}",
-             r.path] for r in report.rows]
+             r.path, _fmt_range(r.spread.get("gbps"))] for r in report.rows]
     notes = []
     if report.device != "cpu":
         auto = [r for r in report.rows if r.variant == "auto"]

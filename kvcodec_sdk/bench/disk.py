@@ -34,7 +34,9 @@ import numpy as np
 from ..disk import DiskRegion
 from ._common import Column, KiB, MiB, Table
 from ._common import advance as _advance
+from ._common import fmt_range as _fmt_range
 from ._common import log as _log
+from ._common import spread as _spread
 from ._common import steps as _steps
 
 TARGET_RATIO = 0.9
@@ -59,6 +61,10 @@ class Report:
     ratios: dict = field(default_factory=dict)
     recovery: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    repeat: int = 1  #: measurements of each figure: gbps and recovery hold their medians
+    spread: dict = field(default_factory=dict)  #: gbps key, or "recovery_<key>" -> {"n", "min", "median", "max"}
+    depth_sweep: list = field(default_factory=list)  #: the store at each depth: {"depth", "write_gbps", ...}
+    recovery_sweep: list = field(default_factory=list)  #: recovery at each size: {"slots", "snapshot_s", ...}
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -241,11 +247,17 @@ def _recovery(path: str, slots: int, progress: bool) -> dict:
 def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes: int = 512 * MiB,
         io_threads: int = 32, depth: int = 256, recovery_slots: int = 1 << 20, progress: bool = True,
         backends: tuple[str, ...] = BACKENDS, queue_depth: int = 8, codecs: tuple[str, ...] = (),
-        device: str = "auto", batch: int = 256) -> Report:
+        device: str = "auto", batch: int = 256, repeat: int = 1, depths: tuple[int, ...] = (),
+        recovery_sweep: tuple[int, ...] = (), sweep_bytes: int = 64 * MiB) -> Report:
     """Runs the benchmark (see the module docstring); ``backends`` the store's I/O backends to
     measure (one the kernel refuses is left out, with a note in ``info``); ``codecs`` adds the
     rows through the KV-cache manager on ``device`` (see :mod:`.disk_manager`), in calls of
-    ``batch`` pages."""
+    ``batch`` pages. Every figure is measured ``repeat`` times (the median is reported, the
+    spread beside it); ``depths`` adds the store (default backend) at each depth on up to
+    ``sweep_bytes``, ``recovery_sweep`` the recovery time at each number of slots."""
+    if repeat < 1:
+        raise ValueError(f"repeat is {repeat}; it must be >= 1")
+
     def say(msg: str) -> None:
         _log(progress, msg)
 
@@ -273,27 +285,40 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
             rep.info["io_uring"] = f"not measured: {uring_note}"
         if not rep.backends:
             raise ValueError(f"no I/O backend to measure: {', '.join(backends)} ({uring_note})")
-        _steps(progress, 3 + bool(recovery_slots) + bool(codecs))
-        say(f"ceiling: sequential {n * slot_bytes // MiB} MiB ({rep.io})")
-        # The ceiling is the better of direct and buffered sequential I/O on this file system.
-        seq = [_sequential(os.path.join(work, "seq"), n * slot_bytes, mode) for mode in ({direct, False})]
-        rep.gbps["ceiling_write"] = max(w for w, _ in seq)
-        rep.gbps["ceiling_read"] = max(r for _, r in seq)
+        rep.repeat = repeat
+        samples: dict[str, list[float]] = {}
+
+        def measured(key: str, value: float) -> None:
+            samples.setdefault(key, []).append(value)
+            rep.spread[key] = _spread(samples[key])
+            rep.gbps[key] = rep.spread[key]["median"]
+
+        _steps(progress, 3 + bool(recovery_slots) + bool(codecs) + bool(depths) + bool(recovery_sweep))
+        say(f"ceiling: sequential {n * slot_bytes // MiB} MiB ({rep.io})" + (f", {repeat} times" if repeat > 1 else ""))
+        for _ in range(repeat):
+            # The ceiling is the better of direct and buffered sequential I/O on this file system.
+            seq = [_sequential(os.path.join(work, "seq"), n * slot_bytes, mode) for mode in ({direct, False})]
+            measured("ceiling_write", max(w for w, _ in seq))
+            measured("ceiling_read", max(r for _, r in seq))
         _advance(progress)
         say("baseline: one synchronous pwrite/pread per page")
-        rep.gbps["baseline_write"], rep.gbps["baseline_read"] = _baseline(os.path.join(work, "base"), pages,
-                                                                          slot_bytes, durable=False)
         nd = max(1, min(n, 2048))
-        rep.gbps["baseline_durable_write"], _ = _baseline(os.path.join(work, "base2"), pages[:nd], slot_bytes,
-                                                          durable=True)
+        for _ in range(repeat):
+            w, r_ = _baseline(os.path.join(work, "base"), pages, slot_bytes, durable=False)
+            measured("baseline_write", w)
+            measured("baseline_read", r_)
+            measured("baseline_durable_write", _baseline(os.path.join(work, "base2"), pages[:nd], slot_bytes,
+                                                         durable=True)[0])
         _advance(progress)
         for backend in rep.backends:
             say(f"store ({backend}): {n} pages, {io_threads} I/O threads, depth {depth}"
                 + (f", queue depth {queue_depth} per thread" if backend == "io_uring" else ""))
-            w, r_, info = _store(os.path.join(work, "store"), pages, slot_bytes, io_threads, depth, backend,
-                                 queue_depth)
-            shutil.rmtree(os.path.join(work, "store"))
-            rep.gbps[f"store_{backend}_write"], rep.gbps[f"store_{backend}_read"] = w, r_
+            for _ in range(repeat):
+                w, r_, info = _store(os.path.join(work, "store"), pages, slot_bytes, io_threads, depth, backend,
+                                     queue_depth)
+                shutil.rmtree(os.path.join(work, "store"))
+                measured(f"store_{backend}_write", w)
+                measured(f"store_{backend}_read", r_)
             rep.info[f"store_{backend}"] = info
             for d in ("write", "read"):
                 rep.ratios[f"{backend}_{d}_vs_ceiling"] = rep.gbps[f"store_{backend}_{d}"] / rep.gbps[f"ceiling_{d}"]
@@ -302,6 +327,7 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
         rep.info["store"] = rep.info[f"store_{main}"]
         for d in ("write", "read"):
             rep.gbps[f"store_{d}"] = rep.gbps[f"store_{main}_{d}"]
+            rep.spread[f"store_{d}"] = rep.spread[f"store_{main}_{d}"]
             rep.ratios[f"{d}_vs_ceiling"] = rep.gbps[f"store_{d}"] / rep.gbps[f"ceiling_{d}"]
             rep.ratios[f"{d}_vs_baseline"] = rep.gbps[f"store_{d}"] / rep.gbps[f"baseline_{d}"]
         rep.ratios["write_vs_durable_baseline"] = rep.gbps["store_write"] / rep.gbps["baseline_durable_write"]
@@ -311,27 +337,94 @@ def run(*, directory: str | None = None, slot_bytes: int = 64 * KiB, total_bytes
         if codecs:
             from .disk_manager import run_manager
 
-            rep.manager = run_manager(work, codecs=codecs, device=device, total_bytes=n * slot_bytes, batch=batch,
-                                      io_threads=io_threads, progress=progress,
-                                      store_gbps={"write": rep.gbps["store_write"], "read": rep.gbps["store_read"]})
+            rep.manager = _merge_manager([
+                run_manager(work, codecs=codecs, device=device, total_bytes=n * slot_bytes, batch=batch,
+                            io_threads=io_threads, progress=progress,
+                            store_gbps={"write": rep.gbps["store_write"], "read": rep.gbps["store_read"]})
+                for _ in range(repeat)])
             _advance(progress)
         if recovery_slots:
             say(f"recovery: populating {recovery_slots} slots")
-            rep.recovery = _recovery(os.path.join(work, "recovery"), recovery_slots, progress)
+            rep.recovery = _recovery_repeated(os.path.join(work, "recovery"), recovery_slots, progress, repeat)
+            for key in RECOVERY_TIMES:
+                rep.spread[f"recovery_{key}"] = rep.recovery["spread"][key]
+            _advance(progress)
+        if depths:
+            rep.depth_sweep = _depth_sweep(work, pages[:max(1, min(n, sweep_bytes // slot_bytes))], slot_bytes,
+                                           io_threads, main, queue_depth, depths, repeat, say)
+            _advance(progress)
+        if recovery_sweep:
+            for slots in recovery_sweep:
+                say(f"recovery sweep: {slots} slots")
+                rec = _recovery_repeated(os.path.join(work, "recovery"), slots, False, repeat)
+                rep.recovery_sweep.append(rec)
             _advance(progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rep
 
 
+#: The recovery figures (seconds) measured ``repeat`` times.
+RECOVERY_TIMES = ("snapshot_s", "snapshot_recover_s", "journal_s", "journal_recover_s", "populate_s")
+
+
+def _recovery_repeated(path: str, slots: int, progress: bool, repeat: int) -> dict:
+    """:func:`_recovery` ``repeat`` times: the medians, with ``repeat`` and each time's ``spread``."""
+    runs = []
+    for _ in range(repeat):
+        runs.append(_recovery(path, slots, progress))
+        shutil.rmtree(path, ignore_errors=True)
+    out = dict(runs[0])
+    out["repeat"] = repeat
+    out["spread"] = {k: _spread(r[k] for r in runs) for k in RECOVERY_TIMES}
+    out.update({k: v["median"] for k, v in out["spread"].items()})
+    return out
+
+
+def _depth_sweep(work: str, pages: np.ndarray, slot: int, io_threads: int, backend: str, queue_depth: int,
+                 depths: tuple[int, ...], repeat: int, say) -> list[dict]:
+    """The store's write and read GB/s at each number of pages in flight (on ``pages``)."""
+    out = []
+    for depth in depths:
+        say(f"depth sweep ({backend}): depth {depth}, {pages.shape[0]} pages")
+        w, r = [], []
+        for _ in range(repeat):
+            wi, ri, _ = _store(os.path.join(work, "sweep"), pages, slot, io_threads, depth, backend, queue_depth)
+            shutil.rmtree(os.path.join(work, "sweep"))
+            w.append(wi)
+            r.append(ri)
+        sw, sr = _spread(w), _spread(r)
+        out.append({"depth": depth, "backend": backend, "pages": int(pages.shape[0]), "repeat": repeat,
+                    "write_gbps": sw["median"], "read_gbps": sr["median"],
+                    "spread": {"write_gbps": sw, "read_gbps": sr}})
+    return out
+
+
+#: The figures of a manager row that vary between repeats.
+MANAGER_TIMED = ("raw_gbps", "cold_gbps", "vs_store", "blocked_us_median", "blocked_us_max")
+
+
+def _merge_manager(runs: list[list]) -> list:
+    """Repeats of the rows through the manager as one list: each row's medians and spread."""
+    rows = runs[0]
+    for i, row in enumerate(rows):
+        same = [r[i] for r in runs]
+        row.repeat = len(runs)
+        row.spread = {k: _spread(getattr(r, k) for r in same) for k in MANAGER_TIMED}
+        for k in MANAGER_TIMED:
+            setattr(row, k, row.spread[k]["median"])
+    return rows
+
+
 def table(rep: Report) -> Table:
     """The report as table cells (see :class:`Table`)."""
     g, r = rep.gbps, rep.ratios
     title = (f"disk tier benchmark: {rep.total_bytes // MiB} MiB of {rep.slot_bytes // KiB} KiB pages, {rep.io} I/O, "
-             f"{rep.io_threads} I/O threads, depth {rep.depth} (io_uring: queue depth {rep.queue_depth} per thread)")
+             f"{rep.io_threads} I/O threads, depth {rep.depth} (io_uring: queue depth {rep.queue_depth} per thread)"
+             + (f", median of {rep.repeat}" if rep.repeat > 1 else ""))
     cols = [Column("", 20, "<", ""), Column("store GB/s", 12, sep=""), Column("ceiling", 10, sep=""),
             Column("baseline", 10, sep=""), Column("x ceiling", 11, sep=""), Column("x baseline", 12, sep=""),
-            Column("", 0, "<", "  ")]
+            Column("store min-max", 15, sep=""), Column("", 0, "<", "  ")]
     rows = []
     for backend in rep.backends:
         for d in ("write", "read"):
@@ -343,7 +436,8 @@ def table(rep: Report) -> Table:
                                   else ""))
             mark = " *" if backend == rep.default_backend else ""
             rows.append([f"{d} ({backend}){mark}", f"{g[f'store_{backend}_{d}']:.2f}", f"{g[f'ceiling_{d}']:.2f}",
-                         f"{g[f'baseline_{d}']:.2f}", f"{vc:.2f}", f"{vb:.2f}", "; ".join(verdict) or "ok"])
+                         f"{g[f'baseline_{d}']:.2f}", f"{vc:.2f}", f"{vb:.2f}",
+                         _fmt_range(rep.spread.get(f"store_{backend}_{d}")), "; ".join(verdict) or "ok"])
     notes = [f"durable baseline (fdatasync per page) write {g['baseline_durable_write']:.3f} GB/s: store is "
              f"{r['write_vs_durable_baseline']:.1f}x; {rep.info['store']['pages_per_batch']:.1f} pages per "
              "journal group commit; * the store's default backend"]
@@ -352,8 +446,18 @@ def table(rep: Report) -> Table:
     if rep.recovery:
         rc = rep.recovery
         verdict = "ok" if max(rc["snapshot_s"], rc["journal_s"]) <= TARGET_RECOVERY_S else "above target"
+        sp = rc.get("spread", {})
+        ranges = (f" (ranges {_fmt_range(sp.get('snapshot_s'))} s, {_fmt_range(sp.get('journal_s'))} s)"
+                  if rc.get("repeat", 1) > 1 else "")
         notes.append(f"recovery of {rc['slots']} slots: {rc['snapshot_s']:.2f} s from the snapshot, "
-                     f"{rc['journal_s']:.2f} s from the journal alone (target <= {TARGET_RECOVERY_S} s: {verdict})")
+                     f"{rc['journal_s']:.2f} s from the journal alone (target <= {TARGET_RECOVERY_S} s: {verdict})"
+                     + ranges)
+    for d in rep.depth_sweep:
+        notes.append(f"depth {d['depth']}: store write {d['write_gbps']:.2f} GB/s, read {d['read_gbps']:.2f} GB/s "
+                     f"({d['backend']}, {d['pages']} pages)")
+    for rc in rep.recovery_sweep:
+        notes.append(f"recovery of {rc['slots']} slots: {rc['snapshot_s']:.3f} s from the snapshot, "
+                     f"{rc['journal_s']:.3f} s from the journal alone")
     return Table([title], cols, rows, notes)
 
 
@@ -365,13 +469,15 @@ def manager_table(rep: Report) -> Table | None:
              f"{rep.manager[0].pages // max(1, rep.manager[0].calls)} pages; x store = blob GB/s over the store alone")
     cols = [Column("codec", 8, "<", ""), Column("path", 11, "<"), Column("mode", 9, "<"), Column("raw GB/s", 9),
             Column("blob GB/s", 10),
-            Column("x store", 8), Column("blocked us/call", 16), Column("target", 8), Column("", 0, "<", "  ")]
+            Column("x store", 8), Column("blocked us/call", 16), Column("target", 8), Column("raw min-max", 12),
+            Column("", 0, "<", "  ")]
     rows = []
     for m in rep.manager:
         ok = "ok" if m.blocked_us_median <= m.blocked_target_us else "blocks the caller"
         rows.append([m.codec, m.path, m.mode, f"{m.raw_gbps:.2f}", f"{m.cold_gbps:.2f}",
                      f"{m.vs_store:.2f}" if m.vs_store else "-", f"{m.blocked_us_median:.0f} (max {m.blocked_us_max:.0f})",
-                     f"{m.blocked_target_us:.0f}", "; ".join(x for x in (ok, m.verified) if x)])
+                     f"{m.blocked_target_us:.0f}", _fmt_range(m.spread.get("raw_gbps")),
+                     "; ".join(x for x in (ok, m.verified) if x)])
     notes = [f"{codec}: hot -> disk -> hot is {v['cold_vs_store']:.2f}x the store alone in blob bytes, "
              f"{v['raw_vs_store']:.2f}x in raw bytes (targets 0.8x; 1.6x raw for a codec that halves the page)"
              for codec, v in rep.round_trip().items()]

@@ -25,7 +25,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -57,6 +57,8 @@ class ManagerRow:
     blocked_target_us: float
     verified: str         #: "byte-exact", "within bound" or "" (checked after a later row)
     mode: str = "blocking"  #: "blocking", or "async" (blocking=False, handles waited at the end)
+    repeat: int = 1       #: runs behind the figures (medians when more than one)
+    spread: dict = field(default_factory=dict)  #: figure -> {"n", "min", "median", "max"} over the runs
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -38,8 +38,11 @@ from ..manager import KVCacheManager
 from ..registry import create_codec
 from ._common import Column, KiB, MiB, Table
 from ._common import advance as _advance
+from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt
 from ._common import log as _log
+from ._common import rates as _rates
+from ._common import spread as _spread
 from ._common import steps as _steps
 
 DEFAULT_SIZES = (4 * KiB, 16 * KiB, 64 * KiB)
@@ -63,6 +66,8 @@ class Row:
     host_us_per_page: float
     codec_host_us_per_page: float
     overhead_us_per_page: float = 0.0  # host_us_per_page - codec_host_us_per_page: the manager's own work
+    repeat: int = 0  # timed samples behind each figure (gbps is their median)
+    spread: dict = field(default_factory=dict)  # figure -> {"n", "min", "median", "max"} over the samples
 
 
 @dataclass
@@ -206,18 +211,21 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
             cpus.append(c1 - c0)
             back(pages, stream=stream)  # restore the starting level for the next sample
             sync()
-        results[direction] = (statistics.median(walls), min(cpus))
+        results[direction] = (statistics.median(walls), min(cpus), walls, cpus)
     m.onboard(pages, stream=stream)
     sync()
 
     codec_results, ceilings = _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream)
     rows = []
     for direction in ("evict", "onboard"):
-        wall, cpu = results[direction]
-        cwall, ccpu = codec_results[direction]
+        wall, cpu, walls, cpus = results[direction]
+        cwall, ccpu, cwalls, _ = codec_results[direction]
         gbps, cgbps = moved / wall / 1e9, moved / cwall / 1e9
+        spread = {"gbps": _spread(_rates(moved, walls)), "codec_gbps": _spread(_rates(moved, cwalls)),
+                  "ceiling_gbps": _spread(_rates(moved, ceilings[f"{direction}_samples"])),
+                  "host_us_per_page": _spread(c / n * 1e6 for c in cpus)}
         row = Row(piece, direction, n, gbps, cgbps, ceilings[direction], gbps / ceilings[direction], gbps / cgbps,
-                  cpu / n * 1e6, ccpu / n * 1e6, (cpu - ccpu) / n * 1e6)
+                  cpu / n * 1e6, ccpu / n * 1e6, (cpu - ccpu) / n * 1e6, iters, spread)
         rows.append(row)
         _log(progress, f"  {direction:7} {gbps:7.2f} GB/s = {row.ratio_to_ceiling:.2f}x ceiling, "
                        f"{row.ratio_to_codec:.2f}x bare codec; host {row.host_us_per_page:.3f} us/page "
@@ -265,7 +273,7 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
             sync()
             walls.append(time.perf_counter() - t0)
             cpus.append(c1 - c0)
-        return statistics.median(walls), min(cpus)
+        return statistics.median(walls), min(cpus), walls, cpus
 
     out = {
         "evict": timed(lambda: codec.encode(0, cold, enc, stream=stream)),
@@ -274,11 +282,12 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
     codec.close()
     if torch is not None:
         with torch.cuda.stream(stream):
-            d2h = timed(lambda: cold.copy_(contig, non_blocking=True))[0]
-            h2d = timed(lambda: contig.copy_(cold, non_blocking=True))[0]
+            d2h = timed(lambda: cold.copy_(contig, non_blocking=True))
+            h2d = timed(lambda: contig.copy_(cold, non_blocking=True))
     else:
-        d2h = h2d = timed(lambda: np.copyto(contig, cold))[0]
-    return out, {"evict": moved / d2h / 1e9, "onboard": moved / h2d / 1e9}
+        d2h = h2d = timed(lambda: np.copyto(contig, cold))
+    return out, {"evict": moved / d2h[0] / 1e9, "onboard": moved / h2d[0] / 1e9, "evict_samples": d2h[2],
+                 "onboard_samples": h2d[2]}
 
 
 def table(report: Report) -> Table:
@@ -287,10 +296,11 @@ def table(report: Report) -> Table:
              f"up to {report.max_pages} scattered pages per call, median of {report.iters}"
              + (f", {report.resident} resident pages" if report.resident else ""))
     cols = [Column("piece", 8), Column("dir", 8, "<"), Column("pages", 6), Column("GB/s", 8), Column("x ceiling", 9),
-            Column("x codec", 8), Column("us/page", 8), Column("codec us/page", 13), Column("manager us/page", 15)]
+            Column("x codec", 8), Column("us/page", 8), Column("codec us/page", 13), Column("manager us/page", 15),
+            Column("GB/s min-max", 0, "<", "  ")]
     rows = [[_fmt(r.piece_bytes), r.direction, str(r.pages), f"{r.gbps:.2f}", f"{r.ratio_to_ceiling:.2f}",
              f"{r.ratio_to_codec:.2f}", f"{r.host_us_per_page:.3f}", f"{r.codec_host_us_per_page:.3f}",
-             f"{r.overhead_us_per_page:.3f}"] for r in report.rows]
+             f"{r.overhead_us_per_page:.3f}", _fmt_range(r.spread.get("gbps"))] for r in report.rows]
     out = Table([title], cols, rows)
     if not report.rows:
         return out

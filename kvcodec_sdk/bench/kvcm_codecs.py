@@ -63,8 +63,11 @@ from ..manager import CacheLevel, KVCacheManager
 from ..registry import create_codec, default_registry, get_codec_spec
 from ._common import Column, MiB, Table
 from ._common import advance as _advance
+from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt
 from ._common import log as _log
+from ._common import rates as _rates
+from ._common import spread as _spread
 from ._common import steps as _steps
 
 DEFAULT_PAGES_GPU = 2048
@@ -149,6 +152,8 @@ class Row:
     noise_us_per_page: float  # spread (max - min) of the manager's plus the bare codec's CPU samples, per page
     checked: str  # what was verified before timing
     samples: int = 0  # timed samples per direction: iters, more for fast calls, 1 after a very slow call
+    spread: dict = field(default_factory=dict)  # figure -> {"n", "min", "median", "max"} over the samples
+    repeat: int = 0  # the same as samples (the name every benchmark's rows share)
 
 
 @dataclass
@@ -280,6 +285,7 @@ class _Timing:
     wall: float  # fastest sample, seconds (interference from other work only adds time)
     cpu: float  # minimum thread CPU seconds
     cpu_spread: float  # max - min thread CPU seconds
+    walls: tuple = ()  # every sample, seconds
 
 
 @dataclass
@@ -294,7 +300,7 @@ class _Result:
 
 
 def _timing(walls: list, cpus: list) -> _Timing:
-    return _Timing(min(walls), min(cpus), max(cpus) - min(cpus))
+    return _Timing(min(walls), min(cpus), max(cpus) - min(cpus), tuple(walls))
 
 
 def _drop_counts(m: KVCacheManager) -> tuple[int, dict]:
@@ -623,10 +629,11 @@ def _rows(name: str, params: dict, r: _Result, concat: _Result, layout: Layout, 
         gbps, bare_gbps, concat_gbps = moved / mt.wall / 1e9, moved / bt.wall / 1e9, concat_moved / ct.wall / 1e9
         host_us, bare_us = mt.cpu / r.pages * 1e6, bt.cpu / r.pages * 1e6
         ndrop, reasons = r.dropped[d]
+        spread = {"gbps": _spread(_rates(moved, mt.walls)), "bare_gbps": _spread(_rates(moved, bt.walls))}
         row = Row(name, params, d, r.pages, gbps, bare_gbps, concat_gbps, gbps / bare_gbps, gbps / concat_gbps,
                   r.cold_page_bytes, layout.page_bytes, r.cold_page_bytes / layout.page_bytes, ndrop, reasons,
                   host_us, bare_us, host_us - bare_us, (mt.cpu_spread + bt.cpu_spread) / r.pages * 1e6, r.checked,
-                  r.samples)
+                  r.samples, spread, r.samples)
         rows.append(row)
         _log(progress, f"  {d:7} {gbps:8.2f} GB/s = {row.ratio_to_bare:.2f}x bare, {row.ratio_to_concat:.2f}x concat; "
                        f"manager {row.overhead_us_per_page:.3f} us/page")
@@ -704,7 +711,7 @@ def table(report: CodecsReport) -> Table:
     cols = [Column("codec", w, "<"), Column("dir", 8, "<"), Column("pages", 5), Column("GB/s", 8),
             Column("bare GB/s", 9), Column("x bare", 6), Column("x concat", 8), Column("host/raw", 8),
             Column("dropped", 7), Column("us/page", 8), Column("bare us/page", 12), Column("manager us/page", 15),
-            Column("", 0, "<", "  ")]
+            Column("GB/s min-max", 13, ">", "  "), Column("", 0, "<", "  ")]
     rows = []
     for label, r in zip(names, report.rows):
         manager = f"{r.overhead_us_per_page:.3f}" + ("?" if r.overhead_us_per_page < 0 else "")
@@ -712,7 +719,8 @@ def table(report: CodecsReport) -> Table:
                    if r.dropped_by_reason else "")
         rows.append([label, r.direction, str(r.pages), _gbps(r.gbps), _gbps(r.bare_gbps), _ratio(r.ratio_to_bare),
                      _ratio(r.ratio_to_concat), f"{r.host_ratio:.3f}", str(r.pages_dropped),
-                     f"{r.host_us_per_page:.2f}", f"{r.bare_host_us_per_page:.2f}", manager, reasons])
+                     f"{r.host_us_per_page:.2f}", f"{r.bare_host_us_per_page:.2f}", manager,
+                     _fmt_range(r.spread.get("gbps"), ".3g"), reasons])
     notes = []
     if any(r.overhead_us_per_page < 0 for r in report.rows):
         notes.append("?: negative: the manager's CPU time minus the bare codec's is below the measurement noise")

@@ -52,7 +52,9 @@ from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
 from ._common import Column, KiB, Table, Unpadded
 from ._common import advance as _advance
+from ._common import fmt_range as _fmt_range
 from ._common import log as _log
+from ._common import spread as _spread
 from ._common import steps as _steps
 
 LEVELS = ("hot", "host", "disk", "miss")
@@ -137,6 +139,13 @@ class RunReport:
     wall_seconds: float
     level_stats: dict = field(default_factory=dict)
     prefetch: dict | None = None  # prefetch counters and hit_rate (used / completed), when prefetching
+    repeat: int = 1  # runs of the same (seeded) workload: the timed figures are their medians
+    spread: dict = field(default_factory=dict)  # timed figure -> {"n", "min", "median", "max"} over the runs
+
+
+#: The figures of a run that vary between repeats (the counts are the same for the same seed).
+TIMED = ("migrate_seconds", "pages_moved_per_s", "host_us_per_moved_page", "alloc_p50_us", "alloc_p99_us",
+         "alloc_us_per_page", "wall_seconds")
 
 
 @dataclass
@@ -403,12 +412,31 @@ def _ratio(a, b):
     return a / b
 
 
+def _merge(runs: list[RunReport]) -> RunReport:
+    """Repeats of one run as one: the first run's counts (the same in every repeat: the workload
+    is seeded), the median of each timed figure and its spread."""
+    out = runs[0]
+    for r in runs[1:]:
+        if r.hits != out.hits:
+            raise RuntimeError(f"the seeded workload hit differently in two repeats ({out.hits} and {r.hits})")
+    out.repeat = len(runs)
+    for name in TIMED:
+        values = [getattr(r, name) for r in runs if getattr(r, name) is not None]
+        if values:  # (a run with no allocation under pressure, or nothing moved, has none)
+            out.spread[name] = _spread(values)
+            setattr(out, name, out.spread[name]["median"])
+    return out
+
+
 def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | None = None,
-        progress: bool = True) -> Report:
+        progress: bool = True, repeat: int = 1) -> Report:
     """Runs the workload with the host tier and without it on ``device`` ('auto', 'cpu',
-    'cuda[:N]'); ``disk_dir`` adds a disk tier to both runs. Raises RuntimeError on a wrong byte."""
+    'cuda[:N]'), each ``repeat`` times (the timed figures are the medians); ``disk_dir`` adds a
+    disk tier to both runs. Raises RuntimeError on a wrong byte."""
     w = workload or Workload()
     w.validate()
+    if repeat < 1:
+        raise ValueError(f"repeat is {repeat}; it must be >= 1")
     if device == "auto":
         device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
     torch = None
@@ -427,14 +455,17 @@ def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | 
     _log(progress, f"{w.sessions} sessions x {w.turns} turns, {w.prefixes} prefixes of {w.prefix_pages} pages, "
                    f"{w.new_pages} new pages/turn; working set {w.working_set()} pages of {w.page_bytes // KiB} KiB, "
                    f"hot {w.hot_slots()} slots, host {w.host_slots()} slots")
-    _steps(progress, 2)
+    _steps(progress, 2 * repeat)
     for host_tier in (True, False):
-        if disk_dir is None:
-            report.runs.append(_run_once(w, device, torch, host_tier, None, progress))
-        else:
-            with tempfile.TemporaryDirectory(dir=disk_dir) as d:
-                report.runs.append(_run_once(w, device, torch, host_tier, os.path.join(d, "kv"), progress))
-        _advance(progress)
+        runs = []
+        for _ in range(repeat):
+            if disk_dir is None:
+                runs.append(_run_once(w, device, torch, host_tier, None, progress))
+            else:
+                with tempfile.TemporaryDirectory(dir=disk_dir) as d:
+                    runs.append(_run_once(w, device, torch, host_tier, os.path.join(d, "kv"), progress))
+            _advance(progress)
+        report.runs.append(_merge(runs))
     with_host, hot_only = report.runs
     reuse = lambda r: 1.0 - r.hit_rate["miss"]  # noqa: E731
     report.ratios = {
@@ -460,10 +491,12 @@ def table(report: Report) -> Table:
     w = report.workload
     title = (f"prefix-reuse workload on {report.device}: {w['sessions']} sessions x {w['turns']} turns, {w['prefixes']} "
              f"prefixes of {w['prefix_pages']} pages, {w['new_pages']} new pages/turn, working set "
-             f"{w['working_set_pages']} pages of {w['page_bytes'] // KiB} KiB")
+             f"{w['working_set_pages']} pages of {w['page_bytes'] // KiB} KiB"
+             + (f", median of {report.runs[0].repeat} runs" if report.runs and report.runs[0].repeat > 1 else ""))
     cols = [Column("run", 10, "<"), Column("hot", 6), Column("host", 6), Column("disk", 6), Column("miss", 6),
             Column("moved", 7), Column("dropped", 7), Column("pages/s", 10), Column("cpu us/pg", 9),
-            Column("alloc p50 us", 12), Column("alloc p99 us", 12), Column("us/alloc pg", 11), Column("verified", 9)]
+            Column("alloc p50 us", 12), Column("alloc p99 us", 12), Column("us/alloc pg", 11), Column("verified", 9),
+            Column("pages/s min-max", 0, "<", "  ")]
 
     def cell(x, fmt: str) -> str:
         return Unpadded("-") if x is None else format(x, fmt)
@@ -474,7 +507,8 @@ def table(report: Report) -> Table:
         rows.append(["host tier" if r.host_tier else "hot only", f"{hr['hot']:.3f}", f"{hr['host']:.3f}",
                      f"{hr['disk']:.3f}", f"{hr['miss']:.3f}", str(r.pages_moved), str(r.pages_dropped),
                      f"{r.pages_moved_per_s:.0f}", cell(r.host_us_per_moved_page, ".2f"), cell(r.alloc_p50_us, ".1f"),
-                     cell(r.alloc_p99_us, ".1f"), cell(r.alloc_us_per_page, ".2f"), str(r.pages_verified)])
+                     cell(r.alloc_p99_us, ".1f"), cell(r.alloc_us_per_page, ".2f"), str(r.pages_verified),
+                     _fmt_range(r.spread.get("pages_moved_per_s"), ".0f")])
     notes = ["host tier / hot only: " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in report.ratios.items())]
     for r in report.runs:
         if r.prefetch:
