@@ -2,14 +2,23 @@
 
 One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
 ``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
-``workload`` and ``disk``. An option of another benchmark is a usage error (exit status 2).
+``workload`` and ``disk``; ``compare OLD.json NEW.json`` shows how each figure moved between two
+runs. An option of another benchmark is a usage error (exit status 2).
+
+Every benchmark's ``--json PATH`` report carries the machine record (``kvcodec_sdk.bench.machine``)
+and the spread (min / median / max) of each row's figures over its repeats; ``--report DIR`` draws
+its plots and a Markdown summary (``kvcodec_sdk.bench.report``, the ``report`` extra), and
+``--baseline OLD.json`` compares the run with an earlier one (``kvcodec_sdk.bench.compare``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+import time
 
 from ..cli import count, device, folder, output_file, parse_size
 from . import _ui
@@ -26,7 +35,37 @@ BENCHMARKS = {
     "codec": "a registered codec (plugins included) through the manager and bare, against concat",
     "workload": "the manager under a prefix-reuse engine workload, host tier against hot only",
     "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
+    "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
 }
+
+
+def report_dir(text: str) -> str:
+    """An argparse type: a folder for the report (made, with its parents, before the run starts)."""
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; give a folder for the plots and summary")
+    return text
+
+
+def _load_report(option: str, path: str):
+    """A --json report read before any work: the data, or a usage error's message."""
+    from ..bench.compare import load
+
+    if not os.path.isfile(path):
+        return None, f"argument {option}: {path!r} " + ("is not a file" if os.path.exists(path) else "does not exist")
+    try:
+        return load(path), None
+    except (ValueError, OSError) as exc:
+        return None, f"argument {option}: {exc}"
+
+
+def _sizes(text: str) -> list[int]:
+    return [] if text == "none" else [parse_size(x) for x in text.split(",") if x]
+
+
+def _counts(text: str) -> list[int]:
+    if text == "none":
+        return []
+    return [count(1, 1 << 30)(x) for x in text.split(",") if x]
 
 
 def _common(p: argparse.ArgumentParser, iters_help: str | None) -> None:
@@ -40,6 +79,11 @@ def _output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file,
                    help="also write the report as JSON (the table on stdout is then plain text)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--report", metavar="DIR", type=report_dir, default=None,
+                   help="also write PNG plots and summary.md (the machine, the table, the plots) into DIR "
+                        "(needs matplotlib: the report extra)")
+    p.add_argument("--baseline", metavar="OLD.json", default=None,
+                   help="after the run, show how each figure moved from this earlier --json report")
 
 
 def _pieces(p: argparse.ArgumentParser) -> None:
@@ -94,7 +138,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _codec_options(cd, prefix="")
 
     w = sub.choices["workload"]
-    _common(w, None)  # one deterministic run
+    _common(w, None)  # one deterministic run per --repeat
+    w.add_argument("--repeat", type=count(1, 1000), default=1,
+                   help="runs of the (seeded) workload; the timed figures are their medians (default 1)")
     w.add_argument("--sessions", type=count(1, 1_000_000), default=64, help="sessions (default 64)")
     w.add_argument("--turns", type=count(1, 100_000), default=4, help="turns per session (default 4)")
     w.add_argument("--prefix-pages", type=count(1, 1_000_000), default=32, help="pages of each shared prefix (default 32)")
@@ -126,6 +172,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cpu, cuda or cuda:N")
     d.add_argument("--batch", type=count(1, 1 << 20), default=256, help="pages per manager call (default 256)")
     d.add_argument("--recovery-slots", type=count(1, 1 << 30), default=1 << 20, help="slots of the recovery test (default 1M)")
+    d.add_argument("--repeat", type=count(1, 1000), default=1,
+                   help="measurements of each figure; the median is reported with the spread (default 1)")
+    d.add_argument("--depths", type=_counts, default=None, metavar="N,N,...",
+                   help="also the store at each of these pages in flight, on up to --sweep-bytes (default none; "
+                        "with --report 1,4,16,64 and --depth; 'none' for no sweep)")
+    d.add_argument("--recovery-sweep", type=_counts, default=None, metavar="SLOTS,...",
+                   help="also the recovery time at each of these slot counts (default none; with --report "
+                        "1/16 and 1/4 of --recovery-slots; 'none' for no sweep)")
+    d.add_argument("--sweep-bytes", type=parse_size, default=64 * 1024 * 1024,
+                   help="bytes written and read at each depth of the sweep (default 64M, at most --bytes)")
+
+    cp = sub.choices["compare"]
+    cp.add_argument("old", metavar="OLD.json", help="the earlier run's --json report")
+    cp.add_argument("new", metavar="NEW.json", help="the later run's --json report")
+    cp.add_argument("--threshold", type=float, default=0.05,
+                    help="a figure moving by less than this fraction is 'same' (default 0.05)")
+    cp.add_argument("--json", metavar="PATH", type=output_file, help="also write the comparison as JSON")
 
 
 def _usage_error(message: str) -> int:
@@ -157,10 +220,29 @@ def _no_gpu(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.benchmark == "compare":
+        return _run_compare(args)
     why = _no_gpu(args)
+    if why is None and args.report is not None:
+        from ..bench.report import ReportUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()  # before any work: a long run must not end without its report
+        except ReportUnavailable as exc:
+            why = str(exc)
     if why is not None:
         print(f"kvcodec bench {args.benchmark}: error: {why}", file=sys.stderr)
         return 1
+    if args.baseline is not None:
+        args.baseline_data, problem = _load_report("--baseline", args.baseline)
+        if problem:
+            return _usage_error(problem)
+    if args.report is not None:
+        try:
+            os.makedirs(args.report, exist_ok=True)
+        except OSError as exc:
+            return _usage_error(f"argument --report: {args.report!r} cannot be made: {exc.strerror or exc}")
+    args.started = (_machine_now(), time.perf_counter())
     if args.benchmark == "codec":
         return _run_kvcm_codecs(args)
     if args.benchmark == "workload":
@@ -183,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         report = concat.run(device=args.device, pools=args.pools, sizes=sizes, total_bytes=args.bytes,
                             iters=args.iters, progress=not args.quiet)
     _show(args, concat.table(report))
-    _write_json(args, report)
+    _write_json(args, report, concat.table(report))
     return 0
 
 
@@ -197,11 +279,91 @@ def _show(args: argparse.Namespace, table) -> None:
     _ui.print_report(table, json_mode=bool(args.json))
 
 
-def _write_json(args: argparse.Namespace, report) -> None:
+def _machine_now() -> str:
+    from ..bench.machine import now
+
+    return now()
+
+
+def _kind(report) -> str:
+    """The report's shape, the JSON's ``benchmark`` key (what --report and compare read)."""
+    from ..bench import concat, disk, kvcm, kvcm_codecs, workload
+
+    for module, cls, kind in ((concat, "Report", "concat"), (kvcm, "Report", "kvcm"),
+                              (kvcm_codecs, "CodecsReport", "codecs"), (disk, "Report", "disk"),
+                              (workload, "Report", "workload")):
+        if isinstance(report, getattr(module, cls)):
+            return kind
+    raise TypeError(f"no benchmark kind for {type(report).__name__}")
+
+
+#: Namespace entries that are no options of the run (the command's plumbing).
+_NOT_OPTIONS = {"command", "benchmark", "func", "json", "quiet", "report", "baseline", "baseline_data", "started"}
+
+
+def _data(args: argparse.Namespace, report) -> dict:
+    """The report's JSON form with its kind, the command, its options and the machine record."""
+    from ..bench.machine import record
+
+    started, t0 = getattr(args, "started", (None, time.perf_counter()))
+    data = report.to_json()
+    data["benchmark"] = _kind(report)
+    data["command"] = args.benchmark + (f" {args.codec_name}" if args.benchmark == "codec" else "")
+    data["options"] = {k: v for k, v in vars(args).items()
+                       if k not in _NOT_OPTIONS and isinstance(v, (str, int, float, bool, list, type(None)))}
+    storage, device = None, getattr(report, "device", None)
+    if data["benchmark"] == "disk":  # a device only for the rows through the manager
+        storage = getattr(args, "dir", None) or tempfile.gettempdir()
+        device = report.manager[0].device if report.manager else None
+    elif getattr(args, "disk_dir", None):
+        storage = args.disk_dir
+    data["machine"] = record(device=device, storage_dir=storage,
+                             started=started, seconds=time.perf_counter() - t0)
+    return data
+
+
+def _write_json(args: argparse.Namespace, report, *tables) -> None:
+    """The run's outputs beyond the table: --json, --report and --baseline."""
+    if not (args.json or args.report or args.baseline):
+        return
+    data = _data(args, report)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
+            json.dump(data, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        from ..bench import report as plots
+
+        written = plots.write(data, args.report, [t.plain() for t in tables])
+        print(f"wrote {len(written) - 1} plots and {written[-1]}", file=sys.stderr)
+    if args.baseline:
+        from ..bench import compare
+
+        try:
+            _show(args, compare.table(compare.compare(args.baseline_data, data)))
+        except ValueError as exc:
+            print(f"kvcodec bench {args.benchmark}: --baseline: {exc}", file=sys.stderr)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from ..bench import compare
+
+    if not 0 <= args.threshold < 1:
+        return _usage_error(f"argument --threshold: {args.threshold} is out of range; valid values are 0 to 1")
+    old, problem = _load_report("OLD.json", args.old)
+    new, problem = (None, problem) if problem else _load_report("NEW.json", args.new)
+    if problem:
+        return _usage_error(problem)
+    try:
+        result = compare.compare(old, new, args.threshold)
+    except ValueError as exc:
+        return _usage_error(str(exc))
+    _show(args, compare.table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_json(), f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
 
 
 def _run_kvcm(args: argparse.Namespace) -> int:
@@ -213,7 +375,7 @@ def _run_kvcm(args: argparse.Namespace) -> int:
             report = kvcm.run_overhead(device="cpu" if args.device == "auto" else args.device, pools=args.pools,
                                        pages=pages, iters=max(args.iters, 15), progress=not args.quiet)
         _show(args, kvcm.table(report))
-        _write_json(args, report)
+        _write_json(args, report, kvcm.table(report))
         return 0 if kvcm.overhead_ok(report) else 1
     sizes = args.sizes or list(kvcm.DEFAULT_SIZES)
     kw = {"max_bytes": args.bytes} if args.bytes else {}
@@ -221,7 +383,7 @@ def _run_kvcm(args: argparse.Namespace) -> int:
         report = kvcm.run(device=args.device, pools=args.pools, sizes=sizes, pages=pages, iters=args.iters,
                           progress=not args.quiet, **kw)
     _show(args, kvcm.table(report))
-    _write_json(args, report)
+    _write_json(args, report, kvcm.table(report))
     return 0
 
 
@@ -256,7 +418,7 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
     except (UnknownCodecError, CodecParamError) as exc:
         return _usage_error(str(exc))
     _show(args, kvcm_codecs.table(report))
-    _write_json(args, report)
+    _write_json(args, report, kvcm_codecs.table(report))
     if report.failed:
         return 1
     if not any(r.codec == args.codec_name for r in report.rows) and args.codec_name != "all":
@@ -276,17 +438,26 @@ def _run_disk(args: argparse.Namespace) -> int:
         if c not in known:
             return _usage_error(f"argument --codecs: {c!r} is not a registered codec; "
                                 f"valid: {', '.join(known)} or none")
+    depths, sweep = args.depths, args.recovery_sweep
+    if args.report:  # the report's plots of throughput vs depth and recovery time vs slots
+        depths = sorted({1, 4, 16, 64, args.depth}) if depths is None else depths
+        sweep = [s for s in (args.recovery_slots // 16, args.recovery_slots // 4) if s] if sweep is None else sweep
+    total = args.bytes or 512 * 1024 * 1024
     with _progress(args):
-        report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=args.bytes or 512 * 1024 * 1024,
+        report = disk.run(directory=args.dir, slot_bytes=args.slot_bytes, total_bytes=total,
                           io_threads=args.io_threads, depth=args.depth, recovery_slots=args.recovery_slots,
                           progress=not args.quiet, queue_depth=args.queue_depth,
                           backends=disk.BACKENDS if args.io_backend == "both" else (args.io_backend,),
-                          codecs=codecs, device=args.device, batch=args.batch)
-    _show(args, disk.table(report))
+                          codecs=codecs, device=args.device, batch=args.batch, repeat=args.repeat,
+                          depths=tuple(depths or ()), recovery_sweep=tuple(sweep or ()),
+                          sweep_bytes=min(args.sweep_bytes, total))
+    tables = [disk.table(report)]
+    _show(args, tables[0])
     extra = disk.manager_table(report)
     if extra is not None:
         _show(args, extra)
-    _write_json(args, report)
+        tables.append(extra)
+    _write_json(args, report, *tables)
     return 0
 
 
@@ -303,7 +474,8 @@ def _run_workload(args: argparse.Namespace) -> int:
     except ValueError as exc:  # options that do not fit together, e.g. more prefixes than sessions
         return _usage_error(str(exc))
     with _progress(args):
-        report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet)
+        report = workload.run(device=args.device, workload=w, disk_dir=args.disk_dir, progress=not args.quiet,
+                              repeat=args.repeat)
     _show(args, workload.table(report))
-    _write_json(args, report)
+    _write_json(args, report, workload.table(report))
     return 0
