@@ -16,6 +16,7 @@ from .layout import BufferDesc, BufferRole, DataType, PoolGroupDesc
 if TYPE_CHECKING:
     from .disk import CodecIdentity
     from .kvcm_config import DiskTierConfig, KVCacheConfig
+    from .storage_profile import StorageProfile
 
 __all__ = [
     "buffer_from_native",
@@ -77,7 +78,8 @@ def fault_rules_to_native(rules: Sequence[Mapping[str, Any]]) -> list[_native.di
     return out
 
 
-def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None) -> _native.kvcm.DiskTierConfig:
+def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None,
+                    profile: StorageProfile | None = None) -> _native.kvcm.DiskTierConfig:
     out = _native.kvcm.DiskTierConfig()  # an empty path: no disk tier
     out.io_threads = 1
     if d is None:
@@ -89,10 +91,11 @@ def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None) ->
     out.path = str(d.path)
     out.max_bytes = int(d.max_bytes)
     out.container_bytes = int(d.container_bytes)
-    out.io_mode = IO_MODES[d.io_mode]
-    out.io_threads = int(d.io_threads)
-    out.io_backend = IO_BACKENDS[d.io_backend]
-    out.queue_depth = int(d.queue_depth)
+    io_mode, io_threads, queue_depth, io_backend = d.tuned(profile)
+    out.io_mode = IO_MODES[io_mode]
+    out.io_threads = io_threads
+    out.io_backend = IO_BACKENDS[io_backend]
+    out.queue_depth = queue_depth
     out.codec_name = identity.name
     out.format_version = int(identity.format_version)
     out.param_hash = identity.param_hash
@@ -103,8 +106,10 @@ def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None) ->
 
 
 def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
-                     identity: CodecIdentity | None = None) -> _native.kvcm.KvcmConfig:
-    """The ``_native.kvcm.KvcmConfig`` for ``KvcmCore`` (call ``config.validate()`` first)."""
+                     identity: CodecIdentity | None = None,
+                     profile: StorageProfile | None = None) -> _native.kvcm.KvcmConfig:
+    """The ``_native.kvcm.KvcmConfig`` for ``KvcmCore`` (call ``config.validate()`` first);
+    ``profile`` is the disk tier's storage (probed from its path when None)."""
     out = _native.kvcm.KvcmConfig()
     groups = []
     for group in config.layer_groups:
@@ -128,7 +133,7 @@ def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
     out.pool_ratio = config.weights()
     out.index_ring_bytes = int(config.index_ring_bytes)
     out.envelope_format_version = int(envelope_format_version)
-    out.disk = _disk_to_native(config.disk, identity)
+    out.disk = _disk_to_native(config.disk, identity, profile)
     out.min_hot_slots = [int(n) for n in config.min_hot_slots] if config.min_hot_slots is not None else []
     out.auto_evict = bool(config.auto_evict)
     out.max_gpu_quota_bytes = int(config.max_gpu_quota) if config.max_gpu_quota is not None else 0

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._boundary import IO_BACKENDS
 from ._boundary import IO_MODES as _IO_MODES
 from .errors import KvcodecError
 from .layout import BufferConfig, BufferDesc, BufferRole, DataType
+
+if TYPE_CHECKING:
+    from .storage_profile import StorageProfile
 
 # BufferConfig: the deprecated spelling of BufferDesc, kept importable from here.
 __all__ = ["BufferConfig", "BufferDesc", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
@@ -67,22 +70,40 @@ class DiskTierConfig:
     :param max_bytes: Container bytes of all regions, split between cold pool groups like the
         host tier (slot-count proportions of the layer groups).
     :param container_bytes: Bytes per container file (capped at a region's share).
-    :param io_mode: ``"auto"`` (O_DIRECT where the file system accepts it), ``"direct"`` or
-        ``"buffered"``.
-    :param io_threads: I/O worker threads per region.
-    :param io_backend: ``"threads"`` (default), ``"auto"`` (io_uring where the kernel allows it,
-        else the thread pool) or ``"io_uring"`` (see :class:`kvcodec_sdk.disk.DiskRegion`).
-    :param queue_depth: io_uring requests in flight per worker (1..4096).
+    :param io_mode: ``"auto"`` (by the storage's device class, see
+        :mod:`kvcodec_sdk.storage_profile`: O_DIRECT where the file system accepts it on NVMe and
+        unrecognised storage, buffered on SATA/SAS SSDs, disks, network and memory file systems),
+        ``"direct"`` or ``"buffered"``.
+    :param io_threads: I/O worker threads per region; None (default): by the device class (32
+        on NVMe).
+    :param io_backend: ``"threads"``, ``"auto"`` (io_uring where the kernel allows it, else the
+        thread pool) or ``"io_uring"`` (see :class:`kvcodec_sdk.disk.DiskRegion`); None (default):
+        by the device class (``"auto"`` on NVMe and virtual disks).
+    :param queue_depth: io_uring requests in flight per worker (1..4096); None (default): by the
+        device class (8 on NVMe).
     """
 
     path: str
     max_bytes: int
     container_bytes: int = 1 << 30
     io_mode: str = "auto"
-    io_threads: int = 32
-    io_backend: str = "threads"
-    queue_depth: int = 8
+    io_threads: int | None = None
+    io_backend: str | None = None
+    queue_depth: int | None = None
     _faults: Sequence[dict] | None = None  # Test-only fault injection rules (see kvcodec_sdk.disk).
+
+    def tuned(self, profile: StorageProfile | None = None) -> tuple[str, int, int, str]:
+        """``(io_mode, io_threads, queue_depth, io_backend)`` for this tier: what the config
+        sets, and for what it leaves to the SDK (``io_mode="auto"``, None) the settings of the
+        storage's device class (``profile``, probed from ``path`` when not given)."""
+        from .storage_profile import probe_storage
+
+        profile = profile if profile is not None else probe_storage(self.path)
+        mode = profile.io_mode if self.io_mode == "auto" else self.io_mode
+        threads = profile.io_threads if self.io_threads is None else int(self.io_threads)
+        depth = profile.queue_depth if self.queue_depth is None else int(self.queue_depth)
+        backend = profile.io_backend if self.io_backend is None else self.io_backend
+        return mode, threads, depth, backend
 
     def validate(self, where: str = "KVCacheConfig.disk") -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -92,11 +113,13 @@ class DiskTierConfig:
             raise KVCacheConfigError(f"{where}.path is {self.path!r}; it must be a non-empty directory path")
         _int(f"{where}.max_bytes", self.max_bytes, 1)
         _int(f"{where}.container_bytes", self.container_bytes, 1)
-        _int(f"{where}.io_threads", self.io_threads, 1, 4096)
+        if self.io_threads is not None:
+            _int(f"{where}.io_threads", self.io_threads, 1, 4096)
         if self.io_mode not in _IO_MODES:
             raise KVCacheConfigError(f"{where}.io_mode is {self.io_mode!r}; valid: {', '.join(_IO_MODES)}")
-        _int(f"{where}.queue_depth", self.queue_depth, 1, 4096)
-        if self.io_backend not in IO_BACKENDS:
+        if self.queue_depth is not None:
+            _int(f"{where}.queue_depth", self.queue_depth, 1, 4096)
+        if self.io_backend is not None and self.io_backend not in IO_BACKENDS:
             raise KVCacheConfigError(f"{where}.io_backend is {self.io_backend!r}; valid: {', '.join(IO_BACKENDS)}")
 
 
@@ -230,10 +253,11 @@ class KVCacheConfig:
             for group in self.layer_groups
         ]
 
-    def to_native(self, envelope_format_version: int = -1, identity: object = None) -> Any:
+    def to_native(self, envelope_format_version: int = -1, identity: object = None,
+                  profile: StorageProfile | None = None) -> Any:
         """The ``_native.kvcm.KvcmConfig`` that ``_native.kvcm.KvcmCore`` takes (call :meth:`validate`
         first). ``identity`` is the disk tier's :class:`~kvcodec_sdk.disk.CodecIdentity` (required
-        with ``disk``)."""
+        with ``disk``); ``profile`` its storage (probed from the disk path when None)."""
         from ._boundary import config_to_native
 
-        return config_to_native(self, envelope_format_version, identity)  # type: ignore[arg-type]
+        return config_to_native(self, envelope_format_version, identity, profile)  # type: ignore[arg-type]

@@ -25,7 +25,8 @@ Everything per page happens in C++: a :class:`PageList` is a numpy array of page
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -77,6 +78,11 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     page_ring_bytes,
 )
 
+if TYPE_CHECKING:
+    from .storage_profile import StorageProfile
+
+log = logging.getLogger("kvcodec_sdk.manager")
+
 
 class KVCacheManager:
     """A KV-cache manager with a hot and a host tier and an owned cold-page codec.
@@ -91,6 +97,7 @@ class KVCacheManager:
         # Consumed first, before any validation: the caller's wrapper is dead whatever happens next.
         native = cold_page_codec._consume() if isinstance(cold_page_codec, Codec) else None
         self._core_obj = None
+        self._disk_profile: StorageProfile | None = None
         try:
             self._core_obj = self._construct(config, cold_page_codec, native)
         finally:
@@ -142,8 +149,16 @@ class KVCacheManager:
                 identity = CodecIdentity.from_codec(created, layout)
             else:
                 identity = CodecIdentity.from_name("concat", None, layout)
+        profile = None
+        if config.disk is not None:
+            from .storage_profile import probe_storage
+
+            profile = probe_storage(config.disk.path)
+            for note in profile.warnings:
+                log.warning("disk tier %s: %s", config.disk.path, note)
+        self._disk_profile = profile
         try:
-            core = _core.KvcmCore(config.to_native(envelope, identity), native, ordinal)
+            core = _core.KvcmCore(config.to_native(envelope, identity, profile), native, ordinal)
         except BaseException:
             if native is not None and not native.released:
                 native.release()
@@ -642,9 +657,16 @@ class KVCacheManager:
             return None
         return {"capacity": int(ring.capacity), "kind": int(ring.kind), "live_leases": int(ring.live_leases)}
 
+    def disk_profile(self) -> StorageProfile | None:
+        """The storage the disk tier was opened on (device class, file system, the I/O settings
+        it got, warnings such as a low NFS ``wsize``), or None without a disk tier."""
+        return self._disk_profile
+
     def disk_stats(self, pool_group: int) -> dict:
         """The disk region of a cold pool group: directory, slot usage, puts, reads, checksum
-        failures, erases, whether it was created or invalidated when opened, and its warnings."""
+        failures, erases, the I/O it runs (``direct_io``, ``io_backend`` and why ``"auto"`` fell
+        back, merged and queued requests), whether it was created or invalidated when opened,
+        and its warnings."""
         with _native_errors():
             return dict(self._live().disk_region_stats(int(pool_group)))
 

@@ -724,6 +724,11 @@ void bindKvcm(py::module_& m)
                 d["checksum_failures"] = st.checksumFailures;
                 d["erases"] = st.erases;
                 d["direct_io"] = st.directIo;
+                d["io_backend"] = st.ioBackend;
+                d["io_backend_note"] = st.backendNote;
+                d["merged_ios"] = st.mergedIos;
+                d["queued_submits"] = st.queuedSubmits;
+                d["queued_requests"] = st.queuedRequests;
                 d["created"] = rec.created;
                 d["invalidated"] = rec.invalidated;
                 d["warnings"] = rec.warnings;
