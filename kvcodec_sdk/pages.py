@@ -120,6 +120,21 @@ class PoolGroupStats:
     #: ``bad_format_version``, ``bad_header``, ``did_not_fit``, ``bad_checksum``,
     #: ``decode_failed``, ``bad_index``) and the disk tier's (``missing``, ``disk_checksum``).
     dropped_by_reason: dict = field(default_factory=dict)
+    #: Hot page bytes of the pages offloaded (what the codec read; ``bytes_offloaded`` is what it
+    #: wrote) and of the pages onboarded (what it wrote back; ``bytes_onboarded`` is what it read).
+    hot_bytes_offloaded: int = 0
+    hot_bytes_onboarded: int = 0
+    #: ``codec_calls`` and ``codec_seconds`` split by direction: encode (offloads), decode (onboards).
+    encode_calls: int = 0
+    decode_calls: int = 0
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def achieved_ratio(self) -> float | None:
+        """Hot bytes per cold byte of what was offloaded (``hot_bytes_offloaded /
+        bytes_offloaded``: 1.0 for concat, about 2 for fp8 from bf16), or None before an offload."""
+        return self.hot_bytes_offloaded / self.bytes_offloaded if self.bytes_offloaded else None
 
 
 @dataclass(frozen=True)

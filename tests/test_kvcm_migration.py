@@ -50,6 +50,26 @@ def test_evict_writes_concat_blobs_and_onboard_restores_them(rng):
     check_all(m, model, lcs, "concat")
 
 
+def test_stats_split_the_codec_work_by_direction_with_hot_bytes_and_ratio(rng):
+    codec = make_test_codec(pad="1:24")
+    m = KVCacheManager(config([group([0, 1], [64, 32])]), cold_page_codec=codec)
+    pages = m.allocate(0, 5)
+    write_random(m, pages, rng)
+    assert m.stats(CacheLevel.HOT)[0].achieved_ratio is None  # nothing offloaded yet
+    m.evict(pages)
+    hot_page = sum(t[0].nbytes for t in m.hot_pool_tensors(0))
+    for s in (m.stats(CacheLevel.HOT)[0], m.stats(CacheLevel.HOST)[0]):
+        assert s.hot_bytes_offloaded == 5 * hot_page and s.hot_bytes_onboarded == 0
+        assert s.encode_calls >= 1 and s.decode_calls == 0 and s.encode_calls == s.codec_calls
+        assert s.encode_seconds == s.codec_seconds and s.decode_seconds == 0
+        assert s.achieved_ratio == pytest.approx(hot_page / (s.bytes_offloaded / 5))
+    m.onboard(pages[:3])
+    s = m.stats(CacheLevel.HOST)[0]
+    assert s.hot_bytes_onboarded == 3 * hot_page and s.decode_calls >= 1
+    assert s.encode_calls + s.decode_calls == s.codec_calls
+    assert s.encode_seconds + s.decode_seconds == pytest.approx(s.codec_seconds)
+
+
 def test_hot_to_hot_and_host_to_host_relocate_pages(rng):
     m = KVCacheManager(config([group([0, 1], [64])]))
     pages = m.allocate(0, 4)

@@ -150,6 +150,12 @@ py::dict statsDict(kvcm::PoolGroupStats const& s)
     d["dropped_by_reason"] = reasons;
     d["codec_calls"] = s.codecCalls;
     d["codec_seconds"] = s.codecSeconds;
+    d["hot_bytes_offloaded"] = s.hotBytesOffloaded;
+    d["hot_bytes_onboarded"] = s.hotBytesOnboarded;
+    d["encode_calls"] = s.encodeCalls;
+    d["decode_calls"] = s.decodeCalls;
+    d["encode_seconds"] = s.encodeSeconds;
+    d["decode_seconds"] = s.decodeSeconds;
     d["evictions"] = s.evictions;
     d["drops"] = s.drops;
     d["hits"] = s.hits;

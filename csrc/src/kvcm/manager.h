@@ -94,6 +94,13 @@ struct PoolGroupStats
     uint64_t hits = 0;  ///< touch() calls on pages in this group.
     uint64_t codecCalls = 0;
     double codecSeconds = 0; ///< Host time spent inside encode()/decode() calls.
+    // The codec's work by direction (the sums above split): encode = offloads, decode = onboards.
+    uint64_t hotBytesOffloaded = 0; ///< Hot page bytes of the pages offloaded (what the codec read).
+    uint64_t hotBytesOnboarded = 0; ///< Hot page bytes of the pages onboarded (what the codec wrote).
+    uint64_t encodeCalls = 0;
+    uint64_t decodeCalls = 0;
+    double encodeSeconds = 0; ///< Host time inside encode() calls.
+    double decodeSeconds = 0; ///< Host time inside decode()/decodeChecked() calls.
 };
 
 struct MigrationResult

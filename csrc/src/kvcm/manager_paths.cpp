@@ -596,12 +596,16 @@ void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
     auto& dstStats = stats_[size_t(key.dst)][size_t(key.dstGroup)];
     if (fromHot && !toHot)
     {
+        uint64_t const hotBytes = storage_->pageBytes(key.src, key.srcGroup);
         for (auto* st : {&srcStats, &dstStats})
         {
             st->pagesOffloaded += count;
             st->bytesOffloaded += count * dstPageBytes;
+            st->hotBytesOffloaded += count * hotBytes;
             st->codecCalls += calls;
             st->codecSeconds += t.seconds;
+            st->encodeCalls += calls;
+            st->encodeSeconds += t.seconds;
         }
     }
     else if (!fromHot && toHot)
@@ -611,8 +615,11 @@ void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
         {
             st->pagesOnboarded += count;
             st->bytesOnboarded += count * coldBytes;
+            st->hotBytesOnboarded += count * dstPageBytes;
             st->codecCalls += calls;
             st->codecSeconds += t.seconds;
+            st->decodeCalls += calls;
+            st->decodeSeconds += t.seconds;
         }
     }
     else
