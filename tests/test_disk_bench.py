@@ -8,7 +8,7 @@ from kvcodec_sdk.bench import disk
 
 def test_disk_bench_small_run(tmp_path):
     rep = disk.run(directory=str(tmp_path), slot_bytes=16384, total_bytes=4 << 20, io_threads=2, depth=32,
-                   recovery_slots=3000, progress=False)
+                   recovery_slots=3000, progress=False, depths=(1, 8), recovery_sweep=(500,), sweep_bytes=1 << 20)
     for key in ("ceiling_write", "ceiling_read", "store_write", "store_read", "baseline_write", "baseline_read"):
         assert rep.gbps[key] > 0
     assert rep.ratios["write_vs_ceiling"] == rep.gbps["store_write"] / rep.gbps["ceiling_write"]
@@ -22,6 +22,13 @@ def test_disk_bench_small_run(tmp_path):
     assert rep.info["store"] == rep.info[f"store_{rep.default_backend}"]
     assert rep.recovery["slots"] == 3000 and rep.recovery["snapshot_s"] > 0
     assert "recovery of 3000 slots" in disk.format_table(rep)
+    # One measurement per figure by default: the spread has one sample, the sweeps their points.
+    assert rep.repeat == 1 and rep.spread["store_write"]["n"] == 1
+    assert rep.spread["store_write"]["median"] == rep.gbps["store_write"]
+    assert [(d["depth"], d["pages"]) for d in rep.depth_sweep] == [(1, 64), (8, 64)]
+    assert all(d["write_gbps"] > 0 and d["read_gbps"] > 0 for d in rep.depth_sweep)
+    assert [r["slots"] for r in rep.recovery_sweep] == [500] and rep.recovery_sweep[0]["snapshot_s"] > 0
+    assert "depth 8: store write" in disk.format_table(rep)
     assert list(tmp_path.iterdir()) == []  # the temp directory is removed
 
 

@@ -49,3 +49,7 @@ def test_cli_overhead_writes_the_json_report_and_exits_by_the_verdict(tmp_path, 
     ok = all(r["overhead_us_per_page"] <= kvcm.TARGET_OVERHEAD_US_PER_PAGE for r in data["rows"])
     assert rc == (0 if ok else 1)
     assert "manager's own host CPU" in capsys.readouterr().out
+    assert data["benchmark"] == "kvcm" and data["machine"]["device"] == "cpu" and data["machine"]["cpu"]["model"]
+    for r in data["rows"]:  # 15 timed samples at least (--overhead)
+        assert r["repeat"] == 15 and r["spread"]["gbps"]["n"] == 15
+        assert r["spread"]["gbps"]["min"] <= r["gbps"] <= r["spread"]["gbps"]["max"]

@@ -77,6 +77,19 @@ def test_cli_writes_the_json_report(tmp_path, capsys):
     assert "host tier / hot only" in capsys.readouterr().out
 
 
+def test_repeats_report_the_median_and_the_spread_of_the_timed_figures():
+    once = workload.run(device="cpu", workload=TINY, progress=False)
+    rep = workload.run(device="cpu", workload=TINY, progress=False, repeat=3)
+    with_host = rep.runs[0]
+    assert with_host.repeat == 3 and with_host.hits == once.runs[0].hits  # seeded: the counts do not vary
+    s = with_host.spread["pages_moved_per_s"]
+    assert s["n"] == 3 and s["min"] <= with_host.pages_moved_per_s == s["median"] <= s["max"]
+    assert "host_us_per_moved_page" not in rep.runs[1].spread  # nothing moved without a host tier
+    assert "median of 3 runs" in workload.format_table(rep)
+    with pytest.raises(ValueError, match="repeat is 0"):
+        workload.run(device="cpu", workload=TINY, progress=False, repeat=0)
+
+
 def test_invalid_workloads_name_the_field():
     with pytest.raises(ValueError, match=r"workload sessions is 0; it must be an integer >= 1"):
         workload.run(device="cpu", workload=workload.Workload(sessions=0), progress=False)
