@@ -68,7 +68,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from .. import _native
 from ..codec import Codec
 from ..kv_tensors import kv_data_type, kv_pool_group
-from ..layout import PageStatus
+from ..layout import PageIndexLocation, PageStatus
 from ..registry import create_codec
 from . import VLLM_VERSION
 
@@ -380,6 +380,7 @@ class KvcodecOffloadingWorker(OffloadingWorker):
         self.envelope = bool(self.codec.spec.envelope)
         self.format_version = int(self.codec.spec.format_version)
         self.checked = self.codec.has_checked_decode
+        self._device_indices = self.codec.page_index_location(0) == PageIndexLocation.DEVICE
         self.raw_page_bytes = sum(int(t.stride(0)) for t in tensors)
         self.host = torch.zeros((num_slots, self.cold_page_bytes), dtype=torch.uint8, pin_memory=self.cuda)
         self._host_np = None if self.cuda else self.host.numpy()
@@ -392,9 +393,14 @@ class KvcodecOffloadingWorker(OffloadingWorker):
         self._bad_slots: set[int] = set()
         self.counters = {"stored": 0, "loaded": 0, "store_dropped": 0, "load_failed": 0}
 
-    @staticmethod
-    def _pairs(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(np.stack([dst, src], axis=1), dtype=np.int32)
+    def _pairs(self, dst: np.ndarray, src: np.ndarray) -> Any:
+        """The codec's (dst, src) int32 index pairs, where it takes them: host memory, or device
+        memory copied on the worker's stream (the codec keeps the tensor alive until it ran)."""
+        pairs = np.ascontiguousarray(np.stack([dst, src], axis=1), dtype=np.int32)
+        if self._device_indices:
+            with torch.cuda.stream(self._stream):
+                return torch.from_numpy(pairs).pin_memory().to(self.device, non_blocking=True)
+        return pairs
 
     def _blob_ok(self, slot: int) -> int:
         """The envelope status of a host blob (0 for a codec without the envelope)."""
@@ -409,10 +415,10 @@ class KvcodecOffloadingWorker(OffloadingWorker):
         job = _Job(job_id, False, slots, blocks, time.perf_counter())
         self.valid[slots] = False
         if len(slots):
+            if self.cuda:  # the blocks were written on the compute stream: order the encode after it
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
             pairs = self._pairs(slots, blocks)
             if self.cuda:
-                # The blocks were written on the compute stream: order the encode after it.
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
                 self.codec.encode(0, self.host, pairs, stream=self._stream)
                 job.event = torch.cuda.Event()
                 job.event.record(self._stream)
@@ -435,9 +441,10 @@ class KvcodecOffloadingWorker(OffloadingWorker):
         slots, blocks = slots[good], blocks[good]
         job.slots, job.blocks = slots, blocks
         if len(slots):
+            if self.cuda:  # the compute stream's last reads of the blocks come first
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
             pairs = self._pairs(blocks, slots)
             if self.cuda:
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
                 if self.checked:
                     job.status = torch.full((len(slots),), 255, dtype=torch.uint8, pin_memory=True)
                     self.codec.decode_checked(0, self.host, pairs, job.status, stream=self._stream)
@@ -474,7 +481,9 @@ class KvcodecOffloadingWorker(OffloadingWorker):
             failed = [(-1, int(s)) for s in job.slots[bad]]
             self.counters["stored"] += len(job.slots) - len(failed)
             self.counters["store_dropped"] += len(failed)
-        self._bad_slots.update(slot for _, slot in failed)
+        for _, slot in failed:
+            self.valid[slot] = False
+            self._bad_slots.add(slot)
         size = (len(job.blocks) + len(job.failed or [])) * self.raw_page_bytes
         return TransferResult(job.job_id, ok, size, time.perf_counter() - job.started)
 
