@@ -83,8 +83,10 @@ METRIC_REJECTED = "kvcodec:stores_rejected"
 METRIC_DROPPED = "kvcodec:blocks_dropped"
 METRIC_USAGE = "kvcodec:host_slot_usage"
 
+# The spec's keys, and those vLLM's offloading connector reads itself (checked by geometry()).
 _EXTRA_KEYS = {"spec_name", "spec_module_path", "codec", "codec_params", "cpu_bytes", "kv_layout",
-               "num_kv_heads", "head_dim", "offload_prompt_only", "self_describing_kv_events"}
+               "num_kv_heads", "head_dim", "offload_prompt_only", "self_describing_kv_events",
+               "block_size", "blocks_per_chunk", "canonical_layout"}
 
 
 class HostSlotsSpec(BlockIDsLoadStoreSpec):
