@@ -26,6 +26,7 @@ if getattr(_native, "__file__", None) is None:  # only the stubs' folder (_nativ
         "kvcodec_sdk._native: install the package (`pip install .` in the repository) and import it "
         "from outside the source folder"
     )
+from . import _logging
 from .codec import Codec
 from .errors import (
     CodecCallError,
@@ -52,6 +53,8 @@ from .layout import (
 from .registry import CodecRegistry, create_codec, get_codec_spec, list_codecs
 from .spec import CodecSpec, ParamSpec
 from .version import __version__
+
+_logging.install()
 
 __all__ = [
     "__version__",

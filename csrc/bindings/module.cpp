@@ -21,6 +21,7 @@ using namespace kvcodec;
 void bindConformanceTesting(py::module_& m); // testing.cpp
 void bindKvcm(py::module_& m);               // bindings/kvcm.cpp
 void bindDisk(py::module_& m);               // bindings/disk.cpp
+void bindLog(py::module_& m);                // bindings/log.cpp
 
 namespace {
 
@@ -271,6 +272,7 @@ PYBIND11_MODULE(_native, m)
     bindConformanceTesting(m);
     bindDisk(m); // before kvcm: its DiskTierConfig holds disk.FaultRule values
     bindKvcm(m);
+    bindLog(m); // after kvcm: its test hook joins kvcm_testing
 
     // The submodules import by their dotted names too (type checkers and stubtest do so).
     py::dict modules = py::module_::import("sys").attr("modules");

@@ -5,6 +5,7 @@
 // migration transaction is in manager_migrate.cpp, its paths in manager_paths.cpp, eviction in
 // manager_eviction.cpp, resize and defragmentation in manager_resize.cpp.
 #include "kvcm/manager.h"
+#include "runtime/log.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -103,7 +104,8 @@ KvCacheManager::~KvCacheManager()
         }
         catch (std::exception const& e)
         {
-            std::fprintf(stderr, "kvcodec: synchronizing the KV-cache manager at destruction failed: %s\n", e.what());
+            log::write(log::Level::kError,
+                std::string("synchronizing the KV-cache manager at destruction failed: ") + e.what());
         }
         owner_.store(std::thread::id(), std::memory_order_relaxed);
     }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kvcm/staging.h"
+#include "runtime/log.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -38,7 +39,9 @@ StagingManager::~StagingManager()
     {
         // A lease is a non-owning view of this manager's bytes; outliving it is a programming
         // error that would leave asynchronous work writing freed memory.
-        std::fprintf(stderr, "kvcodec: a staging manager was destroyed with %zu live lease(s)\n", live_);
+        // To stderr at once: the process aborts before a sink could deliver it.
+        log::writeStderr(
+            log::Level::kError, "a staging manager was destroyed with " + std::to_string(live_) + " live lease(s)");
         std::abort();
     }
     for (auto& r : ranges_)
@@ -51,7 +54,7 @@ StagingManager::~StagingManager()
             }
             catch (std::exception const& e)
             {
-                std::fprintf(stderr, "kvcodec: synchronizing a staging event failed: %s\n", e.what());
+                log::write(log::Level::kError, std::string("synchronizing a staging event failed: ") + e.what());
             }
         }
     }
@@ -305,7 +308,8 @@ void StagingBuffer::reset() noexcept
         {
             // Recording the release event failed: fall back to a host synchronization so the
             // bytes are safe to reuse.
-            std::fprintf(stderr, "kvcodec: recording a staging release event failed: %s\n", e.what());
+            log::write(log::Level::kWarning,
+                std::string("recording a staging release event failed (synchronizing instead): ") + e.what());
             try
             {
                 if (owner_)

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvcodec/crc32c.h"
+#include "runtime/log.h"
 #include "tiers/disk/disk_util.h"
 
 namespace kvcodec::disk {
@@ -230,6 +231,7 @@ void DiskRegion::finishRead(Task& t, void const* buf, int rc, bool viaBounce)
             std::snprintf(text, sizeof(text), " (recorded crc %08x, read %08x); served as a miss", t.crc, crc);
             status = {StatusCode::kChecksumMismatch,
                 "disk region '" + dir_ + "': checksum mismatch for key " + toHex(t.key) + " in " + where() + text, 0};
+            log::write(log::Level::kWarning, status.message); // on an I/O thread: the sink queues it
         }
         else
         {
