@@ -611,6 +611,15 @@ class KVCacheManager:
         """Counters per pool group of ``level``, in that level's grouping order."""
         return [PoolGroupStats(**d) for d in self._live().stats(int(level))]
 
+    def set_codec_gpu_timing(self, on: bool = True) -> bool:
+        """Times each later codec call on the GPU (two timed CUDA events around it on its
+        stream) into :class:`PoolGroupStats`' ``encode/decode_gpu_seconds`` and ``_gpu_calls``.
+        A time is added once both events completed, read without blocking (at the next codec call
+        or ``stats()``); the cost is two event records per call. Off by default. Returns whether
+        calls are timed now: False when turned off, and on the CPU backend, which keeps no event
+        times."""
+        return bool(self._live().set_codec_gpu_timing(bool(on)))
+
     def level_stats(self, level: int, *, reset_peaks: bool = False) -> list[dict]:
         """Capacity statistics per pool group of ``level``, in that level's grouping order
         (hot and cold groupings are unrelated): ``slots``, ``used``, ``peak`` (used slots' peak

@@ -81,6 +81,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "Codec calls (encode or decode) of transfers through the cold pool group."),
     MetricSpec("kvcodec_codec_host_seconds_total", "counter", (*_C, "direction"),
                "Host time inside the codec's encode and decode calls."),
+    MetricSpec("kvcodec_codec_gpu_calls_total", "counter", (*_C, "direction"),
+               "Codec calls timed on the GPU (KVCacheManager.set_codec_gpu_timing; CUDA backend), "
+               "counted once their events completed."),
+    MetricSpec("kvcodec_codec_gpu_seconds_total", "counter", (*_C, "direction"),
+               "GPU time of the timed codec calls, between CUDA events recorded around each call on "
+               "its stream."),
     MetricSpec("kvcodec_codec_hot_bytes_total", "counter", (*_C, "direction"),
                "Hot page bytes the codec read (encode) or wrote (decode)."),
     MetricSpec("kvcodec_codec_cold_bytes_total", "counter", (*_C, "direction"),
@@ -236,11 +242,15 @@ def _collect_manager(fams: _Families, name: str, m: KVCacheManager) -> None:
             if level == CacheLevel.HOT:
                 continue  # codec transfers count at both ends: the cold end reports them
             ckey = (name, codec, label, g)
-            for direction, calls, seconds, hot, cold in (
-                    ("encode", st.encode_calls, st.encode_seconds, st.hot_bytes_offloaded, st.bytes_offloaded),
-                    ("decode", st.decode_calls, st.decode_seconds, st.hot_bytes_onboarded, st.bytes_onboarded)):
+            for direction, calls, seconds, gpu_calls, gpu_seconds, hot, cold in (
+                    ("encode", st.encode_calls, st.encode_seconds, st.encode_gpu_calls, st.encode_gpu_seconds,
+                     st.hot_bytes_offloaded, st.bytes_offloaded),
+                    ("decode", st.decode_calls, st.decode_seconds, st.decode_gpu_calls, st.decode_gpu_seconds,
+                     st.hot_bytes_onboarded, st.bytes_onboarded)):
                 fams.add("kvcodec_codec_calls_total", (*ckey, direction), calls)
                 fams.add("kvcodec_codec_host_seconds_total", (*ckey, direction), seconds)
+                fams.add("kvcodec_codec_gpu_calls_total", (*ckey, direction), gpu_calls)
+                fams.add("kvcodec_codec_gpu_seconds_total", (*ckey, direction), gpu_seconds)
                 fams.add("kvcodec_codec_hot_bytes_total", (*ckey, direction), hot)
                 fams.add("kvcodec_codec_cold_bytes_total", (*ckey, direction), cold)
     fams.add("kvcodec_in_flight_transfers", (name,), m.in_flight_transfers())

@@ -129,6 +129,13 @@ class PoolGroupStats:
     decode_calls: int = 0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
+    #: Device time of the codec calls, from timed CUDA events around each call, with
+    #: :meth:`KVCacheManager.set_codec_gpu_timing` on: the calls timed (counted once both events
+    #: completed, never waited for) and their GPU seconds. Zero on the CPU backend.
+    encode_gpu_calls: int = 0
+    decode_gpu_calls: int = 0
+    encode_gpu_seconds: float = 0.0
+    decode_gpu_seconds: float = 0.0
 
     @property
     def achieved_ratio(self) -> float | None:

@@ -156,6 +156,10 @@ py::dict statsDict(kvcm::PoolGroupStats const& s)
     d["decode_calls"] = s.decodeCalls;
     d["encode_seconds"] = s.encodeSeconds;
     d["decode_seconds"] = s.decodeSeconds;
+    d["encode_gpu_calls"] = s.encodeGpuCalls;
+    d["decode_gpu_calls"] = s.decodeGpuCalls;
+    d["encode_gpu_seconds"] = s.encodeGpuSeconds;
+    d["decode_gpu_seconds"] = s.decodeGpuSeconds;
     d["evictions"] = s.evictions;
     d["drops"] = s.drops;
     d["hits"] = s.hits;
@@ -521,6 +525,11 @@ void bindKvcm(py::module_& m)
                     out.append(statsDict(s));
                 }
                 return out;
+            })
+        .def("set_codec_gpu_timing",
+            [](kvcm::KvCacheManager& m, bool on) {
+                PyGuard guard(m, "set_codec_gpu_timing");
+                return m.setCodecGpuTiming(on);
             })
         .def("touch",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {

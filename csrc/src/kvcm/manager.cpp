@@ -432,6 +432,7 @@ std::vector<PoolGroupStats> KvCacheManager::stats(CacheLevel level) const
 {
     CallGuard guard(*this, "stats");
     checkLevel(level, "level");
+    harvestGpuTimes();
     return stats_[size_t(level)];
 }
 

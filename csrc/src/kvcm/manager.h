@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -101,6 +102,12 @@ struct PoolGroupStats
     uint64_t decodeCalls = 0;
     double encodeSeconds = 0; ///< Host time inside encode() calls.
     double decodeSeconds = 0; ///< Host time inside decode()/decodeChecked() calls.
+    // GPU time between timed events around the codec calls (setCodecGpuTiming; CUDA backend),
+    // added once both events completed: the calls timed so far and their device seconds.
+    uint64_t encodeGpuCalls = 0;
+    uint64_t decodeGpuCalls = 0;
+    double encodeGpuSeconds = 0;
+    double decodeGpuSeconds = 0;
 };
 
 struct MigrationResult
@@ -316,6 +323,11 @@ public:
     /// Pool-group statistics of `level`, in that level's grouping order (a copy: other threads
     /// may be migrating).
     [[nodiscard]] std::vector<PoolGroupStats> stats(CacheLevel level) const;
+    /// Times every later codec call on the device (two timed events around it; their elapsed
+    /// time is added to the stats' encode/decodeGpuSeconds once both completed, never waited
+    /// for). Returns whether calls are timed now: false when off or where the backend keeps no
+    /// event times (the host backend).
+    bool setCodecGpuTiming(bool on);
     /// Per pool group of `level`: (used slots now, peak since the last call); restarts the peaks.
     std::vector<std::pair<uint64_t, uint64_t>> getAndResetIterationPeakBlockStats(CacheLevel level);
 
@@ -408,6 +420,7 @@ private:
     bool checkEnvelopes(Transfer& t);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
+    void harvestGpuTimes() const noexcept;
     void commit(Transfer& t, uint64_t calls, EventPtr const& finish);
     void fillJob(Transfer& t, Job& job);
     void commitPages(Job& job, size_t count, EventPtr const& finish);
@@ -485,7 +498,21 @@ private:
     std::array<std::array<std::vector<TransferKey>, kNumLevels>, kNumLevels> transfers_;
     std::array<std::array<std::vector<int32_t>, kNumLevels>, kNumLevels> transferOf_;
 
-    std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
+    // mutable: stats() adds the GPU times that completed since (harvestGpuTimes).
+    mutable std::array<std::vector<PoolGroupStats>, kNumLevels> stats_;
+    struct TimedCall
+    {
+        EventPtr start, end;
+        bool encode;
+        CacheLevel srcLevel;
+        PoolGroupIndex srcGroup;
+        CacheLevel dstLevel;
+        PoolGroupIndex dstGroup;
+        uint64_t calls;
+    };
+    static constexpr size_t kMaxTimedCalls = 4096; // pending at most; later calls go untimed meanwhile
+    bool gpuTiming_ = false;
+    mutable std::deque<TimedCall> timedCalls_; // in submission order
     std::vector<std::pair<int64_t, Observer>> observers_;
     // Page statuses of checked decodes (mapped host memory the codec's work writes), one byte
     // per page of one migration; read after its one wait at the end of the migration.

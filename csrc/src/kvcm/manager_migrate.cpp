@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "kvcm/manager_internal.h"
+#include "runtime/nvtx.h"
 
 namespace kvcodec::kvcm {
 
@@ -64,6 +65,7 @@ std::shared_ptr<PendingMigration> KvCacheManager::submit(
 MigrationResult KvCacheManager::migrateLocked(PageId const* ids, size_t count, CacheLevel dst, Stream stream,
     std::optional<CacheLevel> requiredSource, std::shared_ptr<PendingMigration> const& pending)
 {
+    nvtx::Range range("kvcodec migrate", count);
     checkLevel(dst, "the destination level");
     waitForPages(ids, count); // Ordered after the staged transfers holding any of these pages.
     current_ = pending;

@@ -12,6 +12,8 @@
 #include <chrono>
 
 #include "kvcm/manager_internal.h"
+#include "runtime/log.h"
+#include "runtime/nvtx.h"
 
 namespace kvcodec::kvcm {
 
@@ -108,6 +110,12 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
     Transfer t{key, pages, dstSlots, count, stream, result, error, storage_->slots(key.src, key.srcGroup),
         storage_->slots(key.dst, key.dstGroup), !fromHot && toHot && envelope >= 0 && !checked, uint16_t(envelope),
         checked ? reinterpret_cast<uint8_t*>(statusBuf_.data()) + statusUsed_ : nullptr, checked, 0, std::nullopt};
+    // NVTX range names by (source, destination) level: static strings, nothing built per call.
+    static char const* const kRanges[kNumLevels][kNumLevels]
+        = {{"kvcodec transfer hot->hot", "kvcodec transfer hot->host", "kvcodec transfer hot->disk"},
+            {"kvcodec transfer host->hot", "kvcodec transfer host->host", "kvcodec transfer host->disk"},
+            {"kvcodec transfer disk->hot", "kvcodec transfer disk->host", "kvcodec transfer disk->disk"}};
+    nvtx::Range range(kRanges[size_t(key.src)][size_t(key.dst)], count);
     uint64_t const callsBefore = storage_->codecCalls();
     if (!(this->*kPaths[key.path])(t))
     {
@@ -150,10 +158,70 @@ void KvCacheManager::waitForSlots(Transfer& t)
 bool KvCacheManager::transcode(
     Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status)
 {
+    nvtx::Range range(encode ? "kvcodec encode" : "kvcodec decode", t.count);
+    // GPU timing (opt-in): timed events around the call, read once both completed (harvestGpuTimes).
+    bool const timed = gpuTiming_ && timedCalls_.size() < kMaxTimedCalls;
+    EventPtr start = timed ? runtime_->recordTimed(t.stream) : nullptr;
+    uint64_t const callsBefore = storage_->codecCalls();
     auto const t0 = std::chrono::steady_clock::now();
     bool const ok = storage_->transcode(encode, t.key.rep, coldBase, pairs, t.count, t.stream, t.error, status);
     t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (start && ok)
+    {
+        EventPtr end = runtime_->recordTimed(t.stream);
+        if (end)
+        {
+            timedCalls_.push_back({std::move(start), std::move(end), encode, t.key.src, t.key.srcGroup, t.key.dst,
+                t.key.dstGroup, storage_->codecCalls() - callsBefore});
+        }
+    }
+    harvestGpuTimes();
     return ok;
+}
+
+// Adds the GPU time of every timed codec call whose events completed (never waits) to the
+// direction's counters of both pool groups; a call whose events report a device error is
+// logged and left uncounted.
+void KvCacheManager::harvestGpuTimes() const noexcept
+{
+    while (!timedCalls_.empty())
+    {
+        TimedCall& c = timedCalls_.front();
+        std::optional<double> seconds;
+        try
+        {
+            seconds = runtime_->elapsedSeconds(*c.start, *c.end);
+            if (!seconds)
+            {
+                return; // Pending (calls on one stream complete in order; other streams wait).
+            }
+        }
+        catch (std::exception const& e)
+        {
+            log::write(log::Level::kWarning, std::string("the GPU time of a codec call is lost: ") + e.what());
+        }
+        if (seconds)
+        {
+            for (auto [level, group] : {std::pair{c.srcLevel, c.srcGroup}, std::pair{c.dstLevel, c.dstGroup}})
+            {
+                auto& groups = stats_[size_t(level)];
+                if (group >= 0 && size_t(group) < groups.size())
+                {
+                    PoolGroupStats& st = groups[size_t(group)];
+                    (c.encode ? st.encodeGpuCalls : st.decodeGpuCalls) += c.calls;
+                    (c.encode ? st.encodeGpuSeconds : st.decodeGpuSeconds) += *seconds;
+                }
+            }
+        }
+        timedCalls_.pop_front();
+    }
+}
+
+bool KvCacheManager::setCodecGpuTiming(bool on)
+{
+    CallGuard guard(*this, "setCodecGpuTiming");
+    gpuTiming_ = on && runtime_->timesEvents();
+    return gpuTiming_;
 }
 
 bool KvCacheManager::copyHotToHot(Transfer& t)

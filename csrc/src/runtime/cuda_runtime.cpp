@@ -69,11 +69,12 @@ private:
 class CudaEvent final : public Event
 {
 public:
-    CudaEvent(int device, cudaStream_t stream)
+    CudaEvent(int device, cudaStream_t stream, bool timed = false)
         : device_(device)
         , stream_(stream)
     {
-        DeviceGuard::check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        DeviceGuard::check(cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming),
+            "cudaEventCreateWithFlags");
         cudaError_t const st = cudaEventRecord(event_, stream);
         if (st != cudaSuccess)
         {
@@ -107,6 +108,27 @@ public:
     [[nodiscard]] Stream stream() const noexcept override
     {
         return stream_;
+    }
+
+    // Completed without blocking (the completion is remembered); throws on a device error.
+    bool query()
+    {
+        if (!complete_)
+        {
+            cudaError_t const st = cudaEventQuery(event_);
+            if (st == cudaErrorNotReady)
+            {
+                return false;
+            }
+            DeviceGuard::check(st, "cudaEventQuery");
+            complete_ = true;
+        }
+        return true;
+    }
+
+    [[nodiscard]] cudaEvent_t handle() const noexcept
+    {
+        return event_;
     }
 
 private:
@@ -223,6 +245,35 @@ EventPtr CudaRuntime::record(Stream stream)
 {
     DeviceGuard guard(ordinal_);
     return std::make_shared<CudaEvent>(ordinal_, stream);
+}
+
+bool CudaRuntime::timesEvents() const noexcept
+{
+    return true;
+}
+
+EventPtr CudaRuntime::recordTimed(Stream stream)
+{
+    DeviceGuard guard(ordinal_);
+    return std::make_shared<CudaEvent>(ordinal_, stream, true);
+}
+
+std::optional<double> CudaRuntime::elapsedSeconds(Event& start, Event& end)
+{
+    auto* a = dynamic_cast<CudaEvent*>(&start);
+    auto* b = dynamic_cast<CudaEvent*>(&end);
+    if (a == nullptr || b == nullptr)
+    {
+        throw std::invalid_argument("elapsedSeconds needs two events of recordTimed()");
+    }
+    DeviceGuard guard(ordinal_);
+    if (!b->query() || !a->query())
+    {
+        return std::nullopt;
+    }
+    float ms = 0;
+    DeviceGuard::check(cudaEventElapsedTime(&ms, a->handle(), b->handle()), "cudaEventElapsedTime");
+    return double(ms) * 1e-3;
 }
 
 void CudaRuntime::synchronize(Stream stream)

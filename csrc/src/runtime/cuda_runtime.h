@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The CUDA backend: device memory from cudaMalloc, pinned mapped host memory with identical host
-// and device addresses, blocking streams, events without timing, and copies submitted through
+// and device addresses, blocking streams, events without timing (timed ones on request), and copies submitted through
 // driver entry points fetched at run time (cuMemcpyBatchAsync where the driver has it).
 #pragma once
 
@@ -21,6 +21,9 @@ public:
     Stream createStream() override;
     void destroyStream(Stream stream) noexcept override;
     EventPtr record(Stream stream) override;
+    [[nodiscard]] bool timesEvents() const noexcept override;
+    EventPtr recordTimed(Stream stream) override;
+    std::optional<double> elapsedSeconds(Event& start, Event& end) override;
     void synchronize(Stream stream) override;
     void waitBlocking(Stream stream) override;
     bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream stream,

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -69,6 +70,29 @@ public:
 
     /// Records an event after the work enqueued so far on `stream` (null on the host backend).
     virtual EventPtr record(Stream stream) = 0;
+
+    /// True when recordTimed() gives events elapsedSeconds() can time (the CUDA backend).
+    [[nodiscard]] virtual bool timesEvents() const noexcept
+    {
+        return false;
+    }
+
+    /// Records an event that carries a device timestamp, or null where the backend keeps none.
+    virtual EventPtr recordTimed(Stream stream)
+    {
+        (void)stream;
+        return nullptr;
+    }
+
+    /// Device seconds between two events of recordTimed() once both completed, without
+    /// blocking; std::nullopt while either is still pending. Throws std::runtime_error naming
+    /// the call when the device reports an error.
+    virtual std::optional<double> elapsedSeconds(Event& start, Event& end)
+    {
+        (void)start;
+        (void)end;
+        return std::nullopt;
+    }
 
     /// Blocks until everything enqueued on `stream` completed.
     virtual void synchronize(Stream stream) = 0;
