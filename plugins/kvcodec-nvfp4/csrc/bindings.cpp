@@ -3,5 +3,4 @@
 
 #include "codec.h"
 
-KVCODEC_FACTORY_MODULE(_ext, "Native part of kvcodec-nvfp4",
-    nvfp4_codec::codecFactory())
+KVCODEC_FACTORY_MODULE(_ext, "Native part of kvcodec-nvfp4", nvfp4_codec::codecFactory())

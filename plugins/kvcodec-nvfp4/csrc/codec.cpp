@@ -1,27 +1,75 @@
-// nvfp4: the parameters, the codec (CPU reference and CUDA) and the
-// factory. The blob format is described in codec.h. kvcodec::CodecBase (kvcodec/codec_base.h) does
-// everything around them: configure-once, layout validation, errors, queries, argument and host
-// index checks, the CUDA device and stream rules.
+// SPDX-License-Identifier: Apache-2.0
+//
+// nvfp4: the parameters, the codec (CPU reference and CUDA) and the factory. The blob format is
+// described in codec.h, its arithmetic in format.h, the plan and the CPU page routines in
+// plan.cpp. kvcodec::CodecBase (kvcodec/codec_base.h) does everything around them:
+// configure-once, layout validation, errors, queries, argument and host index checks, the CUDA
+// device and stream rules.
 #include "codec.h"
 
 #include <algorithm>
-#include <cstring>
-#include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <kvcodec/codec_base.h>
 
 namespace nvfp4_codec {
+namespace {
 
-// Types, defaults and ranges are validated by the Python spec (plugin.py): one schema.
+std::vector<std::string> splitList(std::string const& text)
+{
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : text + ",")
+    {
+        if (c != ',')
+        {
+            cur.push_back(c);
+            continue;
+        }
+        size_t const b = cur.find_first_not_of(" \t");
+        size_t const e = cur.find_last_not_of(" \t");
+        if (b != std::string::npos)
+        {
+            out.push_back(cur.substr(b, e - b + 1));
+        }
+        cur.clear();
+    }
+    return out;
+}
+
+} // namespace
+
+// Types, defaults and choices are validated by the Python spec (plugin.py): one schema. The list
+// contents are checked here too, so a native caller gets the same refusals.
 void Params::read(kvcodec::ParamReader& r)
 {
-    r.read("word_bytes", wordBytes);
-    r.read("drop_bits", dropBits);
-    if (dropBits >= 8 * wordBytes)
+    r.choice("granularity", granularity, {{"page_head", Granularity::kPageHead}, {"page", Granularity::kPage}});
+    std::string roles;
+    r.read("lossless_roles", roles);
+    for (auto const& role : splitList(roles))
     {
-        r.refuse("drop_bits", "it must be smaller than 8 * word_bytes (" + std::to_string(8 * wordBytes) + ")");
+        if (role == "key")
+            losslessKey = true;
+        else if (role == "value")
+            losslessValue = true;
+        else if (role != "other")
+            r.refuse(
+                "lossless_roles", "it names '" + role + "'; valid roles are 'key', 'value', 'other' (comma-separated)");
+    }
+    std::string layers;
+    r.read("lossless_layers", layers);
+    for (auto const& item : splitList(layers))
+    {
+        bool const digits = !item.empty() && item.size() <= 9
+            && std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits)
+        {
+            r.refuse("lossless_layers",
+                "it has the item '" + item + "'; it must be comma-separated non-negative layer ids, e.g. '0,31'");
+        }
+        losslessLayers.insert(std::stoll(item));
     }
 }
 
@@ -32,8 +80,18 @@ using kvcodec::HotLayout;
 using kvcodec::LayerGroupId;
 using kvcodec::PageIndexLocation;
 
+bool sameBuffers(std::vector<kvcodec::BufferDesc> const& a, std::vector<kvcodec::BufferDesc> const& b)
+{
+    return a.size() == b.size()
+        && std::equal(a.begin(), a.end(), b.begin(), [](kvcodec::BufferDesc const& x, kvcodec::BufferDesc const& y) {
+               return x.layerId == y.layerId && x.role == y.role && x.poolIndex == y.poolIndex && x.dtype == y.dtype
+                   && x.byteOffset == y.byteOffset && x.bytes == y.bytes && x.tokensPerPage == y.tokensPerPage
+                   && x.numHeads == y.numHeads && x.headDim == y.headDim;
+           });
+}
+
 // One class for both implementations: the CPU reference (device() == KVCODEC_DEVICE_CPU: host
-// pointers, synchronous, stream ignored) and the CUDA one (one kernel per call).
+// pointers, synchronous, stream ignored) and the CUDA one (one kernel launch per call).
 class Codec final : public kvcodec::CodecBase
 {
 public:
@@ -43,7 +101,9 @@ public:
     using Params = ::nvfp4_codec::Params;
 
     explicit Codec(Params const& params, kvcodec::CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
-        : CodecBase(cuda.ordinal), params_(params), numSms_(cuda.numSms)
+        : CodecBase(cuda.ordinal)
+        , params_(params)
+        , numSms_(cuda.numSms)
     {
     }
 
@@ -52,43 +112,36 @@ private:
     {
         for (auto const& lc : layout.lifeCycles())
         {
-            // K/V buffers of 16-bit floats, word-aligned: where drop_bits applies.
-            auto& ranges = ranges_[lc.id];
-            for (auto const& b : lc.buffers)
+            LifeCyclePlan plan;
+            std::string const err = planLifeCycle(layout, lc, params_, plan);
+            if (!err.empty())
             {
-                bool const kv = b.role == kvcodec::BufferRole::kKey || b.role == kvcodec::BufferRole::kValue;
-                bool const half = b.dtype == kvcodec::DataType::kBFloat16 || b.dtype == kvcodec::DataType::kFloat16;
-                if (kv && half && b.byteOffset % 2 == 0)
-                {
-                    ranges.push_back({uint64_t(b.poolIndex), b.byteOffset, b.byteOffset + b.bytes});
-                }
+                return fail(err);
             }
-            if (!isCpu() && !cudaCheck(deviceRanges_[lc.id].upload(ranges), "uploading the lossy ranges"))
+            if (!isCpu()
+                && !cudaCheck(tables_[lc.id].upload(plan.buffers),
+                    "uploading the buffer table of lifecycle " + std::to_string(lc.id)))
             {
                 return false;
             }
+            plans_[lc.id] = std::move(plan);
         }
-        if (isCpu())
-        {
-            return true;
-        }
-        for (auto const& group : layout.groups()) // CUDA: the kernel's pool table of every group
-        {
-            auto table = kvcodec::chunkedPools(group, kChunkBytes, chunksPerPage_.emplace_back());
-            if (!cudaCheck(tables_.emplace_back().upload(table), "uploading a pool table"))
-            {
-                return false;
-            }
-        }
-        return cudaCheck(preloadKernel(), "loading the kernel");
+        return isCpu() || cudaCheck(preloadKernel(), "loading the nvfp4 kernel");
     }
-    // Lifecycles of one hot pool group with identical lossy ranges encode identically.
+
+    uint64_t coldPageBytes(HotLayout::LifeCycle const& lc) const override
+    {
+        return plans_.at(lc.id).coldPageBytes;
+    }
+
+    // The smallest lifecycle of the same hot pool group with an identical buffer list encodes
+    // identically (parameters are codec-wide).
     LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
     {
         LayerGroupId best = lc.id;
         for (LayerGroupId other : layout().groups()[lc.group].lifeCycles)
         {
-            if (other < best && (params_.dropBits == 0 || ranges_.at(other) == ranges_.at(lc.id)))
+            if (other < best && sameBuffers(layout().find(other)->buffers, lc.buffers))
             {
                 best = other;
             }
@@ -108,71 +161,47 @@ private:
 
     bool submitCpu(CodecCall const& call)
     {
-        uint32_t const w = params_.wordBytes;
-        uint64_t const keep = ~((1ull << params_.dropBits) - 1);
-        auto const& ranges = ranges_.at(call.lifeCycle.id);
+        LifeCyclePlan const& plan = plans_.at(call.lifeCycle.id);
         for (size_t i = 0; i < call.numPages; ++i)
         {
-            auto* page = reinterpret_cast<uint8_t*>(call.coldBase + uint64_t(call.cold(i)) * call.group.pageBytes);
-            for (size_t p = 0; p < call.group.pools.size(); ++p)
+            auto* blob = reinterpret_cast<uint8_t*>(call.coldBase + uint64_t(call.cold(i)) * plan.coldPageBytes);
+            if (call.encoding)
             {
-                auto const& pool = call.group.pools[p];
-                auto* slot = reinterpret_cast<uint8_t*>(pool.base + uint64_t(call.hot(i)) * pool.slotBytes);
-                uint64_t const words = pool.slotBytes / w;
-                for (uint64_t k = 0; k < words; ++k)
-                {
-                    uint64_t word = 0;
-                    if (call.encoding)
-                    {
-                        std::memcpy(&word, slot + k * w, w);
-                        word &= inRanges(ranges, p, k * w, k * w + w) ? keep : ~0ull;
-                        for (uint32_t j = 0; j < w; ++j) page[j * words + k] = uint8_t(word >> (8 * j));
-                    }
-                    else
-                    {
-                        for (uint32_t j = 0; j < w; ++j) word |= uint64_t(page[j * words + k]) << (8 * j);
-                        std::memcpy(slot + k * w, &word, w);
-                    }
-                }
-                uint64_t const tail = words * w; // the slotBytes % w trailing bytes follow the planes
-                call.encoding ? std::memcpy(page + tail, slot + tail, pool.slotBytes - tail)
-                              : std::memcpy(slot + tail, page + tail, pool.slotBytes - tail);
-                page += pool.slotBytes;
+                encodePageCpu(plan, uint64_t(call.hot(i)), blob);
+            }
+            else
+            {
+                decodePageCpu(plan, uint64_t(call.hot(i)), blob);
             }
         }
         return true;
     }
-    static bool inRanges(std::vector<KernelRange> const& ranges, uint64_t pool, uint64_t begin, uint64_t end)
-    {
-        return std::any_of(ranges.begin(), ranges.end(),
-            [&](KernelRange const& r) { return r.pool == pool && begin >= r.begin && end <= r.end; });
-    }
 
     bool submitCuda(CodecCall const& call)
     {
+        if (reinterpret_cast<uintptr_t>(call.pages) % alignof(kvcodec::PageIndexPair) != 0)
+        {
+            return fail("pageIndices is not 8-byte aligned");
+        }
+        LifeCyclePlan const& plan = plans_.at(call.lifeCycle.id);
+        auto const& table = tables_.at(call.lifeCycle.id);
         KernelArgs args{};
-        args.pools = tables_[call.groupIndex].get();
-        args.numPools = uint32_t(call.group.pools.size());
+        args.buffers = table.get();
+        args.numBuffers = uint32_t(table.size());
         args.encode = call.encoding ? 1 : 0;
-        args.wordBytes = params_.wordBytes;
-        args.dropBits = params_.dropBits;
-        args.ranges = deviceRanges_.at(call.lifeCycle.id).get();
-        args.numRanges = uint32_t(deviceRanges_.at(call.lifeCycle.id).size());
-        args.chunksPerPage = chunksPerPage_[call.groupIndex];
-        args.pageBytes = call.group.pageBytes;
+        args.itemsPerPage = plan.itemsPerPage;
+        args.coldPageBytes = plan.coldPageBytes;
         args.numHotSlots = call.group.numSlots;
-        args.blob = call.coldBase;
-        args.devicePairs = call.pages;
         args.numPairs = call.numPages;
-        return cudaCheck(launchKernel(args, numSms_, call.stream), "kernel launch");
+        args.blob = call.coldBase;
+        args.pairs = call.pages;
+        return cudaCheck(launchKernel(args, numSms_, call.stream), "nvfp4 kernel launch");
     }
 
     Params params_;
     int numSms_;
-    std::map<LayerGroupId, std::vector<KernelRange>> ranges_;
-    std::map<LayerGroupId, kvcodec::DeviceArray<KernelRange>> deviceRanges_;
-    std::vector<kvcodec::DeviceArray<kvcodec::ChunkedPool>> tables_;
-    std::vector<uint64_t> chunksPerPage_;
+    std::unordered_map<LayerGroupId, LifeCyclePlan> plans_;
+    std::unordered_map<LayerGroupId, kvcodec::DeviceArray<BufferPlan>> tables_;
 };
 
 KvcodecCodecFactory const kFactory = kvcodec::makeCodecFactory<Codec>();

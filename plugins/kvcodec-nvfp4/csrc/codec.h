@@ -1,78 +1,135 @@
-// nvfp4: a kvcodec cold-page codec.
+// SPDX-License-Identifier: Apache-2.0
 //
-// Blob format, version 1 (one format for the CUDA and the CPU implementation):
-// the cold page of a lifecycle holds, for every pool of its hot pool group in pool order, the
-// page's slot split into byte planes. With W = word_bytes and n = slotBytes / W words, plane j
-// (j < W) holds byte j of every word: blob[off + j*n + i] = slot[i*W + j]. The slotBytes % W
-// trailing bytes follow the planes unchanged. off = sum of the previous pools' slotBytes, so a
-// cold page has exactly as many bytes as the hot page.
-// Before splitting, the lowest drop_bits bits of every little-endian W-byte word are cleared
-// (lossy): decoded words differ from the originals only in those bits.
+// nvfp4: a kvcodec cold-page codec storing bf16/fp16 K and V buffers as NVFP4 (4-bit e2m1 values,
+// an e4m3 scale per 16 consecutive elements along head_dim, an fp32 scale per (page, head) or per
+// page); every other buffer is copied losslessly into the same fixed-size blob.
 //
-// Byte planes group the similar bytes of 16-bit KV data (signs and exponents in one plane,
-// low mantissa bytes in the other), which is what a compressor behind this transform wants.
+// Blob format, version 1 (one format for the CUDA kernel and the CPU reference; offsets from the
+// blob start, little-endian). For each buffer of the lifecycle, in LifeCycleDesc order:
+//
+//   quantized buffer (role K or V, dtype bf16/fp16, tokens T, heads H, head dim D all set, neither
+//   its role in lossless_roles nor its layer in lossless_layers); rows r = t*H + h in hot order,
+//   B = ceil(D / 16) blocks per row, block j of a row = elements [16j, min(16j + 16, D)):
+//     codes         : T*H rows of ceil(D / 2) bytes; element i of a row in byte i / 2, the low
+//                     nibble for even i (a row's odd last nibble is 0); then zeros to a multiple of 16
+//     block scales  : T*H*B e4m3fn codes, index r*B + j; then zeros to a multiple of 16
+//     global scales : G little-endian fp32 scales S (granularity page_head: G = H, index h, the
+//                     group of head h is every row of that head; page: G = 1, every row); then
+//                     zeros to a multiple of 16
+//   lossless buffer (everything else): its hot bytes verbatim; then zeros to a multiple of 16
+//
+// A lifecycle that declares no buffers is stored as one lossless buffer per pool (the whole slot).
+// The cold page size is the end of the last region. The arithmetic of a block is in format.h.
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include <kvcodec/codec_base.h>
 
+#include "format.h"
+
 namespace nvfp4_codec {
 
 inline constexpr uint32_t kFormatVersion = 1;
 
+/// Alignment of every region of a blob.
+inline constexpr uint64_t kRegionAlign = 16;
+
+/// Bytes of a lossless buffer copied by one work item.
+inline constexpr uint64_t kCopyChunkBytes = 8192;
+
+enum class Granularity : uint32_t
+{
+    kPageHead = 0, ///< One fp32 scale per head of the page.
+    kPage = 1,     ///< One fp32 scale per buffer and page.
+};
+
 struct Params
 {
-    uint32_t wordBytes = 2;
-    uint32_t dropBits = 4;
+    Granularity granularity = Granularity::kPageHead;
+    bool losslessKey = false;
+    bool losslessValue = false;
+    std::set<int64_t> losslessLayers;
 
     void read(kvcodec::ParamReader& r); ///< Reads the values plugin.py's schema validated.
 };
 
-/// Bytes [begin, end) of pool `pool` holding 16-bit K/V data, where drop_bits applies.
-struct KernelRange
+/// Where one buffer of a lifecycle lies in the hot slots and in the blob. Trivially copyable: the
+/// CUDA kernel gets a device copy of a lifecycle's table.
+struct BufferPlan
 {
-    uint64_t pool;
-    uint64_t begin;
-    uint64_t end;
-
-    bool operator==(KernelRange const& o) const
-    {
-        return pool == o.pool && begin == o.begin && end == o.end;
-    }
+    uint32_t quantized; ///< 1: NVFP4; 0: lossless copy.
+    uint32_t bf16;      ///< Quantized buffers: 1 bf16, 0 fp16.
+    uint32_t tokens;
+    uint32_t heads;
+    uint32_t headDim;
+    uint32_t blocksPerRow; ///< ceil(headDim / 16).
+    uint32_t rowCodeBytes; ///< ceil(headDim / 2).
+    uint32_t groups;       ///< fp32 scales per page: heads (page_head) or 1 (page).
+    uintptr_t poolBase;
+    uint64_t slotBytes;
+    uint64_t hotOffset;  ///< Byte offset of the buffer in a slot.
+    uint64_t bytes;      ///< Hot bytes of the buffer.
+    uint64_t dataOffset; ///< Blob offset of the codes (quantized) or of the copied bytes.
+    uint64_t dataEnd;    ///< End of the codes or of the copied bytes (padding follows).
+    uint64_t blockScaleOffset;
+    uint64_t globalScaleOffset;
+    uint64_t regionEnd;      ///< End of the buffer's last region (a multiple of 16).
+    uint64_t firstItem;      ///< Index of the buffer's first work item within a page.
+    uint64_t items;          ///< Quantized: `groups` (one per fp32 scale); lossless: 8 KiB chunks.
+    uint64_t blocksPerGroup; ///< Quantized: blocks under one fp32 scale.
 };
 
-/// Largest number of index pairs passed by value in one launch (host page indices).
-inline constexpr uint32_t kPairsPerLaunch = 512;
+/// The plan of one lifecycle: its buffers and the blob size.
+struct LifeCyclePlan
+{
+    std::vector<BufferPlan> buffers;
+    uint64_t coldPageBytes = 0;
+    uint64_t itemsPerPage = 0;
+};
+
+/// True when the codec quantizes `b` under `p` (see the blob format above).
+bool quantizes(kvcodec::BufferDesc const& b, Params const& p);
+
+/// Plans the blob of `lc`; returns an error message or an empty string.
+std::string planLifeCycle(kvcodec::HotLayout const& layout, kvcodec::HotLayout::LifeCycle const& lc,
+    Params const& params, LifeCyclePlan& out);
+
+/// Row r and block j of block k of group g of a quantized buffer (both granularities).
+NVFP4_HD void blockPosition(BufferPlan const& b, uint64_t g, uint64_t k, uint64_t& row, uint32_t& j)
+{
+    uint64_t const rowInGroup = k / b.blocksPerRow;
+    j = uint32_t(k - rowInGroup * b.blocksPerRow);
+    row = b.groups == 1 ? rowInGroup : rowInGroup * b.heads + g;
+}
+
+/// Encodes or decodes the buffers of one page on the host (the CPU reference).
+void encodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t* blob);
+void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* blob);
 
 struct KernelArgs
 {
-    kvcodec::ChunkedPool const* pools; ///< Device array: the hot pool group's pools.
-    uint32_t numPools;
+    BufferPlan const* buffers; ///< Device array: the lifecycle's plan.
+    uint32_t numBuffers;
     uint32_t encode;
-    uint32_t wordBytes;
-    uint32_t dropBits;
-    KernelRange const* ranges; ///< Device array: the lifecycle's lossy ranges (used when dropBits > 0).
-    uint32_t numRanges;
-    uint64_t chunksPerPage;
-    uint64_t pageBytes;
+    uint64_t itemsPerPage;
+    uint64_t coldPageBytes;
     uint64_t numHotSlots;
     uint64_t numPairs;
-    uint64_t blob;
-    kvcodec::PageIndexPair const* devicePairs; ///< Device indices, or null when `hostPairs` is used.
-    kvcodec::PageIndexPair hostPairs[kPairsPerLaunch];
+    uintptr_t blob;
+    kvcodec::PageIndexPair const* pairs; ///< Device page indices.
 };
-
-/// Bytes of one pool processed by one thread block.
-inline constexpr uint64_t kChunkBytes = 8192;
 
 /// Loads the kernel now (at configure): with lazy module loading a first launch can wait for
 /// work already queued on the device, and encode/decode must never wait.
 cudaError_t preloadKernel() noexcept;
 
-/// Enqueues one launch on `stream` covering every (page, pool, chunk) of `args`.
+/// Enqueues one launch on `stream` covering every (page, work item) of `args`.
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept;
 
 /// The codec's factory (its PyCapsule is what the Python plugin registers).

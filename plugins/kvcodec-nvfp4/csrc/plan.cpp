@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// nvfp4: the blob plan of a lifecycle (shared by both implementations) and the CPU reference's
+// page encode and decode. The arithmetic of a block is format.h's, the same functions the CUDA
+// kernel calls.
+#include <algorithm>
+#include <cstring>
+
+#include "codec.h"
+#include "format.h"
+
+namespace nvfp4_codec {
+namespace {
+
+uint64_t alignUp(uint64_t v)
+{
+    return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+}
+
+uint16_t load16(uint8_t const* p)
+{
+    return uint16_t(p[0] | (p[1] << 8));
+}
+
+void store16(uint8_t* p, uint16_t v)
+{
+    p[0] = uint8_t(v);
+    p[1] = uint8_t(v >> 8);
+}
+
+// Elements [first, first + n) of the buffer at `hot`, as fp32 bits.
+void loadElements(uint8_t const* hot, uint64_t first, uint32_t n, bool bf16, uint32_t* u)
+{
+    for (uint32_t i = 0; i < n; ++i)
+    {
+        u[i] = floatBits(halfToFloat(load16(hot + 2 * (first + i)), bf16));
+    }
+}
+
+} // namespace
+
+bool quantizes(kvcodec::BufferDesc const& b, Params const& p)
+{
+    bool const half = b.dtype == kvcodec::DataType::kBFloat16 || b.dtype == kvcodec::DataType::kFloat16;
+    bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
+    bool const role = (b.role == kvcodec::BufferRole::kKey && !p.losslessKey)
+        || (b.role == kvcodec::BufferRole::kValue && !p.losslessValue);
+    return half && shaped && role && p.losslessLayers.count(b.layerId) == 0;
+}
+
+std::string planLifeCycle(
+    kvcodec::HotLayout const& layout, kvcodec::HotLayout::LifeCycle const& lc, Params const& params, LifeCyclePlan& out)
+{
+    auto const& group = layout.groups()[lc.group];
+    std::vector<kvcodec::BufferDesc> buffers = lc.buffers;
+    if (buffers.empty())
+    {
+        for (size_t p = 0; p < group.pools.size(); ++p)
+        {
+            buffers.push_back({lc.id, kvcodec::BufferRole::kOther, int32_t(p), kvcodec::DataType::kUInt8, 0,
+                group.pools[p].slotBytes, 0, 0, 0, 0});
+        }
+    }
+    // A quantized buffer must not share hot bytes with another buffer: decode would write both.
+    for (size_t i = 0; i < buffers.size(); ++i)
+    {
+        for (size_t k = i + 1; k < buffers.size(); ++k)
+        {
+            auto const& a = buffers[i];
+            auto const& b = buffers[k];
+            bool const overlap = a.poolIndex == b.poolIndex && a.byteOffset < b.byteOffset + b.bytes
+                && b.byteOffset < a.byteOffset + a.bytes;
+            if (overlap && (quantizes(a, params) || quantizes(b, params)))
+            {
+                return "lifecycle " + std::to_string(lc.id) + ": buffers[" + std::to_string(i) + "] and buffers["
+                    + std::to_string(k) + "] overlap in pool " + std::to_string(a.poolIndex)
+                    + " and one of them is quantized; a quantized buffer must not share hot bytes with another buffer";
+            }
+        }
+    }
+    out = {};
+    uint64_t off = 0;
+    for (auto const& b : buffers)
+    {
+        auto const& pool = group.pools[b.poolIndex];
+        BufferPlan plan{};
+        plan.quantized = quantizes(b, params) ? 1 : 0;
+        plan.poolBase = pool.base;
+        plan.slotBytes = pool.slotBytes;
+        plan.hotOffset = b.byteOffset;
+        plan.bytes = b.bytes;
+        plan.dataOffset = off;
+        plan.firstItem = out.itemsPerPage;
+        if (plan.quantized)
+        {
+            plan.bf16 = b.dtype == kvcodec::DataType::kBFloat16 ? 1 : 0;
+            plan.tokens = uint32_t(b.tokensPerPage);
+            plan.heads = uint32_t(b.numHeads);
+            plan.headDim = uint32_t(b.headDim);
+            plan.blocksPerRow = (plan.headDim + kBlockElems - 1) / kBlockElems;
+            plan.rowCodeBytes = (plan.headDim + 1) / 2;
+            plan.groups = params.granularity == Granularity::kPageHead ? plan.heads : 1;
+            uint64_t const rows = uint64_t(plan.tokens) * plan.heads;
+            plan.blocksPerGroup = rows / plan.groups * plan.blocksPerRow;
+            plan.dataEnd = off + rows * plan.rowCodeBytes;
+            plan.blockScaleOffset = alignUp(plan.dataEnd);
+            plan.globalScaleOffset = alignUp(plan.blockScaleOffset + rows * plan.blocksPerRow);
+            plan.regionEnd = alignUp(plan.globalScaleOffset + 4 * uint64_t(plan.groups));
+            plan.items = plan.groups;
+        }
+        else
+        {
+            plan.dataEnd = off + b.bytes;
+            plan.blockScaleOffset = plan.globalScaleOffset = plan.regionEnd = alignUp(plan.dataEnd);
+            plan.items = std::max<uint64_t>(1, (b.bytes + kCopyChunkBytes - 1) / kCopyChunkBytes);
+        }
+        off = plan.regionEnd;
+        out.itemsPerPage += plan.items;
+        out.buffers.push_back(plan);
+    }
+    out.coldPageBytes = off;
+    return {};
+}
+
+void encodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t* blob)
+{
+    std::memset(blob, 0, plan.coldPageBytes); // padding and a row's odd last nibble are zero
+    for (auto const& b : plan.buffers)
+    {
+        auto const* hot = reinterpret_cast<uint8_t const*>(b.poolBase + hotSlot * b.slotBytes + b.hotOffset);
+        if (!b.quantized)
+        {
+            std::memcpy(blob + b.dataOffset, hot, b.bytes);
+            continue;
+        }
+        bool const bf16 = b.bf16 != 0;
+        uint32_t u[kBlockElems];
+        for (uint64_t g = 0; g < b.groups; ++g)
+        {
+            float amax = 0.0f;
+            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            {
+                uint64_t row;
+                uint32_t j;
+                blockPosition(b, g, k, row, j);
+                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
+                loadElements(hot, row * b.headDim + kBlockElems * j, n, bf16, u);
+                amax = std::max(amax, finiteAmax(u, n));
+            }
+            float const s = globalScale(amax);
+            std::memcpy(blob + b.globalScaleOffset + 4 * g, &s, 4);
+            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            {
+                uint64_t row;
+                uint32_t j;
+                blockPosition(b, g, k, row, j);
+                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
+                loadElements(hot, row * b.headDim + kBlockElems * j, n, bf16, u);
+                uint8_t* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
+                blob[b.blockScaleOffset + row * b.blocksPerRow + j] = encodeBlock(u, n, s, codes);
+            }
+        }
+    }
+}
+
+void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* blob)
+{
+    for (auto const& b : plan.buffers)
+    {
+        auto* hot = reinterpret_cast<uint8_t*>(b.poolBase + hotSlot * b.slotBytes + b.hotOffset);
+        if (!b.quantized)
+        {
+            std::memcpy(hot, blob + b.dataOffset, b.bytes);
+            continue;
+        }
+        uint16_t out[kBlockElems];
+        for (uint64_t g = 0; g < b.groups; ++g)
+        {
+            float s;
+            std::memcpy(&s, blob + b.globalScaleOffset + 4 * g, 4);
+            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            {
+                uint64_t row;
+                uint32_t j;
+                blockPosition(b, g, k, row, j);
+                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
+                uint8_t const* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
+                decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, b.bf16 != 0, out);
+                uint8_t* dst = hot + 2 * (row * b.headDim + kBlockElems * j);
+                for (uint32_t i = 0; i < n; ++i)
+                {
+                    store16(dst + 2 * i, out[i]);
+                }
+            }
+        }
+    }
+}
+
+} // namespace nvfp4_codec
