@@ -1,12 +1,56 @@
 #!/usr/bin/env bash
-# Builds the plugin on a GPU host and runs the conformance suite on CUDA and the CPU reference,
-# writing the logs into OUT_DIR (default ./gpu-results).
+# Builds and installs the nvfp4 plugin on a GPU host (the SDK must be installed already), runs the
+# conformance suite on CUDA and the CPU reference, the plugin's GPU tests (CUDA blobs against the
+# CPU reference's), a memcheck and a racecheck pass and the benchmark, and writes every log and
+# result into OUT_DIR.
+#
+#   plugins/kvcodec-nvfp4/scripts/gpu-check.sh [OUT_DIR]     (default: ./gpu-results-nvfp4)
+#
+# Needs torch with CUDA, ml_dtypes, pytest, scikit-build-core, pybind11, cmake and nvcc.
 set -uo pipefail
-OUT_DIR=${1:-gpu-results}
-mkdir -p "$OUT_DIR"
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+OUT_DIR=${1:-gpu-results-nvfp4}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+export PYTHONUNBUFFERED=1
+export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
 status=0
-python3 -m pip install --no-build-isolation --no-deps "$HERE" > "$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; exit 1; }
-kvcodec check nvfp4 --device all --junit-xml "$OUT_DIR/conformance.xml" \
-  | tee "$OUT_DIR/conformance.txt" || status=1
+step() { echo "== nvfp4: $* ($(date +%T))"; }
+
+step "build"
+if ! timeout 420 python3 -m pip install --no-build-isolation --no-deps -v "$HERE" > "$OUT_DIR/build.log" 2>&1; then
+  tail -40 "$OUT_DIR/build.log"; echo "nvfp4 build failed"; exit 1
+fi
+
+step "kvcodec check nvfp4 --device all"
+(cd "$OUT_DIR" && timeout -k 15 300 kvcodec check nvfp4 --device all --golden "$HERE/tests/vectors" \
+   --junit-xml "$OUT_DIR/conformance.xml") > "$OUT_DIR/conformance.txt" 2>&1 || status=1
+tail -30 "$OUT_DIR/conformance.txt"
+
+step "pytest -m gpu"
+# From outside the source tree, so the installed package is what gets tested.
+(cd "$OUT_DIR" && timeout -k 15 -s ABRT 300 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider \
+   --rootdir "$HERE" -c "$HERE/pyproject.toml" "$HERE/tests/test_nvfp4_gpu.py" --junitxml=pytest-gpu.xml) \
+   > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
+tail -15 "$OUT_DIR/pytest-gpu.log"
+
+if command -v compute-sanitizer > /dev/null && [[ -z "${KVCODEC_SKIP_MEMCHECK:-}" ]]; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool"
+    (cd "$OUT_DIR" && timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+       python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$HERE" -c "$HERE/pyproject.toml" \
+       "$HERE/tests/test_nvfp4_gpu.py" -k "mixed and device or misaligned or out_of_range") \
+       > "$OUT_DIR/$tool.log" 2>&1 || status=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT_DIR/$tool.log" | tail -5
+  done
+fi
+
+step "benchmark"
+for data in kv-like skewed-heads; do
+  (cd "$OUT_DIR" && timeout -s INT 240 python3 "$HERE/bench/bench_nvfp4.py" --device cuda --pages 512 --repeats 20 \
+     --data "$data" --json "$OUT_DIR/bench-cuda-$data.json") > "$OUT_DIR/bench-$data.log" 2>&1 || status=1
+  cat "$OUT_DIR/bench-$data.log"
+done
+
+step "done (status $status)"
 exit $status

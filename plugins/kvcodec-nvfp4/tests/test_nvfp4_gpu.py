@@ -1,0 +1,123 @@
+"""The nvfp4 CUDA kernel: blobs byte for byte equal to the CPU reference's and decoded pages equal
+to the CPU decode, with device page indices, hot pools in device memory and blobs in device or
+pinned host memory, on aligned and misaligned layouts (the kernel's vector and scalar paths),
+partial blocks, special values and both granularities; large calls and out-of-range indices.
+
+Every test carries the ``gpu`` marker and skips cleanly without a CUDA device and torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from nvfp4_helpers import BF, FP, MIXED, K, O, V, build_layout, pairs
+
+import kvcodec_sdk as kv
+from kvcodec_sdk import LifeCycleDesc, PoolDesc, PoolGroupDesc, _native
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
+        reason="needs a CUDA device and torch with CUDA",
+    ),
+]
+
+LARGE = [  # 64-token pages with 8 heads (several blocks per thread), fp16 next to bf16, an 8 KiB+ opaque buffer
+    [(0, K, BF, (64, 8, 128)), (0, V, BF, (64, 8, 128))],
+    [(1, K, BF, (16, 8, 128)), (1, V, FP, (16, 8, 128)), (1, O, kv.DType.UINT8, 3 * 8192 + 5)],
+]
+GRANULARITIES = ("page_head", "page")
+
+
+@pytest.fixture
+def stream():
+    return torch.cuda.Stream()
+
+
+def device_groups(host, dev):
+    return [PoolGroupDesc([PoolDesc(d.data_ptr(), d.shape[1], d.shape[0]) for d in dev],
+                          [LifeCycleDesc(lc.lifecycle_id, lc.buffers) for lc in host.groups[0].lifecycles])]
+
+
+def dev_pairs(dst, src):
+    return torch.from_numpy(pairs(dst, src)).cuda()
+
+
+def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, special=True, slots=12, pages=9):
+    rng = np.random.default_rng(23)
+    host = build_layout(rng, spec, slots, special=special, odd_slot=odd_slot, offset=5 if odd_slot else 0)
+    dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
+    src = rng.permutation(slots)[:pages]
+    dst = rng.permutation(pages + 2)[:pages]
+
+    cpu = kv.create_codec("nvfp4", params, device="cpu")
+    cpu.configure(host.groups)
+    size = cpu.cold_page_bytes(0)
+    want = np.zeros((pages + 2, size), np.uint8)
+    cpu.encode(0, want, pairs(dst, src))
+
+    gpu = kv.create_codec("nvfp4", params, device="cuda")
+    gpu.configure(device_groups(host, dev))
+    assert gpu.page_index_location(0) == kv.PageIndexLocation.DEVICE
+    assert gpu.cold_page_bytes(0) == size
+    cold = torch.full((pages + 2, size), 0xC3, dtype=torch.uint8)
+    cold = cold.pin_memory() if cold_kind == "pinned" else cold.cuda()
+    gpu.encode(0, cold, dev_pairs(dst, src), stream=stream)
+    stream.synchronize()
+    got = cold.cpu().numpy()
+    for d in dst:
+        if not np.array_equal(got[d], want[d]):
+            i = int(np.flatnonzero(got[d] != want[d])[0])
+            pytest.fail(f"{params}: cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
+    untouched = sorted(set(range(pages + 2)) - set(dst.tolist()))
+    assert (got[untouched] == 0xC3).all(), "encode wrote outside its destination blobs"
+
+    back = rng.permutation(slots)[:pages]
+    cpu.decode(0, want, pairs(back, dst))
+    before = [d.clone() for d in dev]
+    gpu.decode(0, cold, dev_pairs(back, dst), stream=stream)
+    stream.synchronize()
+    others = sorted(set(range(slots)) - set(back.tolist()))
+    for p, (d, h) in enumerate(zip(dev, host.pools)):
+        assert np.array_equal(d.cpu().numpy()[back], h[back]), f"{params}: pool {p}: GPU decode differs from CPU decode"
+        assert torch.equal(d[others], before[p][others]), "decode wrote outside its destination slots"
+    gpu.close()
+    cpu.close()
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
+@pytest.mark.parametrize("cold_kind", ["device", "pinned"])
+def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(granularity, spec, cold_kind, stream):
+    check_against_cpu({"granularity": granularity}, spec, cold_kind, stream)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_misaligned_slots_take_the_scalar_path_with_the_same_bytes(granularity, stream):
+    check_against_cpu({"granularity": granularity}, MIXED, "device", stream, odd_slot=True)
+    check_against_cpu({"granularity": granularity}, LARGE, "pinned", stream, odd_slot=True)
+
+
+def test_lossless_lists_on_the_gpu(stream):
+    check_against_cpu({"lossless_roles": "key", "lossless_layers": "1"}, MIXED, "device", stream)
+
+
+def test_many_pages_in_one_call(stream):
+    check_against_cpu({}, [[(0, K, FP, (2, 1, 8)), (0, V, BF, (2, 1, 8))]], "device", stream, special=False,
+                      slots=5000, pages=4000)
+
+
+def test_out_of_range_device_indices_write_nothing(stream):
+    rng = np.random.default_rng(1)
+    host = build_layout(rng, MIXED, 4)
+    dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
+    gpu = kv.create_codec("nvfp4", device="cuda")
+    gpu.configure(device_groups(host, dev))
+    cold = torch.full((3, gpu.cold_page_bytes(0)), 0x5A, dtype=torch.uint8, device="cuda")
+    gpu.encode(0, cold, dev_pairs([0, 1, 2], [-1, 4, 1 << 30]), stream=stream)
+    stream.synchronize()
+    assert bool((cold == 0x5A).all()), "pairs with hot indices outside the pools must be skipped"
+    gpu.close()
