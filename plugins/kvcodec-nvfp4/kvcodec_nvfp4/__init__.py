@@ -14,13 +14,9 @@ kvcodec_sdk and in the plugin's README.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-try:
-    __version__ = _version("kvcodec-nvfp4")  # one source: the distribution's metadata (pyproject.toml)
-except PackageNotFoundError:  # imported from a source tree
-    __version__ = "0.0.0"
+__version__ = _version("kvcodec-nvfp4")  # one source: the distribution's metadata (pyproject.toml)
 
 #: The blob format version (kFormatVersion of csrc/codec.h): the registry refuses the plugin when
 #: the native factory reports another.

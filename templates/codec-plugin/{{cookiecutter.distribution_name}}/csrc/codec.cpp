@@ -45,7 +45,9 @@ public:
     using Params = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::Params;
 
     explicit Codec(Params const& params, kvcodec::CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
-        : CodecBase(cuda.ordinal), params_(params), numSms_(cuda.numSms)
+        : CodecBase(cuda.ordinal)
+        , params_(params)
+        , numSms_(cuda.numSms)
     {
     }
 
@@ -137,11 +139,13 @@ private:
 {%- if cookiecutter.lossless == "no" %}
                         word &= inRanges(ranges, p, k * w, k * w + w) ? keep : ~0ull;
 {%- endif %}
-                        for (uint32_t j = 0; j < w; ++j) page[j * words + k] = uint8_t(word >> (8 * j));
+                        for (uint32_t j = 0; j < w; ++j)
+                            page[j * words + k] = uint8_t(word >> (8 * j));
                     }
                     else
                     {
-                        for (uint32_t j = 0; j < w; ++j) word |= uint64_t(page[j * words + k]) << (8 * j);
+                        for (uint32_t j = 0; j < w; ++j)
+                            word |= uint64_t(page[j * words + k]) << (8 * j);
                         std::memcpy(slot + k * w, &word, w);
                     }
                 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 
 import kvcodec_sdk
 {%- if cookiecutter.lossless == "no" %}
@@ -11,10 +11,7 @@ import numpy as np
 
 from . import _ext
 
-try:
-    __version__ = version({{ cookiecutter.distribution_name | tojson }})
-except PackageNotFoundError:  # imported from a source tree
-    __version__ = "0.0.0"
+__version__ = version({{ cookiecutter.distribution_name | tojson }})  # one source: pyproject.toml
 {% if cookiecutter.lossless == "no" %}
 DEFAULT_DROP_BITS = 4
 
