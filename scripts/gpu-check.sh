@@ -6,11 +6,11 @@
 #   KVCODEC_GPU_STEPS=pytest,fp8 scripts/gpu-check.sh OUT_DIR    (a subset; default: all)
 #
 # All steps (the default) run in two phases after one build: the correctness checks side by side
-# (core tests and sanitizers, the template, the nvCOMP and fp8 plugins' tests; about 3 minutes on
+# (core tests and sanitizers, the template, the nvCOMP, fp8 and nvfp4 plugins' tests; about 3 minutes on
 # an H200), then the benchmarks one at a time, so each has the GPU to itself. A subset runs its
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
-# Steps: pytest memcheck conformance bench-concat fp8 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
+# Steps: pytest memcheck conformance bench-concat fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
 # workload disk template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
@@ -58,7 +58,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   export KVCODEC_GPU_SKIP_BUILD=1 KVCODEC_GPU_CHILD=1
   self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
   plugins="$(cd "$(dirname "$0")/.." && pwd)/plugins"
-  step "correctness checks side by side: core, template, nvCOMP, fp8"
+  step "correctness checks side by side: core, template, nvCOMP, fp8, nvfp4"
   # Each check has its own step limits; the outer 400 s (about 1.7x what the H200 needed) bounds
   # the phase so the benchmarks still run when one check hangs.
   KVCODEC_GPU_STEPS=pytest,memcheck,conformance,kvcm-memcheck timeout -k 10 400 bash "$self" "$OUT_DIR" \
@@ -72,8 +72,12 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   KVCODEC_GPU_PHASE=tests timeout -k 10 400 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" \
     > "$OUT_DIR/phase-fp8.log" 2>&1 &
   p4=$!
-  for p in $p1 $p2 $p3 $p4; do wait "$p" || status=1; done
-  cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log"
+  KVCODEC_GPU_PHASE=tests timeout -k 10 400 bash "$plugins/kvcodec-nvfp4/scripts/gpu-check.sh" "$OUT_DIR/nvfp4" \
+    > "$OUT_DIR/phase-nvfp4.log" 2>&1 &
+  p5=$!
+  for p in $p1 $p2 $p3 $p4 $p5; do wait "$p" || status=1; done
+  cat "$OUT_DIR/phase-core.log" "$OUT_DIR/phase-template.log" "$OUT_DIR/phase-nvcomp.log" "$OUT_DIR/phase-fp8.log" \
+    "$OUT_DIR/phase-nvfp4.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
   KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,workload,disk} \
@@ -81,6 +85,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
     KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
     KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvcomp/scripts/gpu-check.sh" "$OUT_DIR" || status=1
+    KVCODEC_GPU_PHASE=bench timeout 200 bash "$plugins/kvcodec-nvfp4/scripts/gpu-check.sh" "$OUT_DIR/nvfp4" || status=1
   fi
   step "done (status $status)"
   exit $status
@@ -139,6 +144,11 @@ fi
 if want fp8; then
 step "fp8 plugin: build, GPU tests, memcheck, benchmark"
 timeout 480 bash plugins/kvcodec-fp8/scripts/gpu-check.sh "$OUT_DIR/fp8" || status=1
+fi
+
+if want nvfp4; then
+step "nvfp4 plugin: build, conformance, GPU tests, sanitizers, benchmark"
+timeout 600 bash plugins/kvcodec-nvfp4/scripts/gpu-check.sh "$OUT_DIR/nvfp4" || status=1
 fi
 
 if want kvcm || want kvcm-memcheck; then

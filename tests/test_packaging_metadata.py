@@ -1,6 +1,6 @@
 """The published-package story, read from the repository's files (no build, no install): the SDK's
 plugin extras and the plugins' SDK pins agree with the versions, the README's source install
-names no plugin extra, the three distributions carry one set of cibuildwheel settings, and
+names no plugin extra, every distribution carries one set of cibuildwheel settings, and
 docs/install.md names every wheel architecture and extra."""
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ else:  # Python 3.10: the same parser, as a package
 REPO = Path(__file__).resolve().parents[1]
 SDK = "kvcodec-sdk"
 # Distribution name -> folder holding its pyproject.toml.
-FOLDERS = {SDK: REPO, "kvcodec-fp8": REPO / "plugins/kvcodec-fp8", "kvcodec-nvcomp": REPO / "plugins/kvcodec-nvcomp"}
+FOLDERS = {SDK: REPO, "kvcodec-fp8": REPO / "plugins/kvcodec-fp8", "kvcodec-nvcomp": REPO / "plugins/kvcodec-nvcomp",
+           "kvcodec-nvfp4": REPO / "plugins/kvcodec-nvfp4"}
 PLUGINS = [name for name in FOLDERS if name != SDK]
 # SDK extra -> the plugin distribution it installs.
-PLUGIN_EXTRAS = {"fp8": "kvcodec-fp8", "nvcomp": "kvcodec-nvcomp"}
+PLUGIN_EXTRAS = {"fp8": "kvcodec-fp8", "nvcomp": "kvcodec-nvcomp", "nvfp4": "kvcodec-nvfp4"}
 INSTALL_DOC = REPO / "docs/install.md"
 CUDA_SCRIPT = REPO / "scripts/ci/install-cuda-manylinux.sh"
 WHEEL_PYTHONS = ["cp310", "cp311", "cp312", "cp313"]

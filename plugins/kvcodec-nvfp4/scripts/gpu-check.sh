@@ -6,6 +6,9 @@
 #
 #   plugins/kvcodec-nvfp4/scripts/gpu-check.sh [OUT_DIR]     (default: ./gpu-results-nvfp4)
 #
+# KVCODEC_GPU_PHASE=tests runs everything but the benchmark; =bench only the benchmark (the plugin
+# installed by an earlier tests phase); unset or all: everything.
+#
 # Needs torch with CUDA, ml_dtypes, pytest, scikit-build-core, pybind11, cmake and nvcc.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +18,11 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd)
 export PYTHONUNBUFFERED=1
 export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
 status=0
+PHASE=${KVCODEC_GPU_PHASE:-all}
 step() { echo "== nvfp4: $* ($(date +%T))"; }
+case "$PHASE" in all|tests|bench) ;; *) echo "KVCODEC_GPU_PHASE is '$PHASE'; use all, tests or bench" >&2; exit 2 ;; esac
+
+if [[ "$PHASE" != bench ]]; then
 
 step "build"
 if ! timeout 420 python3 -m pip install --no-build-isolation --no-deps -v "$HERE" > "$OUT_DIR/build.log" 2>&1; then
@@ -45,12 +52,16 @@ if command -v compute-sanitizer > /dev/null && [[ -z "${KVCODEC_SKIP_MEMCHECK:-}
   done
 fi
 
+fi
+
+if [[ "$PHASE" != tests ]]; then
 step "benchmark"
 for data in kv-like skewed-heads; do
   (cd "$OUT_DIR" && timeout -s INT 240 python3 "$HERE/bench/bench_nvfp4.py" --device cuda --pages 512 --repeats 20 \
      --data "$data" --json "$OUT_DIR/bench-cuda-$data.json") > "$OUT_DIR/bench-$data.log" 2>&1 || status=1
   cat "$OUT_DIR/bench-$data.log"
 done
+fi
 
 step "done (status $status)"
 exit $status
