@@ -158,25 +158,13 @@ NVFP4_HD float e4m3Value(uint8_t c)
 }
 
 /// |v| -> e2m1 magnitude code (0..7 for 0, 0.5, 1, 1.5, 2, 3, 4, 6), round to nearest even,
-/// saturating at 6. NaN gives 0 (callers pass NaN only for bs == 0 cases they handle first).
+/// saturating at 6. NaN gives 0.
 NVFP4_HD uint32_t e2m1Magnitude(float v)
 {
     // Ties go to the even code: 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
-    if (!(v > 0.25f))
-        return 0;
-    if (v < 0.75f)
-        return 1;
-    if (v <= 1.25f)
-        return 2;
-    if (v < 1.75f)
-        return 3;
-    if (v <= 2.5f)
-        return 4;
-    if (v < 3.5f)
-        return 5;
-    if (v <= 5.0f)
-        return 6;
-    return 7;
+    // A sum of comparisons, not branches: the CPU loop vectorizes, and NaN compares false (0).
+    return uint32_t(v > 0.25f) + uint32_t(v >= 0.75f) + uint32_t(v > 1.25f) + uint32_t(v >= 1.75f) + uint32_t(v > 2.5f)
+        + uint32_t(v >= 3.5f) + uint32_t(v > 5.0f);
 }
 
 /// Value of a 4-bit e2m1 code (bit 3 the sign).

@@ -37,6 +37,21 @@ void loadElements(uint8_t const* hot, uint64_t first, uint32_t n, bool bf16, uin
     }
 }
 
+// The largest finite magnitude of elements [first, first + n), read from the hot bits: finite
+// halves order like their magnitude bits, so this is finiteAmax() of the converted elements
+// without converting them.
+float rawAmax(uint8_t const* hot, uint64_t first, uint64_t n, bool bf16)
+{
+    uint32_t const expMask = bf16 ? 0x7F80u : 0x7C00u;
+    uint32_t m = 0;
+    for (uint64_t i = 0; i < n; ++i)
+    {
+        uint32_t const h = load16(hot + 2 * (first + i)) & 0x7FFFu;
+        m = ((h & expMask) != expMask && h > m) ? h : m;
+    }
+    return halfToFloat(uint16_t(m), bf16);
+}
+
 } // namespace
 
 bool quantizes(kvcodec::BufferDesc const& b, Params const& p)
@@ -138,14 +153,13 @@ void encodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t* blob)
         for (uint64_t g = 0; g < b.groups; ++g)
         {
             float amax = 0.0f;
-            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            if (b.groups == 1)
             {
-                uint64_t row;
-                uint32_t j;
-                blockPosition(b, g, k, row, j);
-                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
-                loadElements(hot, row * b.headDim + kBlockElems * j, n, bf16, u);
-                amax = std::max(amax, finiteAmax(u, n));
+                amax = rawAmax(hot, 0, uint64_t(b.tokens) * b.heads * b.headDim, bf16);
+            }
+            for (uint64_t t = 0; b.groups > 1 && t < b.tokens; ++t) // page_head: the rows of head g
+            {
+                amax = std::max(amax, rawAmax(hot, (t * b.heads + g) * b.headDim, b.headDim, bf16));
             }
             float const s = globalScale(amax);
             std::memcpy(blob + b.globalScaleOffset + 4 * g, &s, 4);
