@@ -28,7 +28,7 @@ def test_importing_the_source_tree_says_to_install():
 
 
 @pytest.mark.parametrize("dist,package", [("kvcodec-sdk", "kvcodec_sdk"), ("kvcodec-fp8", "kvcodec_fp8"),
-                                          ("kvcodec-nvcomp", "kvcodec_nvcomp")])
+                                          ("kvcodec-nvcomp", "kvcodec_nvcomp"), ("kvcodec-nvfp4", "kvcodec_nvfp4")])
 def test_distributions_carry_py_typed_and_their_licence(dist, package):
     mod = pytest.importorskip(package)
     assert (Path(mod.__file__).parent / "py.typed").exists()
@@ -37,7 +37,8 @@ def test_distributions_carry_py_typed_and_their_licence(dist, package):
     assert "Apache License" in (REPO / "LICENSE").read_text()
 
 
-@pytest.mark.parametrize("dist,package", [("kvcodec-fp8", "kvcodec_fp8"), ("kvcodec-nvcomp", "kvcodec_nvcomp")])
+@pytest.mark.parametrize("dist,package", [("kvcodec-fp8", "kvcodec_fp8"), ("kvcodec-nvcomp", "kvcodec_nvcomp"),
+                                          ("kvcodec-nvfp4", "kvcodec_nvfp4")])
 def test_plugin_versions_come_from_their_metadata(dist, package):
     mod = pytest.importorskip(package)
     version = metadata.version(dist)
