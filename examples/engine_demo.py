@@ -5,6 +5,7 @@ the host tier, bring them back and verify them. Runs on the CPU backend and on a
     python examples/engine_demo.py --device cpu --framework numpy    # nothing beyond the SDK's install
     python examples/engine_demo.py --device cuda:0                   # torch with CUDA
     python examples/engine_demo.py --disk /tmp/kv                    # through a disk tier, off the caller's thread
+    python examples/engine_demo.py --metrics-port 9400 --serve 60    # Prometheus metrics (the metrics extra)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def main() -> None:
                         help="what writes and reads the pages: torch when installed (needed on a GPU), else numpy")
     parser.add_argument("--disk", metavar="DIR", help="also use a disk tier in DIR: evict to it without blocking, "
                         "then prefetch back to the host tier before onboarding")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve the manager's Prometheus metrics "
+                        "on 127.0.0.1:PORT/metrics (0: any free port; needs the metrics extra)")
+    parser.add_argument("--serve", type=float, default=0, metavar="SECONDS",
+                        help="with --metrics-port: keep serving this long after the round trip, pages still held")
     args = parser.parse_args()
 
     config = KVCacheConfig(
@@ -72,6 +77,14 @@ def main() -> None:
         disk=DiskTierConfig(args.disk, max_bytes=1 << 30) if args.disk else None)
     manager = KVCacheManager(config)  # the default lossless concat codec
     print(manager)
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from kvcodec_sdk.metrics import register
+
+        register(manager, name="engine_demo")  # read on each scrape, never between
+        server, _ = start_http_server(args.metrics_port, addr="127.0.0.1")
+        print(f"metrics at http://127.0.0.1:{server.server_port}/metrics", flush=True)
     device = manager.device
     framework = args.framework
     if framework == "auto":
@@ -121,7 +134,11 @@ def main() -> None:
             assert equal(framework, v, x), f"page {page.id:#x} differs after the round trip"
     stats = manager.stats(CacheLevel.HOST)[0]
     print(f"{len(pages)} pages evicted and onboarded byte-exact on {manager.device} ({framework}): "
-          f"{stats.pages_offloaded} offloaded ({stats.bytes_offloaded >> 20} MiB), {stats.pages_onboarded} onboarded")
+          f"{stats.pages_offloaded} offloaded ({stats.bytes_offloaded >> 20} MiB), {stats.pages_onboarded} onboarded",
+          flush=True)
+    if args.metrics_port is not None and args.serve > 0:
+        print(f"serving metrics for {args.serve:g} s", flush=True)
+        time.sleep(args.serve)
     manager.free(pages)
     manager.close()
 

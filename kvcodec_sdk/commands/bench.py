@@ -2,7 +2,8 @@
 
 One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
 ``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
-``workload`` and ``disk``; ``compare OLD.json NEW.json`` shows how each figure moved between two
+``workload``, ``disk`` and ``metrics`` (migration throughput with the Prometheus collector scraped
+against no metrics); ``compare OLD.json NEW.json`` shows how each figure moved between two
 runs. An option of another benchmark is a usage error (exit status 2).
 
 Every benchmark's ``--json PATH`` report carries the machine record (``kvcodec_sdk.bench.machine``)
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "codec": "a registered codec (plugins included) through the manager and bare, against concat",
     "workload": "the manager under a prefix-reuse engine workload, host tier against hot only",
     "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
+    "metrics": "migration throughput with the manager's Prometheus metrics scraped every second, against none",
     "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
 }
 
@@ -183,6 +185,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d.add_argument("--sweep-bytes", type=parse_size, default=64 * 1024 * 1024,
                    help="bytes written and read at each depth of the sweep (default 64M, at most --bytes)")
 
+    mt = sub.choices["metrics"]
+    mt.add_argument("--device", type=device, default="auto", help="auto (GPU when present), cpu, cuda, cuda:N")
+    mt.add_argument("--seconds", type=float, default=3.0, help="seconds per round (default 3)")
+    mt.add_argument("--rounds", type=count(1, 1000), default=5, help="rounds per mode, alternating (default 5)")
+    mt.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    mt.add_argument("--pages", type=count(1, 10_000_000), default=4096, help="pages per migrate call (default 4096)")
+    mt.add_argument("--piece-bytes", type=parse_size, default=16 * 1024,
+                    help="bytes of each of the page's 3 pieces (default 16K)")
+    mt.add_argument("--strict", action="store_true", help="exit 1 when scraped throughput misses its target")
+    mt.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
+    mt.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    mt.set_defaults(report=None, baseline=None)
+
     cp = sub.choices["compare"]
     cp.add_argument("old", metavar="OLD.json", help="the earlier run's --json report")
     cp.add_argument("new", metavar="NEW.json", help="the later run's --json report")
@@ -249,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_workload(args)
     if args.benchmark == "disk":
         return _run_disk(args)
+    if args.benchmark == "metrics":
+        return _run_metrics(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:
@@ -343,6 +360,30 @@ def _write_json(args: argparse.Namespace, report, *tables) -> None:
             _show(args, compare.table(compare.compare(args.baseline_data, data)))
         except ValueError as exc:
             print(f"kvcodec bench {args.benchmark}: --baseline: {exc}", file=sys.stderr)
+
+
+def _run_metrics(args: argparse.Namespace) -> int:
+    """``kvcodec bench metrics``: exit 0 when it ran (1 with --strict and a missed target, 1 without
+    the metrics extra, 2 for an option out of range)."""
+    import importlib.util
+
+    from ..bench import metrics_overhead
+
+    for name in ("seconds", "interval"):
+        if not getattr(args, name) > 0:
+            return _usage_error(f"argument --{name}: {getattr(args, name)} must be positive")
+    if importlib.util.find_spec("prometheus_client") is None:
+        print("kvcodec bench metrics: error: this benchmark scrapes with prometheus_client, which is not installed: "
+              "pip install 'kvcodec-sdk[metrics]'", file=sys.stderr)
+        return 1
+    report = metrics_overhead.run(args.device, args.seconds, args.rounds, args.interval, args.pages, args.piece_bytes,
+                                  progress=not args.quiet)
+    print(metrics_overhead.format_report(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 1 if args.strict and not report["met"] else 0
 
 
 def _run_compare(args: argparse.Namespace) -> int:
