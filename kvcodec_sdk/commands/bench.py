@@ -2,7 +2,8 @@
 
 One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
 ``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
-``workload``, ``disk`` and ``metrics`` (migration throughput with the Prometheus collector scraped
+``workload``, ``disk``, ``blocks`` (an engine's KV blocks through
+:class:`~kvcodec_sdk.integrations.blocks.BlockCodecStore`) and ``metrics`` (migration throughput with the Prometheus collector scraped
 against no metrics); ``compare OLD.json NEW.json`` shows how each figure moved between two
 runs. An option of another benchmark is a usage error (exit status 2).
 
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "workload": "the manager under a prefix-reuse engine workload, host tier against hot only",
     "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
     "metrics": "migration throughput with the manager's Prometheus metrics scraped every second, against none",
+    "blocks": "an engine's KV blocks (vLLM's layout) stored and loaded through the block store, against the codec bare",
     "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
 }
 
@@ -198,6 +200,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mt.add_argument("--quiet", action="store_true", help="no progress on stderr")
     mt.set_defaults(report=None, baseline=None)
 
+    from ..bench import engine_blocks
+
+    bl = sub.choices["blocks"]
+    engine_blocks.add_arguments(bl, device_type=device, count=count(1, 1 << 20))
+    bl.set_defaults(report=None, baseline=None)
+
     cp = sub.choices["compare"]
     cp.add_argument("old", metavar="OLD.json", help="the earlier run's --json report")
     cp.add_argument("new", metavar="NEW.json", help="the later run's --json report")
@@ -266,6 +274,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_disk(args)
     if args.benchmark == "metrics":
         return _run_metrics(args)
+    if args.benchmark == "blocks":
+        from ..bench import engine_blocks
+
+        return engine_blocks.main_with(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:

@@ -32,14 +32,12 @@ offloading-spec API experimental, and another release may differ.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
@@ -65,12 +63,10 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 
-from .. import _native
-from ..codec import Codec
 from ..kv_tensors import kv_data_type, kv_pool_group
-from ..layout import PageIndexLocation, PageStatus
 from ..registry import create_codec
 from . import VLLM_VERSION
+from .blocks import BlockCodecStore
 
 __all__ = ["KvcodecOffloadingSpec", "KvcodecOffloadingManager", "KvcodecOffloadingWorker",
            "KvcodecOffloadingConnector", "KvcodecWorkerMetadata", "HostSlotsSpec", "KvGeometry", "VLLM_VERSION"]
@@ -342,20 +338,9 @@ class KvcodecOffloadingManager(OffloadingManager):
 # -- worker side -------------------------------------------------------------------------------
 
 
-@dataclass
-class _Job:
-    job_id: int
-    load: bool
-    slots: np.ndarray
-    blocks: np.ndarray
-    started: float
-    event: Any = None  # CUDA: recorded on the worker's stream after the job's codec call
-    status: Any = None  # CUDA checked decode: one status byte per page (pinned host memory)
-    failed: list | None = None  # (block, slot) of loads known bad before the job ran
-
-
-class KvcodecOffloadingWorker(OffloadingWorker):
-    """Encodes stored blocks from vLLM's KV tensors into host blob slots and decodes them back.
+class KvcodecOffloadingWorker(BlockCodecStore, OffloadingWorker):
+    """Encodes stored blocks from vLLM's KV tensors into host blob slots and decodes them back:
+    a :class:`~kvcodec_sdk.integrations.blocks.BlockCodecStore` behind vLLM's worker interface.
 
     :param kv_caches: vLLM's canonical KV caches (one ``(num_blocks, page_bytes)`` view per layer).
     :param geom: the group's :class:`KvGeometry`.
@@ -371,154 +356,27 @@ class KvcodecOffloadingWorker(OffloadingWorker):
         tensors = [kv_caches.tensors[r.tensor_idx].tensor for r in refs]
         if len(tensors) != geom.layers:
             raise ValueError(f"vLLM handed {len(tensors)} KV tensors for {geom.layers} layers")
-        self.device = tensors[0].device
-        self.cuda = self.device.type == "cuda"
-        label = f"cuda:{self.device.index or 0}" if self.cuda else "cpu"
-        self.tensors = tensors  # one (num_blocks, page_bytes) view per layer, the codec's hot pools
-        self.pool_group = geom.pool_group(tensors)
-        self.codec: Codec = create_codec(codec, params, device=label)
-        self.codec.configure([self.pool_group])
-        self.cold_page_bytes = self.codec.cold_page_bytes(0)
-        self.envelope = bool(self.codec.spec.envelope)
-        self.format_version = int(self.codec.spec.format_version)
-        self.checked = self.codec.has_checked_decode
-        self._device_indices = self.codec.page_index_location(0) == PageIndexLocation.DEVICE
-        self.raw_page_bytes = sum(int(t.stride(0)) for t in tensors)
-        self.host = torch.zeros((num_slots, self.cold_page_bytes), dtype=torch.uint8, pin_memory=self.cuda)
-        self._host_np = None if self.cuda else self.host.numpy()
-        # Slots whose blob holds a page (False: never stored, or the page did not fit).
-        self.valid = np.zeros(num_slots, dtype=bool)
-        self.report_load_errors = report_load_errors
-        self._stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._jobs: list[_Job] = []
-        self._load_errors: set[int] = set()
-        self._bad_slots: set[int] = set()
-        self.counters = {"stored": 0, "loaded": 0, "store_dropped": 0, "load_failed": 0}
-
-    def _pairs(self, dst: np.ndarray, src: np.ndarray) -> Any:
-        """The codec's (dst, src) int32 index pairs, where it takes them: host memory, or device
-        memory copied on the worker's stream (the codec keeps the tensor alive until it ran)."""
-        pairs = np.ascontiguousarray(np.stack([dst, src], axis=1), dtype=np.int32)
-        if self._device_indices:
-            with torch.cuda.stream(self._stream):
-                return torch.from_numpy(pairs).pin_memory().to(self.device, non_blocking=True)
-        return pairs
-
-    def _blob_ok(self, slot: int) -> int:
-        """The envelope status of a host blob (0 for a codec without the envelope)."""
-        if not self.envelope:
-            return 0
-        return int(_native.check_envelope(self.host[slot].numpy(), self.format_version))
+        BlockCodecStore.__init__(self, tensors, geom.pool_group(tensors), codec, params, num_slots,
+                                 report_load_errors=report_load_errors)
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         """Encodes the source KV blocks into their host slots (CUDA: on the worker's stream)."""
-        blocks = np.asarray(src_spec.block_ids, dtype=np.int64)
-        slots = np.asarray(dst_spec.block_ids, dtype=np.int64)
-        job = _Job(job_id, False, slots, blocks, time.perf_counter())
-        self.valid[slots] = False
-        if len(slots):
-            if self.cuda:  # the blocks were written on the compute stream: order the encode after it
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            pairs = self._pairs(slots, blocks)
-            if self.cuda:
-                self.codec.encode(0, self.host, pairs, stream=self._stream)
-                job.event = torch.cuda.Event()
-                job.event.record(self._stream)
-            else:
-                self.codec.encode(0, self._host_np, pairs)
-        self._jobs.append(job)
+        self.store(job_id, src_spec.block_ids, dst_spec.block_ids)
         return True
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         """Decodes host slots into the destination KV blocks; blocks whose blob is known bad are
         not decoded and fail the load."""
-        slots = np.asarray(src_spec.block_ids, dtype=np.int64)
-        blocks = np.asarray(dst_spec.block_ids, dtype=np.int64)
-        job = _Job(job_id, True, slots, blocks, time.perf_counter())
-        good = self.valid[slots].copy()
-        if self.envelope and not self.checked:  # checked on the host before decoding
-            for i in np.flatnonzero(good):
-                good[i] = self._blob_ok(int(slots[i])) == 0
-        job.failed = list(zip(blocks[~good].tolist(), slots[~good].tolist()))
-        slots, blocks = slots[good], blocks[good]
-        job.slots, job.blocks = slots, blocks
-        if len(slots):
-            if self.cuda:  # the compute stream's last reads of the blocks come first
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            pairs = self._pairs(blocks, slots)
-            if self.cuda:
-                if self.checked:
-                    job.status = torch.full((len(slots),), 255, dtype=torch.uint8, pin_memory=True)
-                    self.codec.decode_checked(0, self.host, pairs, job.status, stream=self._stream)
-                else:
-                    self.codec.decode(0, self.host, pairs, stream=self._stream)
-                job.event = torch.cuda.Event()
-                job.event.record(self._stream)
-            elif self.checked:
-                job.status = np.full(len(slots), 255, dtype=np.uint8)
-                self.codec.decode_checked(0, self._host_np, pairs, job.status)
-            else:
-                self.codec.decode(0, self._host_np, pairs)
-        self._jobs.append(job)
+        self.load(job_id, src_spec.block_ids, dst_spec.block_ids)
         return True
-
-    def _finish(self, job: _Job) -> TransferResult:
-        ok = True
-        failed = list(job.failed or [])  # (block, slot) of each page that cannot be used
-        if job.load:
-            if job.status is not None:
-                status = np.asarray(job.status.numpy() if hasattr(job.status, "numpy") else job.status)
-                bad = status != PageStatus.OK
-                failed += list(zip(job.blocks[bad].tolist(), job.slots[bad].tolist()))
-            self.counters["loaded"] += len(job.blocks) + len(job.failed or []) - len(failed)
-            self.counters["load_failed"] += len(failed)
-            if failed and self.report_load_errors:
-                self._load_errors.update(int(b) for b, _ in failed)
-            elif failed:
-                ok = False
-        else:
-            for slot in job.slots:  # a page that did not fit its cold page is not stored
-                self.valid[slot] = self._blob_ok(int(slot)) == 0
-            bad = ~self.valid[job.slots]
-            failed = [(-1, int(s)) for s in job.slots[bad]]
-            self.counters["stored"] += len(job.slots) - len(failed)
-            self.counters["store_dropped"] += len(failed)
-        for _, slot in failed:
-            self.valid[slot] = False
-            self._bad_slots.add(slot)
-        size = (len(job.blocks) + len(job.failed or [])) * self.raw_page_bytes
-        return TransferResult(job.job_id, ok, size, time.perf_counter() - job.started)
 
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs whose codec calls completed (CPU: every submitted job)."""
-        done, pending = [], []
-        for job in self._jobs:
-            (pending if job.event is not None and not job.event.query() else done).append(job)
-        self._jobs = pending
-        return [self._finish(job) for job in done]
-
-    def wait(self, job_ids: set[int]) -> None:
-        """Blocks until the given jobs' codec calls completed (they are reported by get_finished)."""
-        for job in self._jobs:
-            if job.job_id in job_ids and job.event is not None:
-                job.event.synchronize()
-
-    def take_load_errors(self) -> set[int]:
-        """KV blocks whose load failed since the last call (with ``report_load_errors``)."""
-        errors, self._load_errors = self._load_errors, set()
-        return errors
-
-    def take_bad_slots(self) -> set[int]:
-        """Host slots found unusable since the last call (a page that did not fit, a failed load):
-        the scheduler side forgets their blocks (:meth:`KvcodecOffloadingManager.drop_slots`)."""
-        slots, self._bad_slots = self._bad_slots, set()
-        return slots
+        return [TransferResult(r.job_id, r.ok, r.nbytes, r.seconds) for r in self.poll()]
 
     def shutdown(self) -> None:
         """Waits for every job and releases the codec."""
-        if self._stream is not None:
-            self._stream.synchronize()
-        self.codec.close()
+        self.close()
 
 
 # -- the spec and the connector ----------------------------------------------------------------
