@@ -115,3 +115,41 @@ def test_inspect_validates_the_recorded_layout_before_decoding(tmp_path, capsys,
     assert main(["inspect", str(tmp_path / "g0"), "--key-text", "a"]) == 1
     err = capsys.readouterr().err
     assert message in err and ("layout is damaged" in err or "does not belong to these blobs" in err), err
+
+
+@pytest.mark.parametrize("codec", ["concat", "fp8"])
+def test_inspect_finds_and_decodes_a_page_a_manager_wrote(tmp_path, capsys, codec):
+    """The key given to set_keys finds the page (the manager stores it behind its prefix) and the
+    blob decodes with the manager's recorded layer groups: exact for concat, within fp8's error."""
+    bufs = [kv.BufferDesc(0, role, bytes=16 * 2 * 64 * 2, dtype=kv.DataType.BFLOAT16, tokens_per_page=16,
+                          num_heads=2, head_dim=64) for role in (kv.BufferRole.KEY, kv.BufferRole.VALUE)]
+    config = kv.KVCacheConfig(layer_groups=[kv.LayerGroupConfig(bufs)], gpu_quota=1 << 20, host_quota=1 << 20,
+                              device="cpu", disk=kv.DiskTierConfig(str(tmp_path / "kv"), max_bytes=16 << 20,
+                                                                   container_bytes=8 << 20))
+    m = kv.KVCacheManager(config, codec)
+    pages = m.allocate(0, 2)
+    rng = np.random.default_rng(5)
+    written = []
+    for page in pages:
+        for view in m.buffer_views(page, framework="numpy"):
+            values = rng.standard_normal(view.size).astype(np.float32)
+            view[...] = (values.view(np.uint32) >> 16).astype(np.uint16).reshape(view.shape).view(view.dtype)
+            written.append((values.view(np.uint32) >> 16 << 16).view(np.float32))
+    original = bytes(np.concatenate([np.array(v) for v in m.page_view(pages[1], framework="numpy")]))
+    m.set_keys(pages, ["alpha", "beta"])
+    assert m.evict(pages, level=kv.CacheLevel.DISK).moved == 2
+    m.synchronize()
+    m.close()
+    assert main(["inspect", str(tmp_path / "kv"), "--key-text", "beta", "--json"]) == 0
+    page = json.loads(capsys.readouterr().out)["page"]
+    assert page["key"] == (b"k" + b"beta").hex() and page["checksum"] == "ok"
+    pool, k, v = page["decoded"]
+    assert pool["bytes"] == len(original)
+    if codec == "concat":
+        assert pool["crc32c"] == "%08x" % crc32c(np.frombuffer(original, np.uint8))
+    for row, want in ((k, written[2]), (v, written[3])):
+        assert row["role"] == ("K" if row is k else "V") and row["non_finite"] == 0
+        for stat, got in (("min", want.min()), ("max", want.max()), ("mean", want.mean())):
+            assert row[stat] == pytest.approx(float(got), abs=0.0 if codec == "concat" else 0.1), stat
+    assert main(["inspect", str(tmp_path / "kv"), "--key-text", "gamma"]) == 1
+    assert "is in no region" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """``kvcodec inspect DIR``: the disk-tier regions under DIR — codec identity, slot usage and
 journal state — and, with ``--key``, one page located, checksum-verified and decoded on the CPU
-with the recorded codec. Opens regions read-only: no file is changed."""
+with the recorded codec. A key is looked up as given and as the KV-cache manager stores a keyed
+page (its content key behind the prefix ``k``), so the key given to ``set_keys`` finds its page.
+Opens regions read-only: no file is changed."""
 
 from __future__ import annotations
 
@@ -81,6 +83,21 @@ def describe(path: str, pages: int) -> tuple[dict, Any]:
     return info, region
 
 
+#: The KV-cache manager's disk level stores a keyed page under this prefix and its content key
+#: (anonymous pages under ``b"a"`` and a number), so a key given as the manager was given it is
+#: found under the prefixed name too.
+MANAGER_KEY_PREFIX = b"k"
+
+
+def region_key(region: Any, key: bytes) -> bytes | None:
+    """The name ``key`` is stored under in ``region``: itself, or the manager's prefixed name
+    (None when neither is there)."""
+    for name in (key, MANAGER_KEY_PREFIX + key):
+        if region.lookup(name) is not None:
+            return name
+    return None
+
+
 def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
     """Reads ``key`` (checksum-verified) and decodes it on the CPU with the recorded codec."""
     import numpy as np
@@ -88,6 +105,7 @@ def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
     from ..disk import group_from_layout
     from ..registry import create_codec
 
+    key = region_key(region, key) or key
     loc = region.lookup(key)
     if loc is None:
         known = [p["key"].hex() for p in region.pages()[:5]]
@@ -103,6 +121,9 @@ def decode_page(region: Any, key: bytes, dump: str | None) -> dict:
         blob.tofile(dump)
         out["dumped_to"] = dump
     layout, ident = region.layout, region.codec
+    if isinstance(layout, list):  # a KV-cache manager's layer groups (KVCacheConfig.layout_description)
+        out["decoded"] = decode_manager_blob(layout, ident, loc["tag"], blob)
+        return out
     if layout is None:
         out["decoded"] = None
         out["note"] = "no layout recorded with the region: the blob cannot be decoded (use --dump for raw bytes)"
@@ -165,6 +186,56 @@ def check_layout(layout: Any, lifecycle: int, blob_bytes: int) -> None:
 
 
 _NP_DTYPES = {0: "uint8", 1: "int8", 2: "float16", 4: "float32", 7: "int32"}
+
+
+def decode_manager_blob(layout: list, ident: dict, lifecycle: int, blob: Any) -> list[dict]:
+    """Decodes a blob a KV-cache manager's disk level wrote, as that manager would: a CPU manager
+    over the recorded layer groups and codec takes the blob into a host slot and onboards it;
+    one row per pool (the hot page's bytes) and per buffer, as :func:`summarize`."""
+    import numpy as np
+
+    from ..kvcm_config import KVCacheConfig, LayerGroupConfig
+    from ..layout import BufferDesc, BufferRole, DataType
+    from ..manager import CacheLevel, KVCacheManager
+
+    try:
+        groups = [LayerGroupConfig([BufferDesc(int(b[0]), BufferRole(int(b[1])), bytes=int(b[3]), dtype=DataType(int(b[2])),
+                                               tokens_per_page=int(b[4]), num_heads=int(b[5]), head_dim=int(b[6]))
+                                    for b in group]) for group in layout]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"region.json's layout is damaged: a layer group's buffer is malformed ({exc}); "
+                         "refusing to decode") from None
+    if not 0 <= lifecycle < len(groups):
+        raise ValueError(f"region.json's layout is damaged: the page's layer group {lifecycle} is not among its "
+                         f"{len(groups)} layer groups; refusing to decode")
+    page = sum(b.bytes for b in groups[lifecycle].buffers)
+    if page > MAX_HOT_TO_BLOB * max(blob.size, 1):
+        raise ValueError(f"region.json's layout is damaged: its layer group {lifecycle} claims {page} hot bytes per "
+                         f"page for blobs of {blob.size} bytes; refusing to decode")
+    quota = 2 * len(groups) * (max(sum(b.bytes for b in g.buffers) for g in groups) + blob.size + 4096)
+    config = KVCacheConfig(layer_groups=groups, gpu_quota=quota, host_quota=quota, device="cpu", auto_evict=False)
+    manager = KVCacheManager(config, (ident["name"], ident["params"]))
+    try:
+        if manager.cold_page_bytes(lifecycle) != blob.size:
+            raise ValueError(f"the recorded layer groups give {ident['name']!r} blobs of "
+                             f"{manager.cold_page_bytes(lifecycle)} bytes for layer group {lifecycle}, but the "
+                             f"region's slots hold {blob.size}: refusing to decode")
+        [handle] = manager.allocate(lifecycle, 1)
+        manager.evict([handle])
+        manager.synchronize()
+        manager.page_view(handle)[0][:] = blob
+        result = manager.onboard([handle], source=CacheLevel.HOST)
+        manager.synchronize()
+        if result.moved != 1:
+            raise ValueError(f"the codec did not decode the blob: {result.error or 'the page was dropped'}")
+        pools = [np.array(v) for v in manager.page_view(handle, framework="numpy")]
+        buffers = manager.buffer_layout(lifecycle)
+    finally:
+        manager.close()
+    dict_layout = {"lifecycles": [{"lifecycle_id": lifecycle, "buffers": [
+        {"layer_id": b.layer_id, "role": int(b.role), "pool_index": b.pool_index, "byte_offset": b.byte_offset,
+         "bytes": b.bytes, "dtype": int(b.dtype)} for b in buffers]}]}
+    return summarize(dict_layout, pools, lifecycle)
 
 
 def summarize(layout: dict, pools: list, lifecycle: int) -> list[dict]:
@@ -242,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         info, region = describe(path, args.pages)
         try:
             wanted = args.region is None or os.path.basename(path.rstrip("/")) == args.region
-            if key is not None and wanted and region.lookup(key) is not None:
+            if key is not None and wanted and region_key(region, key) is not None:
                 report["page"] = decode_page(region, key, args.dump)
                 report["page"]["region"] = path
         finally:
