@@ -8,7 +8,7 @@ and back. This package holds the codec contract's Python side, the plugin regist
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from . import _native
@@ -135,6 +135,11 @@ _LAZY = {
     "PageHandle": "manager",
     "PageList": "manager",
 }
+
+
+if TYPE_CHECKING:  # what type checkers see of the names above; at run time they load on first use
+    from .kvcm_config import DiskTierConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig
+    from .manager import CacheLevel, KVCacheManager, PageHandle, PageList
 
 
 def __getattr__(name: str) -> Any:

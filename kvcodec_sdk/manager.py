@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, overload
 
 import numpy as np
 
@@ -274,6 +274,15 @@ class KVCacheManager:
         with _native_errors():
             self._live().free(self._ids(pages))
 
+    @overload
+    def migrate(self, pages: Any, level: int, *, stream: Any = None, blocking: Literal[True] = True) -> MigrationResult: ...
+
+    @overload
+    def migrate(self, pages: Any, level: int, *, stream: Any = None, blocking: Literal[False]) -> PendingMigration: ...
+
+    @overload
+    def migrate(self, pages: Any, level: int, *, stream: Any = None, blocking: bool) -> MigrationResult | PendingMigration: ...
+
     def migrate(self, pages: Any, level: int, *, stream: Any = None,
                 blocking: bool = True) -> MigrationResult | PendingMigration:
         """Moves pages to ``level`` (:class:`CacheLevel`), each into a newly allocated slot.
@@ -293,11 +302,29 @@ class KVCacheManager:
         """
         return self._migrate(pages, level, stream, None, blocking)
 
+    @overload
+    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST, blocking: Literal[True] = True) -> MigrationResult: ...
+
+    @overload
+    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST, blocking: Literal[False]) -> PendingMigration: ...
+
+    @overload
+    def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST, blocking: bool) -> MigrationResult | PendingMigration: ...
+
     def evict(self, pages: Any, *, stream: Any = None, level: int = CacheLevel.HOST,
               blocking: bool = True) -> MigrationResult | PendingMigration:
         """Hot -> ``level`` (host by default, or :attr:`CacheLevel.DISK`) for pages that are all
         hot; ``blocking`` as in :meth:`migrate`."""
         return self._migrate(pages, level, stream, CacheLevel.HOT, blocking)
+
+    @overload
+    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST, blocking: Literal[True] = True) -> MigrationResult: ...
+
+    @overload
+    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST, blocking: Literal[False]) -> PendingMigration: ...
+
+    @overload
+    def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST, blocking: bool) -> MigrationResult | PendingMigration: ...
 
     def onboard(self, pages: Any, *, stream: Any = None, source: int = CacheLevel.HOST,
                 blocking: bool = True) -> MigrationResult | PendingMigration:
