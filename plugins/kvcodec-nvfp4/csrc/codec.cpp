@@ -55,8 +55,8 @@ void Params::read(kvcodec::ParamReader& r)
         else if (role == "value")
             losslessValue = true;
         else if (role != "other")
-            r.refuse(
-                "lossless_roles", "it names '" + role + "'; valid roles are 'key', 'value', 'other' (comma-separated)");
+            r.refuse("lossless_roles",
+                "'" + role + "' is not a role; valid roles are 'key', 'value', 'other' (comma-separated)");
     }
     std::string layers;
     r.read("lossless_layers", layers);
@@ -67,7 +67,7 @@ void Params::read(kvcodec::ParamReader& r)
         if (!digits)
         {
             r.refuse("lossless_layers",
-                "it has the item '" + item + "'; it must be comma-separated non-negative layer ids, e.g. '0,31'");
+                "'" + item + "' is not a layer id; it must be comma-separated non-negative layer ids, e.g. '0,31'");
         }
         losslessLayers.insert(std::stoll(item));
     }

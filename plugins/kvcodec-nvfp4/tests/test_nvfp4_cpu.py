@@ -175,3 +175,22 @@ def test_lifecycles_with_the_same_buffers_batch_together():
     codec.configure(layout.groups)
     assert [codec.batching_layer_group_id(i) for i in (7, 3, 5)] == [3, 3, 3]
     codec.close()
+
+
+@pytest.mark.parametrize("params,fragment", [
+    ({"lossless_roles": "keys"}, "'keys'"),
+    ({"lossless_layers": "0,x"}, "'x'"),
+    ({"granularity": "token_head"}, "'page_head', 'page'"),
+])
+def test_the_native_codec_refuses_what_the_spec_would(params, fragment):
+    """A native caller skips the Python spec: the C++ parameters refuse the same values."""
+    import dataclasses
+
+    from kvcodec_nvfp4.plugin import SPEC
+
+    bare = kv.CodecSpec(**{f.name: getattr(SPEC, f.name) for f in dataclasses.fields(kv.CodecSpec)})
+    registry = kv.CodecRegistry(load_entry_points=False, builtins=False)
+    registry.register(dataclasses.replace(bare, params=tuple(
+        dataclasses.replace(p, choices=None) if p.name == "granularity" else p for p in SPEC.params)))
+    with pytest.raises(Exception, match=fragment):
+        registry.create_codec("nvfp4", params, "cpu")
