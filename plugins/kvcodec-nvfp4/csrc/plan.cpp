@@ -187,7 +187,7 @@ void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* b
             std::memcpy(hot, blob + b.dataOffset, b.bytes);
             continue;
         }
-        uint16_t out[kBlockElems];
+        bool const bf16 = b.bf16 != 0;
         for (uint64_t g = 0; g < b.groups; ++g)
         {
             float s;
@@ -199,11 +199,19 @@ void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* b
                 blockPosition(b, g, k, row, j);
                 uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
                 uint8_t const* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
-                decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, b.bf16 != 0, out);
+                // The block's 16 possible outputs, decodeElement()'s bytes: a negative code is its
+                // positive twin with the sign bit set (rounding is symmetric), so 8 are computed.
+                float const bs = blockScale(blob[b.blockScaleOffset + row * b.blocksPerRow + j], s);
+                uint16_t lut[16];
+                for (uint32_t c = 0; c < 8; ++c)
+                {
+                    lut[c] = decodeElement(c, bs, bf16);
+                    lut[c + 8] = uint16_t(lut[c] | 0x8000u);
+                }
                 uint8_t* dst = hot + 2 * (row * b.headDim + kBlockElems * j);
                 for (uint32_t i = 0; i < n; ++i)
                 {
-                    store16(dst + 2 * i, out[i]);
+                    store16(dst + 2 * i, lut[(codes[i / 2] >> (4 * (i & 1u))) & 0xFu]);
                 }
             }
         }
