@@ -11,7 +11,7 @@
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
 # Steps: pytest memcheck conformance bench-concat fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
-# workload disk template nvcomp check-plugins stress (the build always runs). check-plugins runs
+# workload disk blocks metrics template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
 # for KVCODEC_CRASH_ITERATIONS (default 200). In "all", KVCODEC_GPU_BENCH_STEPS replaces the
@@ -80,7 +80,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
     "$OUT_DIR/phase-nvfp4.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,workload,disk} \
+  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk} \
     bash "$self" "$OUT_DIR" || status=1
   if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
     KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
@@ -205,6 +205,27 @@ if (cd "$OUT_DIR" && kvcodec list --json 2> /dev/null) | python3 -c 'import json
   grep -v '^\[bench\]' "$OUT_DIR/bench-kvcm-ans-uint16.txt"
 else
   echo "skipped: the nvcomp-ans codec is not installed (plugins/kvcodec-nvcomp)"
+fi
+fi
+
+if want blocks; then
+step "kvcodec bench blocks (an engine's KV blocks through the block store, vLLM's GPU layout and K/V planes)"
+for layout in HN2C 2NHC; do
+  (cd "$OUT_DIR" && timeout 240 kvcodec bench blocks --device cuda --layout "$layout" \
+     --codecs "$(kvcodec list --json | python3 -c 'import json, sys; print(",".join(c["name"] for c in json.load(sys.stdin)["codecs"] if c["name"] in ("concat", "fp8", "nvfp4", "nvcomp-lz4")))')" \
+     --json "bench-blocks-$layout.json") > "$OUT_DIR/bench-blocks-$layout.txt" 2>&1 || status=1
+  cat "$OUT_DIR/bench-blocks-$layout.txt"
+done
+fi
+
+if want metrics; then
+step "kvcodec bench metrics (migration throughput scraped every second vs no metrics)"
+if python3 -c 'import prometheus_client' 2> /dev/null; then
+  (cd "$OUT_DIR" && timeout 120 kvcodec bench metrics --device cuda --seconds 2 --json bench-metrics.json) \
+    > "$OUT_DIR/bench-metrics.txt" 2>&1 || status=1
+  cat "$OUT_DIR/bench-metrics.txt"
+else
+  echo "prometheus_client is not installed (the metrics extra): metrics step skipped"
 fi
 fi
 
