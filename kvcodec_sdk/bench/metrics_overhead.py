@@ -20,8 +20,6 @@ of ``off`` (ratio >= 0.98). Needs the ``metrics`` extra.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import threading
@@ -160,28 +158,10 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: prints the table; ``--json PATH`` also writes the report."""
-    ap = argparse.ArgumentParser(prog="python -m kvcodec_sdk.bench.metrics_overhead",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per round (default 3)")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds per mode (default 5)")
-    ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
-    ap.add_argument("--pages", type=int, default=4096, help="pages per migration (default 4096)")
-    ap.add_argument("--piece-bytes", type=int, default=16 * KiB, help="bytes of each of the 3 pools' pieces")
-    ap.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    args = ap.parse_args(argv)
-    for name in ("seconds", "rounds", "interval", "pages", "piece_bytes"):
-        if getattr(args, name) <= 0:
-            ap.error(f"--{name.replace('_', '-')} is {getattr(args, name)}; it must be positive")
-    report = run(args.device, args.seconds, args.rounds, args.interval, args.pages, args.piece_bytes,
-                 progress=not args.quiet)
-    print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0 if report["met"] else 1
+    """``python -m``: the same as ``kvcodec bench metrics`` with these arguments."""
+    from ..cli import main as cli_main
+
+    return cli_main(["bench", "metrics", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -145,20 +145,24 @@ class BlockCodecStore:
         flags = head[:, 6:8].copy().view("<u2")[:, 0]
         return (magic == _ENVELOPE_MAGIC) & (flags & _DID_NOT_FIT == 0)
 
-    def _check_ids(self, what: str, ids: np.ndarray, bound: int, name: str) -> None:
-        if len(ids) and (ids.min() < 0 or ids.max() >= bound):
-            bad = int(ids[(ids < 0) | (ids >= bound)][0])
-            raise IndexError(f"{what}: {name} {bad} is out of range; valid: 0 .. {bound - 1}")
+    def _ids(self, what: str, blocks: Any, slots: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``blocks`` and ``slots`` as int64 arrays, one slot per block, each in range."""
+        blocks, slots = np.asarray(blocks, dtype=np.int64), np.asarray(slots, dtype=np.int64)
+        if len(blocks) != len(slots):
+            first, second = ("blocks", "slots") if what == "store" else ("slots", "blocks")
+            n = {"blocks": len(blocks), "slots": len(slots)}
+            raise ValueError(f"{what}: {n[first]} {first} for {n[second]} {second}; pass one {second[:-1]} per "
+                             f"{first[:-1]}")
+        for ids, bound, name in ((slots, len(self.valid), "slot"), (blocks, int(self.tensors[0].shape[0]), "block")):
+            if len(ids) and (ids.min() < 0 or ids.max() >= bound):
+                bad = int(ids[(ids < 0) | (ids >= bound)][0])
+                raise IndexError(f"{what}: {name} {bad} is out of range; valid: 0 .. {bound - 1}")
+        return blocks, slots
 
     def store(self, job_id: int, blocks: Any, slots: Any) -> BlockJob:
         """Encodes ``blocks`` of the engine's tensors into host ``slots`` (CUDA: on the store's
         stream, after the engine's current stream, where the blocks were written)."""
-        blocks = np.asarray(blocks, dtype=np.int64)
-        slots = np.asarray(slots, dtype=np.int64)
-        if len(blocks) != len(slots):
-            raise ValueError(f"store: {len(blocks)} blocks for {len(slots)} slots; pass one slot per block")
-        self._check_ids("store", slots, len(self.valid), "slot")
-        self._check_ids("store", blocks, int(self.tensors[0].shape[0]), "block")
+        blocks, slots = self._ids("store", blocks, slots)
         job = BlockJob(job_id, False, slots, blocks, time.perf_counter(), order=self._next_order())
         self.valid[slots] = False
         if len(slots):
@@ -178,12 +182,7 @@ class BlockCodecStore:
         """Decodes host ``slots`` into the engine's ``blocks`` (CUDA: on the store's stream, after
         the engine's current stream's last reads of the blocks); blocks whose blob is known bad
         are not decoded and fail the load."""
-        slots = np.asarray(slots, dtype=np.int64)
-        blocks = np.asarray(blocks, dtype=np.int64)
-        if len(blocks) != len(slots):
-            raise ValueError(f"load: {len(slots)} slots for {len(blocks)} blocks; pass one block per slot")
-        self._check_ids("load", slots, len(self.valid), "slot")
-        self._check_ids("load", blocks, int(self.tensors[0].shape[0]), "block")
+        blocks, slots = self._ids("load", blocks, slots)
         job = BlockJob(job_id, True, slots, blocks, time.perf_counter(), order=self._next_order())
         self._settle_stores(slots)
         good = self.valid[slots].copy()
