@@ -17,7 +17,9 @@ so the engine forgets them, and failed loads are either failed jobs or, with
 ``report_load_errors``, successful jobs whose blocks :meth:`~BlockCodecStore.take_load_errors`
 returns (for an engine that recomputes them).
 
-Needs torch (the engine's tensors, pinned host memory, CUDA streams and events).
+Needs torch (the engine's tensors, pinned host memory, CUDA streams and events). A store is
+driven by one thread, as an engine's offloading worker is: calls from several threads at once
+must be serialized by the caller.
 """
 
 from __future__ import annotations
