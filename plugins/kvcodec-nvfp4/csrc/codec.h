@@ -43,6 +43,9 @@ inline constexpr uint64_t kRegionAlign = 16;
 /// Bytes of a lossless buffer copied by one work item.
 inline constexpr uint64_t kCopyChunkBytes = 8192;
 
+/// The most fp32 scales per page a quantized buffer may have for the kernel's whole-buffer path.
+inline constexpr uint32_t kMaxWholeBufferGroups = 256;
+
 enum class Granularity : uint32_t
 {
     kPageHead = 0, ///< One fp32 scale per head of the page.
@@ -71,6 +74,7 @@ struct BufferPlan
     uint32_t blocksPerRow; ///< ceil(headDim / 16).
     uint32_t rowCodeBytes; ///< ceil(headDim / 2).
     uint32_t groups;       ///< fp32 scales per page: heads (page_head) or 1 (page).
+    uint32_t wholeBuffer;  ///< Quantized: 1 when one work item takes the whole buffer (see plan.cpp).
     uintptr_t poolBase;
     uint64_t slotBytes;
     uint64_t hotOffset;  ///< Byte offset of the buffer in a slot.
@@ -81,7 +85,7 @@ struct BufferPlan
     uint64_t globalScaleOffset;
     uint64_t regionEnd;      ///< End of the buffer's last region (a multiple of 16).
     uint64_t firstItem;      ///< Index of the buffer's first work item within a page.
-    uint64_t items;          ///< Quantized: `groups` (one per fp32 scale); lossless: 8 KiB chunks.
+    uint64_t items;          ///< Quantized: 1 (wholeBuffer) or `groups`; lossless: 8 KiB chunks.
     uint64_t blocksPerGroup; ///< Quantized: blocks under one fp32 scale.
 };
 

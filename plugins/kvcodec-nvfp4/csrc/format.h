@@ -196,15 +196,72 @@ NVFP4_HD float blockScale(uint8_t code, float s)
     return mulRn(e4m3Value(code), s);
 }
 
-/// The 4-bit code of one element (fp32 bits `u`) under the block's effective scale `bs`.
-NVFP4_HD uint32_t encodeElement(uint32_t u, float bs)
+/// A positive double rounded down (toward zero) to fp32.
+NVFP4_HD float toFloatDown(double x)
 {
-    if (bs == 0.0f || (u & 0x7FFFFFFFu) > 0x7F800000u)
+#if defined(__CUDA_ARCH__)
+    return __double2float_rd(x);
+#else
+    float const f = float(x); // round to nearest; one step down when that went up
+    return double(f) > x ? bitsFloat(floatBits(f) - 1u) : f;
+#endif
+}
+
+/// A positive double rounded up to fp32.
+NVFP4_HD float toFloatUp(double x)
+{
+#if defined(__CUDA_ARCH__)
+    return __double2float_ru(x);
+#else
+    float const f = float(x);
+    return double(f) < x ? bitsFloat(floatBits(f) + 1u) : f;
+#endif
+}
+
+/// The seven magnitude thresholds of a block: for a non-NaN magnitude a (fp32),
+/// e2m1Magnitude(divRn(a, bs)) == number of i with a > t[i], exactly, with no division.
+///
+/// Why: q = a / bs rounded to nearest even exceeds a threshold c of e2m1Magnitude() exactly when
+/// the real quotient passes the midpoint between c and its neighbour (c + ulp/2 for the strict
+/// comparisons, c - ulp/2 inclusive for the others: c has an even last mantissa bit, so a tie goes
+/// to c). That midpoint m has at most 25 significant bits and bs 24, so m * bs is exact in fp64,
+/// and for fp32 a, a > m * bs is a > round_down(m * bs); a >= m * bs is a > the fp32 just below
+/// round_up(m * bs). bs == 0 gives NaN thresholds (every comparison false: magnitude 0).
+NVFP4_HD void e2m1Thresholds(float bs, float* t)
+{
+    if (bs == 0.0f)
     {
-        return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0u : ((u >> 28) & 8u);
+        for (int i = 0; i < 7; ++i)
+        {
+            t[i] = bitsFloat(0x7FC00000u);
+        }
+        return;
     }
-    uint32_t const sign = (u >> 28) & 8u;
-    return sign | e2m1Magnitude(divRn(bitsFloat(u & 0x7FFFFFFFu), bs));
+    double const b = bs;
+    t[0] = toFloatDown((0.25 + 0x1p-26) * b);                          // > 0.25
+    t[1] = bitsFloat(floatBits(toFloatUp((0.75 - 0x1p-25) * b)) - 1u); // >= 0.75
+    t[2] = toFloatDown((1.25 + 0x1p-24) * b);                          // > 1.25
+    t[3] = bitsFloat(floatBits(toFloatUp((1.75 - 0x1p-24) * b)) - 1u); // >= 1.75
+    t[4] = toFloatDown((2.5 + 0x1p-23) * b);                           // > 2.5
+    t[5] = bitsFloat(floatBits(toFloatUp((3.5 - 0x1p-23) * b)) - 1u);  // >= 3.5
+    t[6] = toFloatDown((5.0 + 0x1p-22) * b);                           // > 5
+}
+
+/// The 4-bit code of one element (fp32 bits `u`) under a block's thresholds: sign and
+/// e2m1Magnitude(divRn(|x|, bs)); 0 for NaN, the sign alone when bs == 0. A binary search over
+/// the sorted thresholds (three comparisons).
+NVFP4_HD uint32_t encodeElement(uint32_t u, float const* t)
+{
+    uint32_t const a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u)
+    {
+        return 0u; // NaN
+    }
+    float const f = bitsFloat(a);
+    uint32_t const c4 = f > t[3] ? 4u : 0u;
+    uint32_t const c2 = f > (c4 ? t[5] : t[1]) ? 2u : 0u;
+    float const t1 = c4 ? (c2 ? t[6] : t[4]) : (c2 ? t[2] : t[0]);
+    return ((u >> 28) & 8u) | c4 | c2 | (f > t1 ? 1u : 0u);
 }
 
 /// The decoded hot element of a code under the block's effective scale.
@@ -232,23 +289,38 @@ NVFP4_HD float finiteAmax(uint32_t const* u, uint32_t n)
 NVFP4_HD uint8_t encodeBlock(uint32_t const* u, uint32_t n, float s, uint8_t* codes)
 {
     uint8_t const sb = blockScaleCode(finiteAmax(u, n), s);
-    float const bs = blockScale(sb, s);
+    float t[7];
+    e2m1Thresholds(blockScale(sb, s), t);
     for (uint32_t i = 0; i < n; i += 2)
     {
-        uint32_t const lo = encodeElement(u[i], bs);
-        uint32_t const hi = i + 1 < n ? encodeElement(u[i + 1], bs) : 0u;
+        uint32_t const lo = encodeElement(u[i], t);
+        uint32_t const hi = i + 1 < n ? encodeElement(u[i + 1], t) : 0u;
         codes[i / 2] = uint8_t(lo | (hi << 4));
     }
     return sb;
 }
 
+/// The decoded hot bits of the eight non-negative codes of a block (decodeElement()'s); a negative
+/// code decodes to its positive twin with the sign bit set (rounding is symmetric, and -0 is 0x8000).
+NVFP4_HD void decodeTable(uint8_t sb, float s, bool bf16, uint16_t* lut)
+{
+    float const bs = blockScale(sb, s);
+    lut[0] = 0;
+    for (uint32_t c = 1; c < 8; ++c)
+    {
+        lut[c] = decodeElement(c, bs, bf16);
+    }
+}
+
 /// Decodes one block of n <= 16 elements into hot bf16/fp16 bits.
 NVFP4_HD void decodeBlock(uint8_t const* codes, uint32_t n, uint8_t sb, float s, bool bf16, uint16_t* out)
 {
-    float const bs = blockScale(sb, s);
+    uint16_t lut[8];
+    decodeTable(sb, s, bf16, lut);
     for (uint32_t i = 0; i < n; ++i)
     {
-        out[i] = decodeElement((codes[i / 2] >> (4 * (i & 1u))) & 0xFu, bs, bf16);
+        uint32_t const code = (codes[i / 2] >> (4 * (i & 1u))) & 0xFu;
+        out[i] = uint16_t(lut[code & 7u] | ((code & 8u) << 12));
     }
 }
 

@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // nvfp4: the CUDA kernel. One launch covers every (page, work item) of a call; a thread block
-// takes one work item at a time (grid-stride): a quantized buffer's group under one fp32 scale
-// (a head of the page, or the page) or an 8 KiB chunk of a lossless buffer. Consecutive threads
-// take consecutive 16-element blocks (32 contiguous hot bytes each, 8 contiguous code bytes), so a
-// warp reads and writes contiguous spans. Encoding a group takes two passes over its hot bytes:
-// the group's largest magnitude (a block-wide max), then the codes (the second pass mostly hits
-// L1/L2). The arithmetic is format.h's, shared with the CPU reference: the blobs are identical.
+// takes one work item at a time (grid-stride).
+//
+// The fast path (BufferPlan::wholeBuffer: rows of whole 16-element blocks, aligned hot bytes) takes
+// a whole quantized buffer of a page per work item, 2048 blocks at a time: each thread loads 8
+// blocks (32 contiguous bytes each; consecutive threads take consecutive blocks) into registers,
+// the groups' largest magnitudes are gathered in shared memory, and the codes and block scales are
+// staged in shared memory and written out as contiguous 16-byte stores (which is what lets a blob
+// in pinned host memory be written at the link's speed). A buffer of at most 2048 blocks is read
+// once; a larger one twice. Decoding stages the blob's regions in shared memory the same way and
+// writes 32 contiguous hot bytes per block. Other shapes take one work item per fp32 scale and
+// read and write in place (the generic path). The arithmetic is format.h's, shared with the CPU
+// reference: the blobs are identical.
 #include "codec.h"
 
 #include <algorithm>
@@ -16,7 +22,19 @@
 namespace nvfp4_codec {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
+constexpr uint32_t kResident = 8;                       ///< Blocks a thread holds (fast path).
+constexpr uint32_t kChunkBlocks = kThreads * kResident; ///< Blocks of a buffer per fast-path round.
+
+/// Shared memory of a thread block.
+struct Staging
+{
+    uint32_t groupMax[kMaxWholeBufferGroups]; ///< Largest magnitude per group, as hot half bits.
+    float groupScale[kMaxWholeBufferGroups];  ///< The groups' fp32 scales S.
+    alignas(16) uint8_t codes[kChunkBlocks * kBlockElems / 2];
+    alignas(16) uint8_t scales[kChunkBlocks];
+    uint32_t warpMax[kThreads / 32]; ///< The generic path's block-wide maximum.
+};
 
 __device__ __forceinline__ bool aligned(void const* p, uintptr_t a)
 {
@@ -212,9 +230,243 @@ __device__ void decodeGroup(BufferPlan const& b, uint64_t g, uint8_t* hot, uint8
     }
 }
 
-__global__ void __launch_bounds__(kThreads) nvfp4Kernel(__grid_constant__ KernelArgs const a)
+// ---- The fast path: a whole buffer per work item ----------------------------------------------
+
+// Bytes [0, n) of shared `src` to `dst`, then zeros up to `total` (the region's padding): 16-byte
+// stores when `dst` and `total` allow.
+__device__ void writeOut(uint8_t* dst, uint8_t const* src, uint32_t n, uint32_t total)
 {
-    __shared__ uint32_t shared[kThreads / 32];
+    if (aligned(dst, 16) && total % 16 == 0)
+    {
+        for (uint32_t i = threadIdx.x; i < total / 16; i += blockDim.x)
+        {
+            uint4 w;
+            if (16 * i + 16 <= n)
+            {
+                w = reinterpret_cast<uint4 const*>(src)[i];
+            }
+            else
+            {
+                uint8_t tmp[16];
+                for (uint32_t k = 0; k < 16; ++k)
+                {
+                    tmp[k] = 16 * i + k < n ? src[16 * i + k] : 0;
+                }
+                memcpy(&w, tmp, sizeof(w));
+            }
+            reinterpret_cast<uint4*>(dst)[i] = w;
+        }
+        return;
+    }
+    for (uint32_t i = threadIdx.x; i < total; i += blockDim.x)
+    {
+        dst[i] = i < n ? src[i] : 0;
+    }
+}
+
+// Bytes [0, n) of `src` into shared `dst`: 16-byte loads when `src` allows.
+__device__ void readIn(uint8_t* dst, uint8_t const* src, uint32_t n)
+{
+    uint32_t whole = 0;
+    if (aligned(src, 16))
+    {
+        whole = n / 16;
+        for (uint32_t i = threadIdx.x; i < whole; i += blockDim.x)
+        {
+            reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<uint4 const*>(src)[i];
+        }
+    }
+    for (uint32_t i = 16 * whole + threadIdx.x; i < n; i += blockDim.x)
+    {
+        dst[i] = src[i];
+    }
+}
+
+// The group (index of its fp32 scale) of block k of a whole buffer.
+__device__ __forceinline__ uint32_t groupOf(BufferPlan const& b, uint32_t k)
+{
+    return b.groups == 1 ? 0u : (k / b.blocksPerRow) % b.heads;
+}
+
+// Loads this thread's blocks of the round starting at block c0 (block c0 + threadIdx.x + m *
+// kThreads) and their largest finite magnitudes as hot half bits (0 past the buffer's end).
+__device__ __forceinline__ void loadRound(uint8_t const* hot, uint32_t c0, uint32_t nBlocks, uint32_t expMask,
+    uint4 (&v)[kResident][2], uint32_t (&amax)[kResident])
+{
+#pragma unroll
+    for (uint32_t m = 0; m < kResident; ++m)
+    {
+        uint32_t const k = c0 + threadIdx.x + m * kThreads;
+        amax[m] = 0;
+        if (k < nBlocks)
+        {
+            uint4 const* p = reinterpret_cast<uint4 const*>(hot + 32ull * k);
+            v[m][0] = p[0];
+            v[m][1] = p[1];
+            uint32_t const* w = reinterpret_cast<uint32_t const*>(v[m]);
+#pragma unroll
+            for (uint32_t i = 0; i < 2 * kBlockElems; ++i)
+            {
+                uint32_t const h = (w[i / 2] >> (16 * (i & 1u))) & 0x7FFFu;
+                amax[m] = ((h & expMask) != expMask && h > amax[m]) ? h : amax[m];
+            }
+        }
+    }
+}
+
+// The 8 code bytes and the block scale of one whole block (hot words `v`) under the group scale s.
+__device__ __forceinline__ uint2 encodeWords(uint4 const (&v)[2], float amax, float s, bool bf16, uint8_t& sb)
+{
+    sb = blockScaleCode(amax, s);
+    float t[7];
+    e2m1Thresholds(blockScale(sb, s), t);
+    uint32_t const* w = reinterpret_cast<uint32_t const*>(v);
+    uint32_t out[2] = {0, 0};
+#pragma unroll
+    for (uint32_t i = 0; i < kBlockElems / 2; ++i)
+    {
+        uint32_t const lo = encodeElement(floatBits(halfToFloat(uint16_t(w[i]), bf16)), t);
+        uint32_t const hi = encodeElement(floatBits(halfToFloat(uint16_t(w[i] >> 16), bf16)), t);
+        out[i / 4] |= (lo | (hi << 4)) << (8 * (i & 3u));
+    }
+    return make_uint2(out[0], out[1]);
+}
+
+// One whole block's 32 hot bytes from its 8 code bytes: decodeTable()'s values picked two at a
+// time with byte permutes, the sign bits set on top (decodeBlock()'s result, without branches).
+__device__ __forceinline__ void decodeWords(uint2 codes, uint8_t sb, float s, bool bf16, uint4 (&out)[2])
+{
+    uint16_t lut[8];
+    decodeTable(sb, s, bf16, lut);
+    uint32_t const r0 = lut[0] | (uint32_t(lut[1]) << 16);
+    uint32_t const r1 = lut[2] | (uint32_t(lut[3]) << 16);
+    uint32_t const r2 = lut[4] | (uint32_t(lut[5]) << 16);
+    uint32_t const r3 = lut[6] | (uint32_t(lut[7]) << 16);
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+#pragma unroll
+    for (uint32_t i = 0; i < kBlockElems / 2; ++i)
+    {
+        uint32_t const c = ((i < 4 ? codes.x : codes.y) >> (8 * (i & 3u))) & 0xFFu;
+        // Bytes 2a, 2a+1 (element 2i) and 2b, 2b+1 (element 2i+1) of the 8-byte table halves,
+        // a and b the low two magnitude bits; the third magnitude bit picks the half.
+        uint32_t const y = (c & 3u) | ((c << 4) & 0x300u);
+        uint32_t const sel = y * 0x22u + 0x1010u;
+        uint32_t const lo = __byte_perm(r0, r1, sel);
+        uint32_t const hi = __byte_perm(r2, r3, sel);
+        uint32_t const pick = (((c >> 2) & 1u) | (((c >> 6) & 1u) << 16)) * 0xFFFFu;
+        o[i] = (hi & pick) | (lo & ~pick) | ((c & 8u) << 12) | ((c & 0x80u) << 24);
+    }
+}
+
+__device__ void encodeWhole(BufferPlan const& b, uint8_t const* hot, uint8_t* blob, Staging& st)
+{
+    bool const bf16 = b.bf16 != 0;
+    uint32_t const expMask = bf16 ? 0x7F80u : 0x7C00u;
+    uint32_t const nBlocks = b.tokens * b.heads * b.blocksPerRow;
+    for (uint32_t g = threadIdx.x; g < b.groups; g += blockDim.x)
+    {
+        st.groupMax[g] = 0;
+    }
+    __syncthreads();
+    uint4 v[kResident][2];
+    uint32_t amax[kResident];
+    for (uint32_t c0 = 0; c0 < nBlocks; c0 += kChunkBlocks) // the groups' largest magnitudes
+    {
+        loadRound(hot, c0, nBlocks, expMask, v, amax);
+        uint32_t run = 0;
+        uint32_t runGroup = groupOf(b, c0 + threadIdx.x);
+#pragma unroll
+        for (uint32_t m = 0; m < kResident; ++m)
+        {
+            uint32_t const g = groupOf(b, c0 + threadIdx.x + m * kThreads);
+            if (g != runGroup)
+            {
+                atomicMax(&st.groupMax[runGroup], run);
+                runGroup = g;
+                run = 0;
+            }
+            run = max(run, amax[m]);
+        }
+        if (b.groups == 1)
+        {
+            run = __reduce_max_sync(0xFFFFFFFFu, run);
+        }
+        if (b.groups != 1 || (threadIdx.x & 31u) == 0)
+        {
+            atomicMax(&st.groupMax[runGroup], run);
+        }
+    }
+    __syncthreads();
+    for (uint32_t g = threadIdx.x; g < b.groups; g += blockDim.x)
+    {
+        st.groupScale[g] = globalScale(halfToFloat(uint16_t(st.groupMax[g]), bf16));
+    }
+    __syncthreads();
+    for (uint32_t c0 = 0; c0 < nBlocks; c0 += kChunkBlocks)
+    {
+        if (nBlocks > kChunkBlocks) // else the registers still hold the buffer
+        {
+            loadRound(hot, c0, nBlocks, expMask, v, amax);
+        }
+#pragma unroll
+        for (uint32_t m = 0; m < kResident; ++m)
+        {
+            uint32_t const k = c0 + threadIdx.x + m * kThreads;
+            if (k < nBlocks)
+            {
+                uint8_t sb;
+                uint2 const codes
+                    = encodeWords(v[m], halfToFloat(uint16_t(amax[m]), bf16), st.groupScale[groupOf(b, k)], bf16, sb);
+                reinterpret_cast<uint2*>(st.codes)[k - c0] = codes;
+                st.scales[k - c0] = sb;
+            }
+        }
+        __syncthreads();
+        uint32_t const n = min(kChunkBlocks, nBlocks - c0);
+        bool const last = c0 + n == nBlocks; // the last round also writes the regions' padding
+        uint64_t const codesAt = b.dataOffset + 8ull * c0;
+        uint64_t const scalesAt = b.blockScaleOffset + c0;
+        writeOut(blob + codesAt, st.codes, 8 * n, last ? uint32_t(b.blockScaleOffset - codesAt) : 8 * n);
+        writeOut(blob + scalesAt, st.scales, n, last ? uint32_t(b.globalScaleOffset - scalesAt) : n);
+        __syncthreads();
+    }
+    writeOut(blob + b.globalScaleOffset, reinterpret_cast<uint8_t const*>(st.groupScale), 4 * b.groups,
+        uint32_t(b.regionEnd - b.globalScaleOffset));
+    __syncthreads(); // `st` is reused by the next work item
+}
+
+__device__ void decodeWhole(BufferPlan const& b, uint8_t* hot, uint8_t const* blob, Staging& st)
+{
+    bool const bf16 = b.bf16 != 0;
+    uint32_t const nBlocks = b.tokens * b.heads * b.blocksPerRow;
+    readIn(reinterpret_cast<uint8_t*>(st.groupScale), blob + b.globalScaleOffset, 4 * b.groups);
+    for (uint32_t c0 = 0; c0 < nBlocks; c0 += kChunkBlocks)
+    {
+        uint32_t const n = min(kChunkBlocks, nBlocks - c0);
+        readIn(st.codes, blob + b.dataOffset + 8ull * c0, 8 * n);
+        readIn(st.scales, blob + b.blockScaleOffset + c0, n);
+        __syncthreads();
+#pragma unroll
+        for (uint32_t m = 0; m < kResident; ++m)
+        {
+            uint32_t const k = c0 + threadIdx.x + m * kThreads;
+            if (k < nBlocks)
+            {
+                uint4 out[2];
+                decodeWords(reinterpret_cast<uint2 const*>(st.codes)[k - c0], st.scales[k - c0],
+                    st.groupScale[groupOf(b, k)], bf16, out);
+                uint4* p = reinterpret_cast<uint4*>(hot + 32ull * k);
+                p[0] = out[0];
+                p[1] = out[1];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ KernelArgs const a)
+{
+    __shared__ Staging st;
     uint64_t const total = a.numPairs * a.itemsPerPage;
     for (uint64_t item = blockIdx.x; item < total; item += gridDim.x)
     {
@@ -236,11 +488,23 @@ __global__ void __launch_bounds__(kThreads) nvfp4Kernel(__grid_constant__ Kernel
         uint64_t const sub = r - b.firstItem;
         uint8_t* hot = reinterpret_cast<uint8_t*>(b.poolBase + uint64_t(hotIdx) * b.slotBytes + b.hotOffset);
         uint8_t* blob = reinterpret_cast<uint8_t*>(a.blob + uint64_t(coldIdx) * a.coldPageBytes);
+        if (b.quantized && b.wholeBuffer)
+        {
+            if (a.encode)
+            {
+                encodeWhole(b, hot, blob, st);
+            }
+            else
+            {
+                decodeWhole(b, hot, blob, st);
+            }
+            continue;
+        }
         if (b.quantized)
         {
             if (a.encode)
             {
-                encodeGroup(b, sub, hot, blob, shared);
+                encodeGroup(b, sub, hot, blob, st.warpMax);
             }
             else
             {
@@ -280,7 +544,7 @@ cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream
     {
         return cudaSuccess;
     }
-    uint64_t const blocks = std::min<uint64_t>(total, uint64_t(std::max(numSms, 1)) * 16);
+    uint64_t const blocks = std::min<uint64_t>(total, uint64_t(std::max(numSms, 1)) * 4);
     nvfp4Kernel<<<unsigned(blocks), kThreads, 0, stream>>>(args);
     return cudaGetLastError();
 }

@@ -121,7 +121,15 @@ std::string planLifeCycle(
             plan.blockScaleOffset = alignUp(plan.dataEnd);
             plan.globalScaleOffset = alignUp(plan.blockScaleOffset + rows * plan.blocksPerRow);
             plan.regionEnd = alignUp(plan.globalScaleOffset + 4 * uint64_t(plan.groups));
-            plan.items = plan.groups;
+            // The kernel's fast path takes a whole buffer per work item (rows of whole 16-element
+            // blocks, 16-byte aligned hot bytes, at most kMaxWholeBufferGroups scales): it reads
+            // the buffer once and writes its regions as contiguous 16-byte stores. Other shapes
+            // take one work item per fp32 scale.
+            bool const aligned = (plan.poolBase + plan.hotOffset) % 16 == 0 && plan.slotBytes % 16 == 0;
+            bool const small = rows * plan.blocksPerRow < (uint64_t(1) << 31); // 32-bit block indices
+            plan.wholeBuffer
+                = plan.headDim % kBlockElems == 0 && aligned && small && plan.groups <= kMaxWholeBufferGroups ? 1 : 0;
+            plan.items = plan.wholeBuffer ? 1 : plan.groups;
         }
         else
         {
@@ -199,19 +207,12 @@ void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* b
                 blockPosition(b, g, k, row, j);
                 uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
                 uint8_t const* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
-                // The block's 16 possible outputs, decodeElement()'s bytes: a negative code is its
-                // positive twin with the sign bit set (rounding is symmetric), so 8 are computed.
-                float const bs = blockScale(blob[b.blockScaleOffset + row * b.blocksPerRow + j], s);
-                uint16_t lut[16];
-                for (uint32_t c = 0; c < 8; ++c)
-                {
-                    lut[c] = decodeElement(c, bs, bf16);
-                    lut[c + 8] = uint16_t(lut[c] | 0x8000u);
-                }
+                uint16_t out[kBlockElems];
+                decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, bf16, out);
                 uint8_t* dst = hot + 2 * (row * b.headDim + kBlockElems * j);
                 for (uint32_t i = 0; i < n; ++i)
                 {
-                    store16(dst + 2 * i, lut[(codes[i / 2] >> (4 * (i & 1u))) & 0xFu]);
+                    store16(dst + 2 * i, out[i]);
                 }
             }
         }

@@ -37,6 +37,34 @@ def kv_values(rng, shape, dtype, *, special=False) -> np.ndarray:
     return x
 
 
+E2M1_THRESHOLDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+
+
+def near_threshold_values(rng, shape, dtype) -> np.ndarray:
+    """[token][head][dim] values a few ulps of the dtype either side of an e2m1 rounding threshold
+    (0.25, 0.75, ..., 5 times the block's effective scale), with random block scales: the encoder's
+    comparisons are exercised where the rounding of |x| / scale decides the code. Every head holds
+    the same largest magnitude, so the fp32 scale S, and with it each block's scale, is the same at
+    both granularities. Needs whole 16-element blocks (head_dim a multiple of 16)."""
+    t, h, d = shape
+    half = NP[dtype]
+    top = np.float32(4.0)
+    s = np.maximum(top / np.float32(2688), np.float32(2.0**-126))
+    amax = (top * 10.0 ** rng.uniform(-3, 0, (t, h, d // 16))).astype(np.float32)
+    amax[0, :, 0] = top
+    amax = amax.astype(half).astype(np.float32)
+    sb = np.minimum(amax / (s * np.float32(6)), np.float32(448)).astype(ml_dtypes.float8_e4m3fn)
+    bs = (sb.astype(np.float32) * s).astype(np.float32)
+    c = rng.choice(E2M1_THRESHOLDS, (t, h, d // 16, 16))
+    base = (c * bs[..., None]).astype(np.float32).astype(half).view(np.uint16).astype(np.int32)
+    bits = np.clip(base + rng.integers(-2, 3, base.shape), 0, None).astype(np.uint16)
+    x = np.minimum(bits.view(half).astype(np.float32), amax[..., None])
+    x[..., 0] = amax
+    x *= rng.choice(np.array([-1, 1], np.float32), x.shape)
+    x[..., 0] = amax
+    return x.reshape(t, h, d)
+
+
 @dataclass
 class Layout:
     groups: list
@@ -47,10 +75,12 @@ class Layout:
         return self.pools[b.pool_index][slot, b.byte_offset:b.byte_offset + b.bytes]
 
 
-def build_layout(rng, pools_spec, num_slots, *, special=False, lifecycles=(0,), offset=0, odd_slot=False):
+def build_layout(rng, pools_spec, num_slots, *, special=False, lifecycles=(0,), offset=0, odd_slot=False,
+                 near=False):
     """One hot pool group. ``pools_spec``: per pool, buffers (layer, role, dtype, (T, H, D) or a
     byte count for opaque bytes), packed after ``offset`` bytes; ``odd_slot`` adds 1 byte to each
-    slot, so slots after the first are misaligned."""
+    slot, so slots after the first are misaligned; ``near`` fills the buffers with
+    near_threshold_values() instead of KV-like values."""
     pools, descs, buffers = [], [], []
     for p, spec in enumerate(pools_spec):
         placed, off = [], offset
@@ -64,7 +94,8 @@ def build_layout(rng, pools_spec, num_slots, *, special=False, lifecycles=(0,), 
             if isinstance(shape, tuple):
                 b = BufferDesc(layer, role, p, off, nbytes, dtype, *shape)
                 for s in range(num_slots):
-                    x = kv_values(rng, shape, dtype, special=special)
+                    x = near_threshold_values(rng, shape, dtype) if near else kv_values(rng, shape, dtype,
+                                                                                          special=special)
                     view[s, off:off + nbytes] = x.astype(NP[dtype]).view(np.uint8).reshape(-1)
             else:
                 b = BufferDesc(layer, role, p, off, nbytes, dtype)

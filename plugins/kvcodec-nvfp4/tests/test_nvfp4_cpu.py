@@ -62,6 +62,23 @@ def test_blobs_and_decoded_pages_equal_the_numpy_model(granularity, odd_slot, sp
             assert np.array_equal(out, ref), (b, np.flatnonzero(out != ref)[:5])
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_values_next_to_every_rounding_threshold_encode_as_the_numpy_model(granularity):
+    # The encoder compares |x| with per-block thresholds instead of dividing by the block scale;
+    # values 0-2 ulps either side of every threshold, under random block scales, pin that it
+    # codes exactly what rounding the quotient does (the model divides).
+    rng = np.random.default_rng(11)
+    spec = [[(0, K, BF, (16, 12, 128)), (0, V, FP, (16, 12, 128)), (1, K, FP, (8, 2, 32))]]
+    layout = build_layout(rng, spec, 3, near=True)
+    params = {"granularity": granularity}
+    cold, fresh = round_trip(layout, params, [2, 0, 1])
+    for i, s in enumerate([2, 0, 1]):
+        want = encode_page(layout.buffers, lambda b: layout.hot(b, s), params)
+        assert cold[i].tobytes() == want
+        for b, ref in zip(layout.buffers, decode_page(layout.buffers, want, params)):
+            assert np.array_equal(fresh[b.pool_index][s, b.byte_offset:b.byte_offset + b.bytes], ref)
+
+
 def _tie_page(dtype):
     """A (1, 1, 32) page whose second block holds every e2m1 tie: the group amax 2.625 makes
     S = 2^-10 exactly, the block amax 1.5 makes its scale 256 * 2^-10 = 0.25 exactly."""

@@ -46,9 +46,11 @@ def dev_pairs(dst, src):
     return torch.from_numpy(pairs(dst, src)).cuda()
 
 
-def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, special=True, slots=12, pages=9):
+def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, special=True, slots=12, pages=9,
+                      near=False):
     rng = np.random.default_rng(23)
-    host = build_layout(rng, spec, slots, special=special, odd_slot=odd_slot, offset=5 if odd_slot else 0)
+    host = build_layout(rng, spec, slots, special=special, odd_slot=odd_slot, offset=5 if odd_slot else 0,
+                        near=near)
     dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
     src = rng.permutation(slots)[:pages]
     dst = rng.permutation(pages + 2)[:pages]
@@ -99,6 +101,16 @@ def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(granularity, spec, col
 def test_misaligned_slots_take_the_scalar_path_with_the_same_bytes(granularity, stream):
     check_against_cpu({"granularity": granularity}, MIXED, "device", stream, odd_slot=True)
     check_against_cpu({"granularity": granularity}, LARGE, "pinned", stream, odd_slot=True)
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_values_next_to_every_rounding_threshold_code_as_on_the_cpu(granularity, stream):
+    # The kernel's whole-buffer path: 12 heads (groups not a power of two; a thread's blocks span
+    # several heads), 64 tokens of 4 heads (more than one round of 2048 blocks), one head.
+    spec = [[(0, K, BF, (16, 12, 128)), (0, V, FP, (16, 12, 128))],
+            [(1, K, BF, (64, 4, 128)), (1, V, BF, (4, 1, 64))]]
+    check_against_cpu({"granularity": granularity}, spec, "device", stream, near=True)
+    check_against_cpu({"granularity": granularity}, spec, "pinned", stream, near=True, special=False)
 
 
 def test_lossless_lists_on_the_gpu(stream):
