@@ -305,7 +305,7 @@ __device__ __forceinline__ void loadRound(uint8_t const* hot, uint32_t c0, uint3
             v[m][1] = p[1];
             uint32_t const* w = reinterpret_cast<uint32_t const*>(v[m]);
 #pragma unroll
-            for (uint32_t i = 0; i < 2 * kBlockElems; ++i)
+            for (uint32_t i = 0; i < kBlockElems; ++i)
             {
                 uint32_t const h = (w[i / 2] >> (16 * (i & 1u))) & 0x7FFFu;
                 amax[m] = ((h & expMask) != expMask && h > amax[m]) ? h : amax[m];
