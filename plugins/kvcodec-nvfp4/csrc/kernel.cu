@@ -4,16 +4,21 @@
 // takes one work item at a time (grid-stride).
 //
 // The fast path (BufferPlan::wholeBuffer: rows of whole 16-element blocks, aligned hot bytes) takes
-// a whole quantized buffer of a page per work item, 2048 blocks at a time: each thread loads 8
-// blocks (32 contiguous bytes each; consecutive threads take consecutive blocks) into registers,
+// a whole quantized buffer of a page per work item, 2048 blocks at a time: each of 512 threads loads
+// 4 blocks (32 contiguous bytes each; consecutive threads take consecutive blocks) into registers,
 // the groups' largest magnitudes are gathered in shared memory, and the codes and block scales are
 // staged in shared memory and written out as contiguous 16-byte stores (which is what lets a blob
 // in pinned host memory be written at the link's speed). A buffer of at most 2048 blocks is read
 // once; a larger one twice. Decoding stages the blob's regions in shared memory the same way and
-// writes 32 contiguous hot bytes per block. Other shapes take one work item per fp32 scale and
+// writes 32 contiguous hot bytes per block, its eight outputs converted by the hardware (bit for
+// bit decodeTable()'s). Encoding and decoding are separate kernels with their own register
+// budgets. Other shapes take one work item per fp32 scale and
 // read and write in place (the generic path). The arithmetic is format.h's, shared with the CPU
 // reference: the blobs are identical.
 #include "codec.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -22,9 +27,20 @@
 namespace nvfp4_codec {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr uint32_t kResident = 8;                       ///< Blocks a thread holds (fast path).
+constexpr int kThreads = 512;
+constexpr uint32_t kResident = 4;                       ///< Blocks a thread holds (fast path).
 constexpr uint32_t kChunkBlocks = kThreads * kResident; ///< Blocks of a buffer per fast-path round.
+
+// Resident thread blocks per SM (the launch bounds, and so the register budget) of each direction's
+// kernel; tuned on the H200, overridable at build time (-DNVFP4_ENCODE_BLOCKS_PER_SM=...).
+#ifndef NVFP4_ENCODE_BLOCKS_PER_SM
+#define NVFP4_ENCODE_BLOCKS_PER_SM 2
+#endif
+#ifndef NVFP4_DECODE_BLOCKS_PER_SM
+#define NVFP4_DECODE_BLOCKS_PER_SM 3
+#endif
+constexpr int kEncodeBlocksPerSm = NVFP4_ENCODE_BLOCKS_PER_SM;
+constexpr int kDecodeBlocksPerSm = NVFP4_DECODE_BLOCKS_PER_SM;
 
 /// Shared memory of a thread block.
 struct Staging
@@ -334,10 +350,28 @@ __device__ __forceinline__ uint2 encodeWords(uint4 const (&v)[2], float amax, fl
 
 // One whole block's 32 hot bytes from its 8 code bytes: decodeTable()'s values picked two at a
 // time with byte permutes, the sign bits set on top (decodeBlock()'s result, without branches).
+// floatToHalfSat() of a non-negative finite v with one hardware conversion: clamping to the largest
+// finite value first gives the same bits as saturating after rounding (both round to nearest even).
+__device__ __forceinline__ uint16_t toHotSat(float v, bool bf16)
+{
+    if (bf16)
+    {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(fminf(v, bitsFloat(0x7F7F0000u))));
+    }
+    return __half_as_ushort(__float2half_rn(fminf(v, 65504.0f)));
+}
+
 __device__ __forceinline__ void decodeWords(uint2 codes, uint8_t sb, float s, bool bf16, uint4 (&out)[2])
 {
+    // decodeTable(): the hot bits of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times the block scale.
+    float const bs = blockScale(sb, s);
     uint16_t lut[8];
-    decodeTable(sb, s, bf16, lut);
+    lut[0] = 0;
+#pragma unroll
+    for (uint32_t c = 1; c < 8; ++c)
+    {
+        lut[c] = toHotSat(mulRn(e2m1Value(c), bs), bf16);
+    }
     uint32_t const r0 = lut[0] | (uint32_t(lut[1]) << 16);
     uint32_t const r1 = lut[2] | (uint32_t(lut[3]) << 16);
     uint32_t const r2 = lut[4] | (uint32_t(lut[5]) << 16);
@@ -464,7 +498,11 @@ __device__ void decodeWhole(BufferPlan const& b, uint8_t* hot, uint8_t const* bl
     }
 }
 
-__global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ KernelArgs const a)
+// One kernel per direction, so that decoding (no hot blocks held in registers) is not held to the
+// encoder's register budget.
+template <bool kEncode>
+__global__ void __launch_bounds__(kThreads, kEncode ? kEncodeBlocksPerSm : kDecodeBlocksPerSm)
+    nvfp4Kernel(__grid_constant__ KernelArgs const a)
 {
     __shared__ Staging st;
     uint64_t const total = a.numPairs * a.itemsPerPage;
@@ -473,8 +511,8 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ Ker
         uint64_t const page = item / a.itemsPerPage;
         uint64_t const r = item - page * a.itemsPerPage;
         kvcodec::PageIndexPair const pair = a.pairs[page];
-        int32_t const hotIdx = a.encode ? pair.src : pair.dst;
-        int32_t const coldIdx = a.encode ? pair.dst : pair.src;
+        int32_t const hotIdx = kEncode ? pair.src : pair.dst;
+        int32_t const coldIdx = kEncode ? pair.dst : pair.src;
         if (hotIdx < 0 || uint64_t(hotIdx) >= a.numHotSlots || coldIdx < 0)
         {
             continue; // Out-of-range pairs are skipped (uniformly per thread block): never write outside the pools.
@@ -490,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ Ker
         uint8_t* blob = reinterpret_cast<uint8_t*>(a.blob + uint64_t(coldIdx) * a.coldPageBytes);
         if (b.quantized && b.wholeBuffer)
         {
-            if (a.encode)
+            if constexpr (kEncode)
             {
                 encodeWhole(b, hot, blob, st);
             }
@@ -502,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ Ker
         }
         if (b.quantized)
         {
-            if (a.encode)
+            if constexpr (kEncode)
             {
                 encodeGroup(b, sub, hot, blob, st.warpMax);
             }
@@ -514,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ Ker
         }
         uint64_t const begin = sub * kCopyChunkBytes;
         uint64_t const n = min(kCopyChunkBytes, b.bytes - min(begin, b.bytes));
-        if (a.encode)
+        if constexpr (kEncode)
         {
             copyBytes(blob + b.dataOffset + begin, hot + begin, n);
             if (sub + 1 == b.items)
@@ -534,7 +572,8 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4Kernel(__grid_constant__ Ker
 cudaError_t preloadKernel() noexcept
 {
     cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, nvfp4Kernel);
+    cudaError_t const e = cudaFuncGetAttributes(&attributes, nvfp4Kernel<true>);
+    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attributes, nvfp4Kernel<false>);
 }
 
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
@@ -544,8 +583,18 @@ cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream
     {
         return cudaSuccess;
     }
-    uint64_t const blocks = std::min<uint64_t>(total, uint64_t(std::max(numSms, 1)) * 4);
-    nvfp4Kernel<<<unsigned(blocks), kThreads, 0, stream>>>(args);
+    // As many thread blocks as are resident at once (the kernels' launch bounds): each takes work
+    // items grid-stride, so no partial wave waits on the last.
+    uint64_t const blocks = std::min<uint64_t>(
+        total, uint64_t(std::max(numSms, 1)) * (args.encode ? kEncodeBlocksPerSm : kDecodeBlocksPerSm));
+    if (args.encode)
+    {
+        nvfp4Kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(args);
+    }
+    else
+    {
+        nvfp4Kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(args);
+    }
     return cudaGetLastError();
 }
 
