@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Mapping
 
 import kvcodec_sdk as kv
+from kvcodec_sdk import quantization
 from kvcodec_sdk.errors import CodecParamError
 
 from . import FORMAT_VERSION, __version__, _ext
@@ -13,45 +14,23 @@ from .bound import ERROR_BOUND, check_error
 
 __all__ = ["SPEC", "Fp8CodecSpec", "quantizes", "kvcodec_register_codecs"]
 
-_ROLES = {"key": kv.Role.KEY, "value": kv.Role.VALUE, "other": kv.Role.OTHER}
 _FLOAT_DTYPES = (kv.DType.BFLOAT16, kv.DType.FLOAT16, kv.DType.FLOAT32)
-
-
-def _split(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def quantizes(buffer: Any, params: Mapping[str, Any] | None = None) -> bool:
     """True when the codec quantizes ``buffer`` (a BufferDesc) under ``params``: role K or V,
-    dtype bf16/fp16/fp32, shaped (tokens, heads, head dim all set), and neither its role in
-    ``lossless_roles`` nor its layer in ``lossless_layers``. Every other buffer is copied
-    losslessly."""
-    params = params or {}
-    roles = {_ROLES[r] for r in _split(params.get("lossless_roles", ""))} | {kv.Role.OTHER}
-    layers = {int(x) for x in _split(params.get("lossless_layers", ""))}
-    shaped = buffer.tokens_per_page > 0 and buffer.num_heads > 0 and buffer.head_dim > 0
-    return (int(buffer.dtype) in _FLOAT_DTYPES and shaped and kv.Role(buffer.role) not in roles
-            and int(buffer.layer_id) not in layers)
+    dtype bf16/fp16/fp32, shaped, and neither its role in ``lossless_roles`` nor its layer in
+    ``lossless_layers`` (:func:`kvcodec_sdk.quantization.quantizes`). Every other buffer is
+    copied losslessly."""
+    return quantization.quantizes(buffer, params, _FLOAT_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8CodecSpec(kv.CodecSpec):
-    """The fp8 spec: the SDK's checks plus the list-valued parameters' contents."""
+class Fp8CodecSpec(quantization.QuantizingCodecSpec):
+    """The fp8 spec: the SDK's checks, the lossless lists' items, and the tuning knobs' combinations."""
 
     def validate_params(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
         out = super().validate_params(params)
-        for role in _split(out["lossless_roles"]):
-            if role not in _ROLES:
-                raise CodecParamError(
-                    f"codec 'fp8' parameter 'lossless_roles' names {role!r}; valid roles are 'key', 'value', 'other' "
-                    "(comma-separated)"
-                )
-        for item in _split(out["lossless_layers"]):
-            if not item.isdigit() or len(item) > 9:
-                raise CodecParamError(
-                    f"codec 'fp8' parameter 'lossless_layers' has the item {item!r}; it must be comma-separated "
-                    "non-negative layer ids, e.g. '0,31'"
-                )
         if out["kernel"] == "v1" and (out["small_blocks"] != "wide" or out["finite_check"] != "element"):
             raise CodecParamError(
                 f"codec 'fp8' parameters small_blocks={out['small_blocks']!r} and finite_check={out['finite_check']!r} "
@@ -67,10 +46,7 @@ _PARAMS = (
     kv.ParamSpec("granularity", str, "page_head", "One fp32 scale per 'page_head' (all tokens of one head of a page), "
                  "'token_head' (one token of one head) or 'page' (the whole buffer of a page).",
                  choices=("page_head", "token_head", "page")),
-    kv.ParamSpec("lossless_roles", str, "", "Comma-separated roles stored losslessly besides 'other' (always "
-                 "lossless): 'key', 'value'."),
-    kv.ParamSpec("lossless_layers", str, "", "Comma-separated layer ids whose buffers are stored losslessly, e.g. "
-                 "'0,31'."),
+    *quantization.LOSSLESS_PARAMS,
     # Tuning knobs of the CUDA kernel (docs/fp8.md, Performance): they never change a blob byte
     # and the CPU reference ignores them.
     kv.ParamSpec("kernel", str, "auto", "Tuning knob, blobs unchanged: CUDA kernel variant. 'auto' (b4 for encodes "

@@ -1,0 +1,83 @@
+"""What lossy K/V codecs share: which buffers they quantize, and the parameters that keep some lossless.
+
+A quantizing codec (fp8, nvfp4, or one a codec author writes) quantizes the K and V buffers of a
+page and copies every other buffer byte for byte. Users keep chosen roles or layers lossless (the
+first and last layers are often the most sensitive) with two string parameters,
+``lossless_roles`` ("key", "value", comma-separated; "other" is always lossless) and
+``lossless_layers`` (comma-separated layer ids). This module holds that policy once:
+
+- :data:`LOSSLESS_PARAMS`, the two :class:`~kvcodec_sdk.ParamSpec` entries to add to a codec's
+  schema;
+- :class:`QuantizingCodecSpec`, a :class:`~kvcodec_sdk.CodecSpec` whose ``validate_params`` also
+  checks the lists' items, naming the codec, the parameter, the item and what is valid;
+- :func:`quantizes`, the buffer policy the codec's native side implements, for the codec's
+  error-bound check and its tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+from .errors import CodecParamError
+from .layout import DType, Role
+from .spec import CodecSpec, ParamSpec
+
+__all__ = ["LOSSLESS_PARAMS", "ROLE_NAMES", "QuantizingCodecSpec", "quantizes", "split_list"]
+
+#: The role names ``lossless_roles`` takes.
+ROLE_NAMES: Mapping[str, Role] = {"key": Role.KEY, "value": Role.VALUE, "other": Role.OTHER}
+
+#: ``lossless_roles`` and ``lossless_layers``: add them to a quantizing codec's parameters.
+LOSSLESS_PARAMS: tuple[ParamSpec, ParamSpec] = (
+    ParamSpec("lossless_roles", str, "", "Comma-separated roles stored losslessly besides 'other' (always "
+              "lossless): 'key', 'value'."),
+    ParamSpec("lossless_layers", str, "", "Comma-separated layer ids whose buffers are stored losslessly, e.g. "
+              "'0,31'."),
+)
+
+
+def split_list(text: str) -> list[str]:
+    """The items of a comma-separated parameter value, stripped, empty items dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def quantizes(buffer: Any, params: Mapping[str, Any] | None, dtypes: Iterable[int]) -> bool:
+    """True when a quantizing codec quantizes ``buffer`` (a :class:`~kvcodec_sdk.BufferDesc`).
+
+    That is: its role is K or V and not listed in ``params["lossless_roles"]``, its layer is not
+    listed in ``params["lossless_layers"]``, its dtype is one of ``dtypes`` (the codec's
+    quantizable dtypes, e.g. ``(DType.BFLOAT16, DType.FLOAT16)``) and it is shaped (tokens per
+    page, heads and head dim all set). Every other buffer is copied losslessly. ``params`` are
+    validated parameters (missing lists count as empty).
+    """
+    params = params or {}
+    roles = {ROLE_NAMES[r] for r in split_list(params.get("lossless_roles", ""))} | {Role.OTHER}
+    layers = {int(x) for x in split_list(params.get("lossless_layers", ""))}
+    shaped = buffer.tokens_per_page > 0 and buffer.num_heads > 0 and buffer.head_dim > 0
+    return (int(buffer.dtype) in {int(DType(d)) for d in dtypes} and shaped and Role(buffer.role) not in roles
+            and int(buffer.layer_id) not in layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizingCodecSpec(CodecSpec):
+    """A :class:`~kvcodec_sdk.CodecSpec` that also checks the items of ``lossless_roles`` and
+    ``lossless_layers`` (when the codec's schema has them): roles must be 'key', 'value' or
+    'other', layers non-negative integers. Subclass it for further cross-parameter checks
+    (call ``super().validate_params`` first)."""
+
+    def validate_params(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = super().validate_params(params)
+        for role in split_list(out.get("lossless_roles", "")):
+            if role not in ROLE_NAMES:
+                raise CodecParamError(
+                    f"codec {self.name!r} parameter 'lossless_roles' names {role!r}; valid roles are 'key', "
+                    "'value', 'other' (comma-separated)"
+                )
+        for item in split_list(out.get("lossless_layers", "")):
+            if not item.isdigit() or len(item) > 9:
+                raise CodecParamError(
+                    f"codec {self.name!r} parameter 'lossless_layers' has the item {item!r}; it must be "
+                    "comma-separated non-negative layer ids, e.g. '0,31'"
+                )
+        return out
