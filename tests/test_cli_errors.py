@@ -103,6 +103,12 @@ USAGE = [
     (["bench", "disk", "--dir", "/etc/hostname"], "argument --dir: '/etc/hostname' is not a folder"),
     (["bench", "disk", "--sizes", "4K"], "kvcodec bench disk: error: unrecognized arguments: --sizes 4K"),
     (["bench", "disk", "--codecs", "nope"], "kvcodec bench: error: argument --codecs: 'nope' is not a registered codec"),
+    (["bench", "fidelity", "--codec", "no-such-codec", *TINY], "unknown codec 'no-such-codec'"),
+    (["bench", "fidelity", "--params", "{}", *TINY], "--params applies to one codec"),
+    (["bench", "fidelity", "--data", "captured", *TINY], "--data captured reads K/V from a file: give --kv FILE.npz"),
+    (["bench", "fidelity", "--data", "captured", "--kv", "/no/such/kv.npz"], "argument --kv: '/no/such/kv.npz' does "
+                                                                             "not exist"),
+    (["bench", "fidelity", "--topk", "0"], "argument --topk: '0': '0' is not a k"),
 ]
 
 
@@ -133,7 +139,8 @@ def test_failed_work_is_one_line_and_exit_1(argv, message, region, tmp_path):
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message for a machine without a CUDA device")
-@pytest.mark.parametrize("bench", [["concat"], ["kvcm"], ["codec", "concat"], ["workload"], ["kvcm", "--codec", "fp8"]])
+@pytest.mark.parametrize("bench", [["concat"], ["kvcm"], ["codec", "concat"], ["workload"], ["kvcm", "--codec", "fp8"],
+                                   ["fidelity"]])
 @pytest.mark.parametrize("device", ["cuda", "cuda:3"])
 def test_a_gpu_that_is_not_there_is_one_line_and_exit_1(bench, device):
     result = kvcodec("bench", *bench, "--device", device, "--quiet")

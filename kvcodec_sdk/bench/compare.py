@@ -76,6 +76,13 @@ def _rows(data: dict) -> Iterator[tuple[str, dict, tuple[tuple[str, str], ...]]]
             params = ",".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
             yield (f"{r['codec']}{' ' + params if params else ''} {r['direction']}", r,
                    (("gbps", HIGHER), ("bare_gbps", HIGHER), ("host_ratio", LOWER), ("host_us_per_page", LOWER)))
+    elif kind == "fidelity":
+        for r in data.get("rows", []):
+            params = ",".join(f"{k}={v}" for k, v in (r.get("params") or {}).items())
+            topk = {f"top{k}": v for k, v in (r.get("topk_mean") or {}).items()}
+            yield (f"{r['codec']}{' ' + params if params else ''}", r | topk,
+                   (("cosine_mean", HIGHER), ("cosine_min", HIGHER), ("rel_l2_mean", LOWER), ("rel_l2_max", LOWER),
+                    *((k, HIGHER) for k in topk)))
     elif kind == "workload":
         for r in data.get("runs", []):
             yield ("host tier" if r["host_tier"] else "hot only", r | {"reuse": 1.0 - r["hit_rate"]["miss"]},

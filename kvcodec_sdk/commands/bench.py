@@ -3,8 +3,9 @@
 One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
 ``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
 ``workload``, ``disk``, ``blocks`` (an engine's KV blocks through
-:class:`~kvcodec_sdk.integrations.blocks.BlockCodecStore`) and ``metrics`` (migration throughput with the Prometheus collector scraped
-against no metrics); ``compare OLD.json NEW.json`` shows how each figure moved between two
+:class:`~kvcodec_sdk.integrations.blocks.BlockCodecStore`), ``metrics`` (migration throughput with the Prometheus collector scraped
+against no metrics) and ``fidelity`` (how much lossy codecs change attention outputs,
+:mod:`kvcodec_sdk.bench.fidelity`); ``compare OLD.json NEW.json`` shows how each figure moved between two
 runs. An option of another benchmark is a usage error (exit status 2).
 
 Every benchmark's ``--json PATH`` report carries the machine record (``kvcodec_sdk.bench.machine``)
@@ -39,6 +40,8 @@ BENCHMARKS = {
     "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
     "metrics": "migration throughput with the manager's Prometheus metrics scraped every second, against none",
     "blocks": "an engine's KV blocks (vLLM's layout) stored and loaded through the block store, against the codec bare",
+    "fidelity": "how much a lossy codec changes attention outputs (cosine, relative error, top-k agreement), "
+                "against concat",
     "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
 }
 
@@ -206,6 +209,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     engine_blocks.add_arguments(bl, device_type=device, count=count(1, 1 << 20))
     bl.set_defaults(report=None, baseline=None)
 
+    from ..bench import fidelity
+
+    fidelity.add_arguments(sub.choices["fidelity"], device_type=device, count=count, output_file=output_file)
+
     cp = sub.choices["compare"]
     cp.add_argument("old", metavar="OLD.json", help="the earlier run's --json report")
     cp.add_argument("new", metavar="NEW.json", help="the later run's --json report")
@@ -278,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
         from ..bench import engine_blocks
 
         return engine_blocks.main_with(args)
+    if args.benchmark == "fidelity":
+        return _run_fidelity(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:
@@ -316,11 +325,11 @@ def _machine_now() -> str:
 
 def _kind(report) -> str:
     """The report's shape, the JSON's ``benchmark`` key (what --report and compare read)."""
-    from ..bench import concat, disk, kvcm, kvcm_codecs, workload
+    from ..bench import concat, disk, fidelity, kvcm, kvcm_codecs, workload
 
     for module, cls, kind in ((concat, "Report", "concat"), (kvcm, "Report", "kvcm"),
                               (kvcm_codecs, "CodecsReport", "codecs"), (disk, "Report", "disk"),
-                              (workload, "Report", "workload")):
+                              (workload, "Report", "workload"), (fidelity, "FidelityReport", "fidelity")):
         if isinstance(report, getattr(module, cls)):
             return kind
     raise TypeError(f"no benchmark kind for {type(report).__name__}")
@@ -531,4 +540,46 @@ def _run_workload(args: argparse.Namespace) -> int:
                               repeat=args.repeat)
     _show(args, workload.table(report))
     _write_json(args, report, workload.table(report))
+    return 0
+
+
+def _run_fidelity(args: argparse.Namespace) -> int:
+    """``kvcodec bench fidelity``: 0 when it ran, 1 when a codec call or check failed or nothing but
+    the reference ran, 2 for a usage error (options that do not fit, an unknown codec, bad --params,
+    a --kv file that is not a capture)."""
+    from ..bench import fidelity
+    from ..errors import CodecParamError, UnknownCodecError
+
+    problem = fidelity.options_problem(args)
+    if problem:
+        return _usage_error(problem)
+    params = None
+    if args.params is not None:
+        if args.codec_name == "all":
+            return _usage_error("--params applies to one codec; name it with --codec instead of 'all'")
+        try:
+            params = json.loads(args.params)
+        except json.JSONDecodeError as exc:
+            return _usage_error(f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {args.params!r}; "
+                                "pass an object, e.g. '{\"granularity\": \"page\"}'")
+        if not isinstance(params, dict):
+            return _usage_error(f"--params must be a JSON object of parameter names to values, got "
+                                f"{type(params).__name__}: {args.params!r}")
+    try:
+        fidelity.configurations(args.codec_name, params)  # an unknown codec or bad parameters: before any work
+        kv = fidelity.load_data(args)
+    except (UnknownCodecError, CodecParamError, fidelity.CaptureFormatError) as exc:
+        return _usage_error(str(exc))
+    with _progress(args):
+        report = fidelity.run(kv, args.codec_name, params, device=args.device, page_tokens=args.tokens,
+                              dtype=args.dtype, topk=args.topk, data=args.data, seed=args.seed,
+                              progress=not args.quiet)
+    _show(args, fidelity.table(report))
+    _write_json(args, report, fidelity.table(report))
+    if report.failed:
+        return 1
+    if args.codec_name != "all" and not any(r.codec == args.codec_name for r in report.rows):
+        reason = next((s["reason"] for s in report.skipped if s["codec"] == args.codec_name), "it did not run")
+        print(f"kvcodec bench fidelity: nothing ran: {args.codec_name} was skipped ({reason})", file=sys.stderr)
+        return 1
     return 0
