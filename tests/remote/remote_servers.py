@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 START_TIMEOUT_S = 10.0
 
@@ -93,6 +94,89 @@ class ValkeyProcess:
     def stop(self) -> None:
         """Shut the server down (SIGTERM, then SIGKILL) and remove its folder."""
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def ibverbs_dirs() -> list[str]:
+    """Folders holding libibverbs.so.1 and the netlink libraries, unpacked by scripts/fetch-ibverbs.sh
+    into ``$KVCODEC_IBVERBS_DIR`` (none where it is unset)."""
+    root = os.environ.get("KVCODEC_IBVERBS_DIR")
+    if not root:
+        return []
+    found = [p.parent for lib in ("libibverbs.so.1", "libnl-3.so.200") for p in sorted(Path(root).glob(f"root/**/{lib}"))]
+    return list(dict.fromkeys(str(d) for d in found))
+
+
+def mooncake_master_binary() -> str | None:
+    """The mooncake_master of the mooncake-transfer-engine package, else one on PATH, else None."""
+    try:
+        import mooncake
+
+        exe = Path(mooncake.__file__).parent / "mooncake_master"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    except ImportError:
+        pass
+    return shutil.which("mooncake_master")
+
+
+class MooncakeMaster:
+    """A mooncake_master with its embedded HTTP metadata server, on random ports kept across restarts
+    (a restart comes back empty).
+
+    :param lease_ms: The objects' lease (``--default_kv_lease_ttl``): short, so tests wait little.
+    :param args: Extra flags, e.g. ``["--eviction_ratio=0"]``.
+    """
+
+    def __init__(self, exe: str, lease_ms: int = 200, args: Sequence[str] = ()) -> None:
+        self.exe = exe
+        self.lease_ms = lease_ms
+        self.args = list(args)
+        self.rpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="kvcodec-mooncake-"))
+        self.log = self.dir / "master.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        """The master's RPC address, ``host:port``."""
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def metadata_server(self) -> str:
+        """The embedded metadata server's URL."""
+        return f"http://127.0.0.1:{self.http_port}/metadata"
+
+    def start(self) -> None:
+        """Start the master (libibverbs from ``ibverbs_dirs()``) and wait, bounded, for both its ports."""
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ":".join([*ibverbs_dirs(), env.get("LD_LIBRARY_PATH", "")]).strip(":")
+        args = [self.exe, f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1",
+                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={self.http_port}", f"--metrics_port={self.metrics_port}",
+                f"--default_kv_lease_ttl={self.lease_ms}", *self.args]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        for port in (self.rpc_port, self.http_port):
+            wait_port(port, self.proc, START_TIMEOUT_S, "mooncake_master", self.log)
+
+    def kill(self) -> None:
+        """SIGKILL the master and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        """Shut the master down (SIGTERM, then SIGKILL) and remove its folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # one a test left stopped
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=5)
