@@ -72,6 +72,7 @@ __all__ = [
     "DataType",
     "DType",
     "DiskTierConfig",
+    "RemoteTierConfig",
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheManager",
@@ -127,6 +128,7 @@ def get_cmake_dir() -> str:
 # find the CMake package) never depends on more of the native module than the codec contract.
 _LAZY = {
     "DiskTierConfig": "kvcm_config",
+    "RemoteTierConfig": "kvcm_config",
     "KVCacheConfig": "kvcm_config",
     "KVCacheConfigError": "kvcm_config",
     "LayerGroupConfig": "kvcm_config",
@@ -138,7 +140,7 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers see of the names above; at run time they load on first use
-    from .kvcm_config import DiskTierConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig
+    from .kvcm_config import DiskTierConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig, RemoteTierConfig
     from .manager import CacheLevel, KVCacheManager, PageHandle, PageList
 
 

@@ -107,9 +107,11 @@ def _disk_to_native(d: DiskTierConfig | None, identity: CodecIdentity | None,
 
 def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
                      identity: CodecIdentity | None = None,
-                     profile: StorageProfile | None = None) -> _native.kvcm.KvcmConfig:
+                     profile: StorageProfile | None = None,
+                     remote_queue: Any = None) -> _native.kvcm.KvcmConfig:
     """The ``_native.kvcm.KvcmConfig`` for ``KvcmCore`` (call ``config.validate()`` first);
-    ``profile`` is the disk tier's storage (probed from its path when None)."""
+    ``profile`` is the disk tier's storage (probed from its path when None); ``remote_queue`` the
+    ``_native.kvcm.RemoteQueue`` the remote tier's worker serves (required with ``config.remote``)."""
     out = _native.kvcm.KvcmConfig()
     groups = []
     for group in config.layer_groups:
@@ -137,4 +139,9 @@ def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
     out.min_hot_slots = [int(n) for n in config.min_hot_slots] if config.min_hot_slots is not None else []
     out.auto_evict = bool(config.auto_evict)
     out.max_gpu_quota_bytes = int(config.max_gpu_quota) if config.max_gpu_quota is not None else 0
+    remote = _native.kvcm.RemoteTierConfig()
+    if config.remote is not None:
+        remote.max_pages = int(config.remote.max_pages)
+        remote.queue = remote_queue
+    out.remote = remote
     return out

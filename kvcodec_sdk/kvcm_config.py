@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from .storage_profile import StorageProfile
 
 # BufferConfig: the deprecated spelling of BufferDesc, kept importable from here.
-__all__ = ["BufferConfig", "BufferDesc", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig"]
+__all__ = ["BufferConfig", "BufferDesc", "LayerGroupConfig", "KVCacheConfig", "KVCacheConfigError", "DiskTierConfig",
+           "RemoteTierConfig"]
 
 MiB = 1 << 20
 
@@ -124,6 +125,37 @@ class DiskTierConfig:
 
 
 @dataclass(frozen=True)
+class RemoteTierConfig:
+    """The remote tier of a manager (``CacheLevel.REMOTE``): cold blobs on a shared key-value store
+    under their content keys, found by any manager with the same codec and layer groups.
+
+    :param backend: The store: a :class:`~kvcodec_sdk.remote.RemoteBackend` built with the
+        manager's codec identity (:meth:`~kvcodec_sdk.KVCacheManager.remote_identity` tells it
+        before a manager exists), or a callable that takes that identity (a
+        :class:`~kvcodec_sdk.disk.CodecIdentity`) and returns a backend, e.g.
+        ``lambda identity: ValkeyBackend(host, port, identity=identity)``. A backend built by
+        the callable is closed with the manager; one given as is stays the caller's.
+    :param max_pages: Pages the manager tracks at the remote level, per cold pool group (logical
+        slots, no memory of the store's). The store's own capacity, eviction and TTL decide what
+        it keeps: a page it no longer holds is a miss when onboarded (dropped, as on disk).
+    """
+
+    backend: Any
+    max_pages: int = 1 << 16
+
+    def validate(self, where: str = "KVCacheConfig.remote") -> None:
+        """Raises :class:`KVCacheConfigError` naming the first invalid field."""
+        from .remote.backend import RemoteBackend
+
+        if not isinstance(self.backend, RemoteBackend) and not callable(self.backend):
+            raise KVCacheConfigError(
+                f"{where}.backend is a {type(self.backend).__name__}; it must be a kvcodec_sdk.remote.RemoteBackend "
+                "or a callable taking the codec identity and returning one"
+            )
+        _int(f"{where}.max_pages", self.max_pages, 1, (1 << 31) - 1)
+
+
+@dataclass(frozen=True)
 class KVCacheConfig:
     """Everything a :class:`~kvcodec_sdk.KVCacheManager` needs.
 
@@ -137,6 +169,7 @@ class KVCacheConfig:
     :param index_ring_bytes: Device index ring size, allocated lazily only when a layer group's
         codec takes device-resident page indices.
     :param disk: A :class:`DiskTierConfig` for a disk level (``CacheLevel.DISK``), or None.
+    :param remote: A :class:`RemoteTierConfig` for a remote level (``CacheLevel.REMOTE``), or None.
     :param min_hot_slots: Hot-only feasibility floors: the minimum hot slots of each layer group
         (one integer >= 0 per layer group, or None). They may clamp the hot split given by
         ``pool_ratio``; the cold levels are sized from ``pool_ratio`` alone.
@@ -157,6 +190,7 @@ class KVCacheConfig:
     min_hot_slots: Sequence[int] | None = None
     auto_evict: bool = True
     max_gpu_quota: int | None = None
+    remote: RemoteTierConfig | None = None
 
     def validate(self) -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -237,6 +271,12 @@ class KVCacheConfig:
             if not isinstance(self.disk, DiskTierConfig):
                 raise KVCacheConfigError(f"{w}.disk is a {type(self.disk).__name__}; it must be a DiskTierConfig or None")
             self.disk.validate(f"{w}.disk")
+        if self.remote is not None:
+            if not isinstance(self.remote, RemoteTierConfig):
+                raise KVCacheConfigError(
+                    f"{w}.remote is a {type(self.remote).__name__}; it must be a RemoteTierConfig or None"
+                )
+            self.remote.validate(f"{w}.remote")
         if not isinstance(self.device, str):
             raise KVCacheConfigError(f"{w}.device is {self.device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
@@ -254,10 +294,11 @@ class KVCacheConfig:
         ]
 
     def to_native(self, envelope_format_version: int = -1, identity: object = None,
-                  profile: StorageProfile | None = None) -> Any:
+                  profile: StorageProfile | None = None, remote_queue: Any = None) -> Any:
         """The ``_native.kvcm.KvcmConfig`` that ``_native.kvcm.KvcmCore`` takes (call :meth:`validate`
         first). ``identity`` is the disk tier's :class:`~kvcodec_sdk.disk.CodecIdentity` (required
-        with ``disk``); ``profile`` its storage (probed from the disk path when None)."""
+        with ``disk``); ``profile`` its storage (probed from the disk path when None);
+        ``remote_queue`` the remote tier's ``_native.kvcm.RemoteQueue`` (required with ``remote``)."""
         from ._boundary import config_to_native
 
-        return config_to_native(self, envelope_format_version, identity, profile)  # type: ignore[arg-type]
+        return config_to_native(self, envelope_format_version, identity, profile, remote_queue)  # type: ignore[arg-type]

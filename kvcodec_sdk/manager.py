@@ -33,7 +33,7 @@ import numpy as np
 from . import _interop, _native
 from ._boundary import buffer_from_native
 from .codec import Codec
-from .kvcm_config import KVCacheConfig
+from .kvcm_config import KVCacheConfig, KVCacheConfigError
 from .layout import BufferDesc, BufferLayout, PageIndexLocation
 
 __all__ = [
@@ -98,6 +98,8 @@ class KVCacheManager:
         native = cold_page_codec._consume() if isinstance(cold_page_codec, Codec) else None
         self._core_obj = None
         self._disk_profile: StorageProfile | None = None
+        self._remote: Any = None  # The remote level's worker (kvcodec_sdk.remote.level), or None.
+        self._identity: Any = None
         try:
             self._core_obj = self._construct(config, cold_page_codec, native)
         finally:
@@ -137,7 +139,7 @@ class KVCacheManager:
             native = created._consume()
         envelope = int(spec.format_version) if spec is not None and spec.envelope else -1
         identity = None
-        if config.disk is not None:
+        if config.disk is not None or config.remote is not None:
             from .disk import CodecIdentity
 
             # Recorded per region: a restart with another codec, parameters or layer groups
@@ -157,16 +159,47 @@ class KVCacheManager:
             for note in profile.warnings:
                 log.warning("disk tier %s: %s", config.disk.path, note)
         self._disk_profile = profile
+        queue = _core.RemoteQueue() if config.remote is not None else None
         try:
-            core = _core.KvcmCore(config.to_native(envelope, identity, profile), native, ordinal)
+            core = _core.KvcmCore(config.to_native(envelope, identity, profile, queue), native, ordinal)
         except BaseException:
             if native is not None and not native.released:
                 native.release()
             raise
+        self._identity = identity
+        if config.remote is not None:
+            try:
+                self._remote = self._start_remote(config.remote, identity, queue)
+            except BaseException:
+                core.close_tiers()
+                raise
         self._label = label
         self._ordinal = ordinal
         self._codec_name = spec.name if spec is not None else "concat"
         return core
+
+    @staticmethod
+    def _start_remote(remote: Any, identity: Any, queue: Any) -> Any:
+        from .remote.backend import RemoteBackend, identity_hash
+        from .remote.level import RemoteLevelWorker
+
+        backend, owned = remote.backend, False
+        if not isinstance(backend, RemoteBackend):
+            backend, owned = remote.backend(identity), True
+            if not isinstance(backend, RemoteBackend):
+                raise KVCacheConfigError(
+                    f"KVCacheConfig.remote.backend returned a {type(backend).__name__}; it must return a "
+                    "kvcodec_sdk.remote.RemoteBackend"
+                )
+        if backend.identity != identity_hash(identity):
+            if owned:
+                backend.close()
+            raise KVCacheConfigError(
+                f"KVCacheConfig.remote.backend was built for another codec identity; build it with "
+                f"identity={identity.name}/{identity.format_version}/{identity.param_hash} "
+                "(KVCacheManager.remote_identity(config, codec)), or pass a callable that takes the identity"
+            )
+        return RemoteLevelWorker(queue, backend, owned)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -258,6 +291,64 @@ class KVCacheManager:
         with _native_errors():
             ids = self._live().find_on_disk(raw)
         return [PageHandle(self, int(i)) if i else None for i in ids]
+
+    def find_remote(self, keys: Sequence[bytes | str], *, lifecycle: int | None = None) -> list[PageHandle | None]:
+        """Pages in the remote tier under each content key, or None per key the store does not hold.
+
+        A key that a live page of this manager holds at the remote level gives that page; any
+        other key is looked up in the store (one batched existence check per lifecycle tried:
+        ``lifecycle``, or every lifecycle in order when None) and becomes a remote-level page of
+        this manager, ready to be onboarded with ``onboard(pages, source=CacheLevel.REMOTE)``. This
+        is how a prefix computed by another instance (same codec and layer groups) is reused. A
+        blob the store drops between this call and the onboard is a miss then (the page is
+        dropped). Raises :class:`~kvcodec_sdk.remote.RemoteError` when the store fails the lookup.
+        """
+        from .remote.level import blob_name
+
+        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        if any(not k for k in raw):
+            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        core = self._live()
+        if self._remote is None:
+            raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
+        count = int(core.num_lifecycles())
+        if lifecycle is not None and not (isinstance(lifecycle, int) and 0 <= lifecycle < count):
+            raise ValueError(f"lifecycle is {lifecycle!r}; valid lifecycles are 0..{count - 1}, or None for all")
+        found = [-1] * len(raw)
+        for lc in range(count) if lifecycle is None else [lifecycle]:
+            todo = [i for i, f in enumerate(found) if f < 0]
+            if not todo:
+                break
+            present = self._remote.exists([blob_name(raw[i], lc) for i in todo])
+            for i, there in zip(todo, present):
+                if there:
+                    found[i] = lc
+        with _native_errors():
+            ids = core.find_remote(raw, found)
+        return [PageHandle(self, int(i)) if i else None for i in ids]
+
+    def remote_stats(self) -> dict:
+        """The remote tier's counters: the backend's (``puts``, ``hits``, ``misses``, ``mismatches``,
+        ``corrupt``, ... see :class:`~kvcodec_sdk.remote.RemoteStats`), the worker's
+        (:class:`~kvcodec_sdk.remote.level.RemoteLevelStats`), and ``queued`` / ``in_progress``
+        batches now. Raises ValueError without a remote tier."""
+        if self._remote is None:
+            raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
+        out: dict = dict(self._remote.backend.stats.as_dict())
+        out.update(self._remote.stats.as_dict())
+        out["queued"] = int(self._remote._queue.queued)
+        out["in_progress"] = int(self._remote._queue.taken)
+        return out
+
+    @staticmethod
+    def remote_identity(config: KVCacheConfig, cold_page_codec: Any = None) -> Any:
+        """The :class:`~kvcodec_sdk.disk.CodecIdentity` a manager of ``config`` and
+        ``cold_page_codec`` (as the constructor takes it) writes into its remote and disk tiers:
+        build a :class:`~kvcodec_sdk.remote.RemoteBackend` with it, or let
+        :class:`~kvcodec_sdk.RemoteTierConfig` take a callable that receives it."""
+        from .disk import CodecIdentity
+
+        return CodecIdentity.coerce(cold_page_codec, config.layout_description())
 
     def unclaimed_on_disk(self) -> int:
         """Number of keyed pages a previous manager left on the disk tier that no page claimed
@@ -495,11 +586,16 @@ class KVCacheManager:
         """Synchronizes and releases every tier now (views created before keep nothing alive
         afterwards only if they were dropped; live views keep the memory)."""
         if self._core_obj is not None:
-            self._core_obj.synchronize()
-            # The disk regions are closed now (not when the last view lets the core go), so a
-            # new manager can open the same directory at once.
-            self._core_obj.close_disk()
-            self._core_obj = None
+            core, self._core_obj = self._core_obj, None
+            try:
+                core.synchronize()
+            finally:
+                # The disk regions are closed now (not when the last view lets the core go), so a
+                # new manager can open the same directory at once; the remote level's queue is
+                # closed, so its worker stops (and closes a backend the manager built).
+                core.close_tiers()
+                if self._remote is not None:
+                    self._remote.stop()
 
     # -- layout and views ----------------------------------------------------------------------
 

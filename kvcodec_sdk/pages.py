@@ -37,6 +37,9 @@ class CacheLevel(enum.IntEnum):
     HOT = 0
     HOST = 1
     DISK = 2
+    #: A shared key-value store (:class:`~kvcodec_sdk.RemoteTierConfig`); reached only by an
+    #: explicit migration, never by automatic eviction.
+    REMOTE = 3
 
     name = _LevelName()  # type: ignore[assignment]
 

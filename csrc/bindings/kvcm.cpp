@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcm/manager.h"
+#include "kvcm/remote_level.h"
 #include "kvcm/staging.h"
 #include "kvcm/testing/recording_runtime.h"
 #include "kvcm/testing/test_codec.h"
@@ -59,8 +60,8 @@ CacheLevel levelArg(int32_t level, char const* field = "level")
 {
     if (level < 0 || level >= kvcm::kNumLevels)
     {
-        throw std::invalid_argument(
-            std::string(field) + " is " + std::to_string(level) + "; valid levels are 0 (hot), 1 (host) and 2 (disk)");
+        throw std::invalid_argument(std::string(field) + " is " + std::to_string(level)
+            + "; valid levels are 0 (hot), 1 (host), 2 (disk) and 3 (remote)");
     }
     return CacheLevel(level);
 }
@@ -121,6 +122,8 @@ struct ManagerDeleter
             try
             {
                 m->synchronize();
+                // Without the interpreter: the remote level's queue waits for its worker's jobs.
+                m->closeTiers();
             }
             catch (std::exception const&)
             {
@@ -362,6 +365,7 @@ void bindKvcm(py::module_& m)
         }
     });
     k.attr("MAX_PAIRS_PER_CALL") = kvcm::kMaxPairsPerCall;
+    bindRemoteQueue(k);
     bindKvcmConfig(k);
     bindKvcmResults(k);
 
@@ -390,7 +394,9 @@ void bindKvcm(py::module_& m)
                 {
                     s = toStream(*stream);
                 }
-                m.allocate(lc, n, out.mutable_data(), s);
+                uint64_t* dst = out.mutable_data();
+                py::gil_scoped_release release; // Eviction may wait for staged transfers.
+                m.allocate(lc, n, dst, s);
                 return out;
             },
             py::arg("lifecycle"), py::arg("count"), py::arg("stream").none(true))
@@ -398,6 +404,7 @@ void bindKvcm(py::module_& m)
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
                 PyGuard guard(m, "free");
                 auto [p, n] = pageIds(ids);
+                py::gil_scoped_release release; // May wait for a staged transfer (remote worker).
                 m.free(p, n);
             })
         .def(
@@ -577,6 +584,7 @@ void bindKvcm(py::module_& m)
                 {
                     s = toStream(*stream);
                 }
+                py::gil_scoped_release release; // Eviction may wait for staged transfers.
                 m.makeRoom(CacheLevel(l), g, slots, s);
             },
             py::arg("level"), py::arg("group"), py::arg("slots"), py::arg("stream").none(true))
@@ -589,13 +597,21 @@ void bindKvcm(py::module_& m)
                 {
                     s = toStream(*stream);
                 }
-                try
+                std::optional<disk::ResizeError> failed;
                 {
-                    m.resize(CacheLevel(l), quota, s);
+                    py::gil_scoped_release release; // Waits for staged transfers first.
+                    try
+                    {
+                        m.resize(CacheLevel(l), quota, s);
+                    }
+                    catch (disk::ResizeError const& e)
+                    {
+                        failed = e;
+                    }
                 }
-                catch (disk::ResizeError const& e)
+                if (failed)
                 {
-                    raiseDiskError(e);
+                    raiseDiskError(*failed);
                 }
             },
             py::arg("level"), py::arg("quota_bytes"), py::arg("stream").none(true))
@@ -629,6 +645,16 @@ void bindKvcm(py::module_& m)
                 levelArg(l);
                 auto const& c = m.storage().config();
                 kvcm::DiskColdLevel const* disk = m.storage().diskLevel();
+                if (l == int32_t(CacheLevel::kRemote))
+                {
+                    // Bytes of the pages the manager may track there (the store's capacity is its own).
+                    uint64_t bytes = 0;
+                    for (size_t g = 0; g < m.storage().numPoolGroups(CacheLevel::kRemote); ++g)
+                    {
+                        bytes += m.storage().pageBytes(CacheLevel::kRemote, PoolGroupIndex(g)) * c.remote.maxPages;
+                    }
+                    return bytes;
+                }
                 return l == 0 ? c.gpuQuotaBytes : l == 1 ? c.hostQuotaBytes : disk ? disk->quota() : c.disk.maxBytes;
             })
         .def("get_and_reset_iteration_peak_block_stats",
@@ -682,7 +708,9 @@ void bindKvcm(py::module_& m)
         .def("set_key",
             [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) {
                 PyGuard guard(m, "set_key");
-                m.setKey(id, std::string(key));
+                std::string k(key);
+                py::gil_scoped_release release;
+                m.setKey(id, k);
             })
         .def("key",
             [](kvcm::KvCacheManager& m, uint64_t id) {
@@ -749,11 +777,41 @@ void bindKvcm(py::module_& m)
                 d["warnings"] = rec.warnings;
                 return d;
             })
-        .def("close_disk", [](kvcm::KvCacheManager& m) {
-            PyGuard guard(m, "close_disk");
-            py::gil_scoped_release release;
-            m.closeDisk();
-        });
+        .def("close_disk",
+            [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "close_disk");
+                py::gil_scoped_release release;
+                m.closeDisk();
+            })
+        .def("close_tiers",
+            [](kvcm::KvCacheManager& m) {
+                PyGuard guard(m, "close");
+                py::gil_scoped_release release; // The remote worker finishes its jobs meanwhile.
+                m.closeTiers();
+            })
+        .def(
+            "find_remote",
+            [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles) {
+                PyGuard guard(m, "find_remote");
+                if (keys.size() != lifeCycles.size())
+                {
+                    throw std::invalid_argument("find_remote: " + std::to_string(lifeCycles.size()) + " lifecycles for "
+                        + std::to_string(keys.size()) + " keys; give one per key");
+                }
+                std::vector<std::string> k(keys.begin(), keys.end());
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
+                uint64_t* dst = out.mutable_data();
+                py::gil_scoped_release release;
+                m.findRemote(k.data(), lifeCycles.data(), k.size(), dst);
+                return out;
+            },
+            py::arg("keys"), py::arg("lifecycles"))
+        .def_static(
+            "remote_blob_name",
+            [](py::bytes key, int32_t lifeCycle) {
+                return py::bytes(kvcm::RemoteColdLevel::keyedName(std::string(key), lifeCycle));
+            },
+            py::arg("key"), py::arg("lifecycle"), "The store name of a keyed page's blob at the remote level.");
     k.def("page_ring_bytes", &kvcm::pageRingBytes, py::arg("max_cold_page_bytes"),
         "max(64 MiB, 3 * max_cold_page_bytes), the pinned page ring size (OverflowError past 64 bits).");
 

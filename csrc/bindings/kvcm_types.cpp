@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "kvcm/manager.h"
+#include "kvcm/remote_level.h"
 
 namespace kvcodec::bindings {
 
@@ -60,7 +61,58 @@ void bindKvcmConfig(py::module_& k)
         .def_readwrite("auto_evict", &kvcm::KvcmConfig::autoEvict)
         .def_readwrite("index_ring_bytes", &kvcm::KvcmConfig::indexRingBytes)
         .def_readwrite("envelope_format_version", &kvcm::KvcmConfig::envelopeFormatVersion)
-        .def_readwrite("disk", &kvcm::KvcmConfig::disk);
+        .def_readwrite("disk", &kvcm::KvcmConfig::disk)
+        .def_readwrite("remote", &kvcm::KvcmConfig::remote);
+}
+
+// The remote level's hand-off to the worker thread that runs its store's client
+// (kvcodec_sdk/remote/level.py). The worker takes jobs with the interpreter released while it
+// waits, performs them with its backend and finishes them.
+void bindRemoteQueue(py::module_& k)
+{
+    py::class_<kvcm::RemoteJob, std::shared_ptr<kvcm::RemoteJob>>(
+        k, "RemoteJob", "One batch of store operations taken from a RemoteQueue (kvcm::RemoteJob).")
+        .def_readonly("id", &kvcm::RemoteJob::id)
+        .def_property_readonly("op", [](kvcm::RemoteJob const& j) { return int(j.op); })
+        .def_property_readonly("names",
+            [](kvcm::RemoteJob const& j) {
+                py::list out;
+                for (std::string const& n : j.names)
+                {
+                    out.append(py::bytes(n));
+                }
+                return out;
+            })
+        .def_property_readonly("buffers", [](kvcm::RemoteJob const& j) {
+            // Views of the level's staging or host-tier memory, valid until the job is
+            // finished: read-only for puts, writable for gets.
+            py::list out;
+            bool const readonly = j.op != kvcm::RemoteOp::kGet;
+            for (size_t i = 0; i < j.buffers.size(); ++i)
+            {
+                out.append(py::memoryview::from_memory(
+                    static_cast<void*>(j.buffers[i]), static_cast<py::ssize_t>(j.sizes[i]), readonly));
+            }
+            return out;
+        });
+    py::class_<kvcm::RemoteQueue, std::shared_ptr<kvcm::RemoteQueue>>(
+        k, "RemoteQueue", "The remote level's jobs for its store's worker (kvcm::RemoteQueue).")
+        .def(py::init<>())
+        .def("take", &kvcm::RemoteQueue::take, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+            "The next job, or None after timeout_s seconds or once the queue is closed.")
+        .def("finish", &kvcm::RemoteQueue::finish, py::arg("id"), py::arg("results"), py::arg("error"),
+            py::call_guard<py::gil_scoped_release>(),
+            "Finishes a taken job: one result per name, or an error for the whole batch.")
+        .def("close", &kvcm::RemoteQueue::close, py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+            "Fails the jobs not taken and later pushes; waits for the taken ones.")
+        .def_property_readonly("closed", &kvcm::RemoteQueue::closed)
+        .def_property_readonly("queued", &kvcm::RemoteQueue::queued)
+        .def_property_readonly("taken", &kvcm::RemoteQueue::taken);
+    py::class_<kvcm::RemoteTierConfig>(
+        k, "RemoteTierConfig", "The remote tier (kvcm::RemoteTierConfig); 0 pages: none.")
+        .def(py::init<>())
+        .def_readwrite("max_pages", &kvcm::RemoteTierConfig::maxPages)
+        .def_readwrite("queue", &kvcm::RemoteTierConfig::queue);
 }
 
 namespace {

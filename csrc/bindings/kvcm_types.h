@@ -50,6 +50,8 @@ struct PageRingInfo
 
 /// Binds the configuration structs (BufferConfig, LayerGroupConfig, DiskTierConfig, KvcmConfig) on `k`.
 void bindKvcmConfig(py::module_& k);
+/// The remote level's queue, its jobs and RemoteTierConfig (before bindKvcmConfig).
+void bindRemoteQueue(py::module_& k);
 /// Binds the query results (PageInfo, LifeCycleInfo, MigrationResult, ...) on `k`.
 void bindKvcmResults(py::module_& k);
 

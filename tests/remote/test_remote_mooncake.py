@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from level_contract import ManagerLevelContract
 from remote_contract import IDENTITY, BackendContract, check_pages, content_key, out_buffers
 
 from kvcodec_sdk.remote import RemoteError, RemoteFull, RemoteTimeout, RemoteUnavailable, Status
@@ -55,8 +56,22 @@ def restart_iterations():
     return int(os.environ.get("KVCODEC_REMOTE_MOONCAKE_RESTARTS", "6"))
 
 
+@pytest.fixture
+def store_args(store, tmp_path):
+    """What a child process needs to reach the master (level_support.backend_factory)."""
+    return {"kind": "mooncake", "address": store.address, "metadata_server": store.metadata_server,
+            "tmp": str(tmp_path)}
+
+
 class TestMooncakeBackend(BackendContract):
     """The shared contract, unchanged: Mooncake's semantics ask for no exception."""
+
+
+class TestMooncakeManagerLevel(ManagerLevelContract):
+    """The manager's remote level on Mooncake Store (each manager's client lends the store a
+    segment of its own memory, where the pages it puts live while it runs)."""
+
+    timeout_s = 5.0
 
     def after_restart(self, backend):
         deadline = time.monotonic() + 10  # the client rejoins a restarted master by itself

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from level_contract import ManagerLevelContract
 from remote_contract import IDENTITY, BackendContract, content_key, out_buffers
 
 from kvcodec_sdk.remote import RemoteFull, RemoteTimeout, Status
@@ -48,8 +49,45 @@ def restart_iterations():
     return int(os.environ.get("KVCODEC_REMOTE_RESTARTS", "50"))
 
 
+@pytest.fixture
+def store_args(store, tmp_path):
+    """What a child process needs to reach the server (level_support.backend_factory)."""
+    return {"kind": "valkey", "port": store.port, "tmp": str(tmp_path)}
+
+
 class TestValkeyBackend(BackendContract):
     pass
+
+
+class TestValkeyManagerLevel(ManagerLevelContract):
+    pass
+
+
+def test_anonymous_pages_leave_the_store_with_their_page(valkey_server):
+    """A page without a content key is stored under a name only its manager knows: its blob is
+    removed once the page leaves the remote level (onboarded, freed or dropped)."""
+    import valkey
+    from test_kvcm_support import config, group, write_random
+
+    from kvcodec_sdk import CacheLevel, KVCacheManager, RemoteTierConfig
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    client = valkey.Valkey(port=valkey_server.port)
+    factory = lambda identity: ValkeyBackend("127.0.0.1", valkey_server.port, identity=identity)  # noqa: E731
+    m = KVCacheManager(config([group([0], [64])], remote=RemoteTierConfig(factory)))
+    pages = m.allocate(0, 6)
+    write_random(m, pages, np.random.default_rng(1))
+    m.set_keys(pages[:2], [b"kept-a", b"kept-b"])
+    m.evict(pages, level=CacheLevel.REMOTE)
+    assert client.dbsize() == 6
+    m.onboard(pages[2:4], source=CacheLevel.REMOTE)
+    m.free(pages[4:])
+    m.free(pages[:2])
+    deadline = time.monotonic() + 10
+    while client.dbsize() > 2 and time.monotonic() < deadline:  # removals run on the worker
+        time.sleep(0.05)
+    assert sorted(k.rsplit(b"/", 1)[-1] for k in client.keys()) == [b"kept-a", b"kept-b"]
+    m.close()
 
 
 def test_a_full_store_raises_remote_full_and_keeps_what_fit(valkey_factory):

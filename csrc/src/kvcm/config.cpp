@@ -16,6 +16,7 @@ char const* levelName(CacheLevel level) noexcept
     case CacheLevel::kHot: return "hot";
     case CacheLevel::kHost: return "host";
     case CacheLevel::kDisk: return "disk";
+    case CacheLevel::kRemote: return "remote";
     }
     return "unknown";
 }
@@ -131,6 +132,18 @@ void validateConfig(KvcmConfig const& config)
         if (config.disk.codecName.empty())
         {
             fail("config.disk.codecName is empty; the disk tier records the codec identity");
+        }
+    }
+    if (config.remote.maxPages != 0)
+    {
+        if (!config.remote.queue)
+        {
+            fail("config.remote.queue is not set; a remote tier needs the queue its store's worker serves");
+        }
+        if (config.remote.maxPages > uint64_t(INT32_MAX))
+        {
+            fail("config.remote.maxPages is " + std::to_string(config.remote.maxPages) + "; it must be at most "
+                + std::to_string(INT32_MAX));
         }
     }
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,19 @@
 
 namespace kvcodec::kvcm {
 
+class RemoteQueue;
+
 /// Storage levels, hottest first. Pool-group indices of different levels are unrelated.
 enum class CacheLevel : int32_t
 {
     kHot = 0,  ///< Kernel-facing pools (GPU memory; host memory on the host backend).
     kHost = 1, ///< Pinned, GPU-mapped host memory holding cold pages.
     kDisk = 2, ///< Disk tier regions (not GPU-accessible: staged through the pinned page ring).
+    /// A shared key-value store (Mooncake Store, Valkey, ...) reached through a RemoteQueue whose
+    /// worker the Python layer runs; staged like the disk, never an automatic eviction target.
+    kRemote = 3,
 };
-inline constexpr int kNumLevels = 3;
+inline constexpr int kNumLevels = 4;
 
 char const* levelName(CacheLevel level) noexcept;
 
@@ -40,6 +46,15 @@ struct BufferConfig
 struct LayerGroupConfig
 {
     std::vector<BufferConfig> buffers;
+};
+
+/// The remote tier: blobs on a shared store under their content keys. The manager tracks at
+/// most `maxPages` pages there per cold pool group (logical slots; the store's own capacity,
+/// eviction and TTL decide what it keeps); the store's I/O runs on the worker that serves `queue`.
+struct RemoteTierConfig
+{
+    uint64_t maxPages = 0; ///< 0: no remote tier.
+    std::shared_ptr<RemoteQueue> queue;
 };
 
 /// The disk tier: one region (directory `path`/group<g>) per cold pool group. The codec identity
@@ -83,6 +98,7 @@ struct KvcmConfig
     /// The codec's format version when it declares the cold-page envelope, else -1.
     int32_t envelopeFormatVersion = -1;
     DiskTierConfig disk;
+    RemoteTierConfig remote;
 };
 
 /// The hot slot layout of one lifecycle: one pool per layer (in order of first appearance in

@@ -460,6 +460,47 @@ void KvCacheManager::closeLevel(CacheLevel level, char const* what)
     closed_ = true; // Every later call (from any thread) is refused.
 }
 
+void KvCacheManager::closeTiers()
+{
+    CallGuard guard(*this, "close");
+    synchronizeAll();
+    for (CacheLevel const level : {CacheLevel::kDisk, CacheLevel::kRemote})
+    {
+        if (storage_->hasLevel(level))
+        {
+            lru_.clear(level);
+            storage_->closeLevel(level);
+            tracking_[size_t(level)] = nullptr;
+        }
+    }
+    closed_ = true; // Every later call (from any thread) is refused.
+}
+
+void KvCacheManager::findRemote(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out)
+{
+    {
+        CallGuard guard(*this, "findRemote");
+        checkLevel(CacheLevel::kRemote, "findRemote's level");
+        std::vector<std::string> offered;
+        std::vector<LifeCycleId> offeredLifeCycles;
+        for (size_t i = 0; i < count; ++i)
+        {
+            if (lifeCycles[i] >= int32_t(storage_->numLifeCycles()))
+            {
+                throw std::invalid_argument("lifecycles[" + std::to_string(i) + "] is " + std::to_string(lifeCycles[i])
+                    + "; the manager has " + std::to_string(storage_->numLifeCycles()) + " lifecycles");
+            }
+            if (lifeCycles[i] >= 0)
+            {
+                offered.push_back(keys[i]);
+                offeredLifeCycles.push_back(LifeCycleId(lifeCycles[i]));
+            }
+        }
+        storage_->remoteLevel()->offer(offered, offeredLifeCycles);
+    }
+    findKept(CacheLevel::kRemote, "findRemote", keys, count, out);
+}
+
 void KvCacheManager::synchronize()
 {
     CallGuard guard(*this, "synchronize");

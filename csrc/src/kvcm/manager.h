@@ -343,6 +343,16 @@ public:
     {
         closeLevel(CacheLevel::kDisk, "closeDisk");
     }
+    /// Synchronizes, then closes the cold levels that hold outside resources (the disk regions;
+    /// the remote level's queue, whose worker may then stop); the manager must not be used
+    /// afterwards.
+    void closeTiers();
+
+    /// For each key with `lifeCycles[i]` >= 0 (the lifecycle its blob was found under in the
+    /// remote store, by the caller's existence check): the live page holding it at the remote
+    /// level, or a page created for it there (ready to be onboarded; a blob gone since reads as a
+    /// miss), or 0. Keys with a negative lifecycle get the live remote page holding them, or 0.
+    void findRemote(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out);
     [[nodiscard]] Stream internalStream() const noexcept
     {
         return stream_;

@@ -2,6 +2,8 @@
 //
 // Eviction: recency (touch), pins and priorities, and makeRoom(), which evicts a pool group's
 // next victims to the next colder level with the migration transaction (the last level drops).
+// The remote level is never an automatic target: pages reach a shared store only when a caller
+// migrates them there (a store write per eviction under pressure would surprise an engine).
 #include "kvcm/manager.h"
 
 namespace kvcodec::kvcm {
@@ -10,7 +12,7 @@ std::optional<CacheLevel> KvCacheManager::colderLevel(CacheLevel level) const no
 {
     for (int l = int(level) + 1; l < kNumLevels; ++l)
     {
-        if (storage_->hasLevel(CacheLevel(l)))
+        if (CacheLevel(l) != CacheLevel::kRemote && storage_->hasLevel(CacheLevel(l)))
         {
             return CacheLevel(l);
         }

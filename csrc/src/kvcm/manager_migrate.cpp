@@ -118,10 +118,16 @@ MigrationResult KvCacheManager::migrateLocked(PageId const* ids, size_t count, C
         int32_t const k = transferOf_[src][d][size_t(p.lifeCycle)];
         if (k < 0)
         {
-            // Only a staged level has no path to itself (the path table's one gap).
-            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i])
-                + ") is already at the " + levelName(dst) + " level; the " + levelName(dst)
-                + " tier places its blobs itself (no relocation)");
+            // The path table's one gap: a staged level to a staged level (itself included).
+            if (CacheLevel(p.level) == dst)
+            {
+                throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i])
+                    + ") is already at the " + levelName(dst) + " level; the " + levelName(dst)
+                    + " tier places its blobs itself (no relocation)");
+            }
+            throw std::invalid_argument("pages[" + std::to_string(i) + "] (page " + hexId(ids[i]) + ") is at the "
+                + levelName(CacheLevel(p.level)) + " level, which has no direct path to the " + levelName(dst)
+                + " level (both are staged): migrate it to the host or hot level first");
         }
         p.mark = epoch;
         int32_t const b = int32_t(base[src]) + k;

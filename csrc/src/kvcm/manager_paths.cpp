@@ -112,9 +112,14 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
         checked ? reinterpret_cast<uint8_t*>(statusBuf_.data()) + statusUsed_ : nullptr, checked, 0, std::nullopt};
     // NVTX range names by (source, destination) level: static strings, nothing built per call.
     static char const* const kRanges[kNumLevels][kNumLevels]
-        = {{"kvcodec transfer hot->hot", "kvcodec transfer hot->host", "kvcodec transfer hot->disk"},
-            {"kvcodec transfer host->hot", "kvcodec transfer host->host", "kvcodec transfer host->disk"},
-            {"kvcodec transfer disk->hot", "kvcodec transfer disk->host", "kvcodec transfer disk->disk"}};
+        = {{"kvcodec transfer hot->hot", "kvcodec transfer hot->host", "kvcodec transfer hot->disk",
+               "kvcodec transfer hot->remote"},
+            {"kvcodec transfer host->hot", "kvcodec transfer host->host", "kvcodec transfer host->disk",
+                "kvcodec transfer host->remote"},
+            {"kvcodec transfer disk->hot", "kvcodec transfer disk->host", "kvcodec transfer disk->disk",
+                "kvcodec transfer disk->remote"},
+            {"kvcodec transfer remote->hot", "kvcodec transfer remote->host", "kvcodec transfer remote->disk",
+                "kvcodec transfer remote->remote"}};
     nvtx::Range range(kRanges[size_t(key.src)][size_t(key.dst)], count);
     uint64_t const callsBefore = storage_->codecCalls();
     if (!(this->*kPaths[key.path])(t))

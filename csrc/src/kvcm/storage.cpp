@@ -338,6 +338,11 @@ void StorageManager::allocateCold()
     {
         lifeCycleToPoolGroup_[size_t(CacheLevel::kDisk)] = coldMap;
     }
+    bool const hasRemote = config_.remote.maxPages != 0;
+    if (hasRemote)
+    {
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kRemote)] = coldMap;
+    }
     if (config_.hostQuotaBytes == 0)
     {
         lifeCycleToPoolGroup_[size_t(CacheLevel::kHost)].clear(); // No host tier.
@@ -389,6 +394,17 @@ void StorageManager::allocateCold()
         pageRing_ = std::make_unique<StagingManager>(
             runtime_, StagingManager::Backing(runtime::HostMem(runtime_, size_t(pageRingBytes(maxColdPageBytes)))));
         disk_ = std::make_unique<DiskColdLevel>(runtime_, config_.disk, groups, *pageRing_);
+    }
+    if (hasRemote)
+    {
+        std::vector<RemoteColdLevel::GroupSpec> groups;
+        for (size_t g = 0; g < numGroups; ++g)
+        {
+            groups.push_back({pageBytes[g], config_.remote.maxPages});
+        }
+        remoteRing_ = std::make_unique<StagingManager>(
+            runtime_, StagingManager::Backing(runtime::HostMem(runtime_, size_t(pageRingBytes(maxColdPageBytes)))));
+        remote_ = std::make_unique<RemoteColdLevel>(config_.remote, groups, coldMap, *remoteRing_);
     }
 }
 
@@ -443,7 +459,9 @@ void StorageManager::setQuota(CacheLevel level, uint64_t quota) noexcept
 
 std::string StorageManager::missingLevelReason(CacheLevel level)
 {
-    return level == CacheLevel::kDisk ? "config.disk is not set" : "config.hostQuotaBytes is 0";
+    return level == CacheLevel::kDisk  ? "config.disk is not set"
+        : level == CacheLevel::kRemote ? "config.remote is not set"
+                                       : "config.hostQuotaBytes is 0";
 }
 
 void StorageManager::closeLevel(CacheLevel level) noexcept
@@ -451,6 +469,10 @@ void StorageManager::closeLevel(CacheLevel level) noexcept
     if (level == CacheLevel::kDisk)
     {
         closeDisk();
+    }
+    else if (level == CacheLevel::kRemote)
+    {
+        closeRemote();
     }
     else if (level == CacheLevel::kHost)
     {

@@ -15,6 +15,7 @@
 #include "kvcm/config.h"
 #include "kvcm/disk_level.h"
 #include "kvcm/levels.h"
+#include "kvcm/remote_level.h"
 #include "kvcm/staging.h"
 #include "runtime/device_runtime.h"
 #include "runtime/owned_codec.h"
@@ -60,7 +61,7 @@ public:
     [[nodiscard]] bool hasLevel(CacheLevel level) const noexcept
     {
         return level == CacheLevel::kHot || (level == CacheLevel::kHost && host_ != nullptr)
-            || (level == CacheLevel::kDisk && disk_ != nullptr);
+            || (level == CacheLevel::kDisk && disk_ != nullptr) || (level == CacheLevel::kRemote && remote_ != nullptr);
     }
     /// Pool group of `lifeCycle` at `level` (the level must exist).
     [[nodiscard]] PoolGroupIndex poolGroup(CacheLevel level, LifeCycleId lifeCycle) const noexcept
@@ -101,7 +102,13 @@ public:
     [[nodiscard]] static std::string missingLevelReason(CacheLevel level);
     [[nodiscard]] ColdLevel* coldLevel(CacheLevel level) const noexcept
     {
-        return level == CacheLevel::kHost ? host_.get() : level == CacheLevel::kDisk ? disk_.get() : nullptr;
+        switch (level)
+        {
+        case CacheLevel::kHost: return host_.get();
+        case CacheLevel::kDisk: return disk_.get();
+        case CacheLevel::kRemote: return remote_.get();
+        default: return nullptr;
+        }
     }
     /// The disk level, or null without a disk tier.
     [[nodiscard]] DiskColdLevel* diskLevel() const noexcept
@@ -115,6 +122,18 @@ public:
     {
         disk_.reset();
         lifeCycleToPoolGroup_[size_t(CacheLevel::kDisk)].clear();
+    }
+    /// The remote level, or null without a remote tier.
+    [[nodiscard]] RemoteColdLevel* remoteLevel() const noexcept
+    {
+        return remote_.get();
+    }
+    /// Closes the remote level (its queue fails what is not taken and waits for the worker's
+    /// jobs); the level is gone afterwards.
+    void closeRemote() noexcept
+    {
+        remote_.reset();
+        lifeCycleToPoolGroup_[size_t(CacheLevel::kRemote)].clear();
     }
     /// The pinned page ring (staging for the disk level), or null without a disk tier.
     [[nodiscard]] StagingManager* pageRing() const noexcept
@@ -186,6 +205,10 @@ private:
     // The disk level is closed before the ring whose slices it may have been handed.
     std::unique_ptr<StagingManager> pageRing_;
     std::unique_ptr<DiskColdLevel> disk_;
+    // The remote level has a ring of its own (staging slices held by its jobs never starve the
+    // disk's), destroyed after the level.
+    std::unique_ptr<StagingManager> remoteRing_;
+    std::unique_ptr<RemoteColdLevel> remote_;
     uint64_t codecCalls_ = 0;
     bool checkedDecode_ = false;
 };
