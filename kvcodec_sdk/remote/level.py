@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from .backend import GET_ERROR, RemoteBackend, RemoteError, RemoteFull, Status
 
-__all__ = ["RemoteLevelStats", "RemoteLevelWorker", "blob_name", "store_key"]
+__all__ = ["RemoteLevelStats", "RemoteLevelWorker", "blob_name", "find", "start_worker", "store_key"]
 
 log = logging.getLogger("kvcodec_sdk.remote")
 
@@ -151,3 +151,49 @@ class RemoteLevelWorker:
             self.backend.remove_batch(keys)
             self.stats.remove_batches += 1
             return [0] * len(keys)
+
+
+def start_worker(remote: Any, identity: Any, queue: Any) -> RemoteLevelWorker:
+    """The worker of a manager's remote level: ``remote`` is its
+    :class:`~kvcodec_sdk.RemoteTierConfig`, ``identity`` the manager's codec identity (a
+    :class:`~kvcodec_sdk.disk.CodecIdentity`), ``queue`` the level's ``RemoteQueue``. A backend given
+    as a callable is built here (and owned: closed with the worker); one given as is must carry
+    ``identity``, or :class:`~kvcodec_sdk.KVCacheConfigError` says which to build it with."""
+    from ..kvcm_config import KVCacheConfigError
+    from .backend import identity_hash
+
+    backend, owned = remote.backend, False
+    if not isinstance(backend, RemoteBackend):
+        backend, owned = remote.backend(identity), True
+        if not isinstance(backend, RemoteBackend):
+            raise KVCacheConfigError(
+                f"KVCacheConfig.remote.backend returned a {type(backend).__name__}; it must return a "
+                "kvcodec_sdk.remote.RemoteBackend"
+            )
+    if backend.identity != identity_hash(identity):
+        if owned:
+            backend.close()
+        raise KVCacheConfigError(
+            f"KVCacheConfig.remote.backend was built for another codec identity; build it with "
+            f"identity={identity.name}/{identity.format_version}/{identity.param_hash} "
+            "(KVCacheManager.remote_identity(config, codec)), or pass a callable that takes the identity"
+        )
+    return RemoteLevelWorker(queue, backend, owned)
+
+
+def find(worker: RemoteLevelWorker, core: Any, keys: Sequence[bytes], lifecycle: int | None) -> Any:
+    """The page ids :meth:`~kvcodec_sdk.KVCacheManager.find_remote` returns (0: not found): one
+    batched existence check per lifecycle tried (``lifecycle``, or each in order when None), then
+    the native level claims the keys found."""
+    count = int(core.num_lifecycles())
+    if lifecycle is not None and not (isinstance(lifecycle, int) and 0 <= lifecycle < count):
+        raise ValueError(f"lifecycle is {lifecycle!r}; valid lifecycles are 0..{count - 1}, or None for all")
+    found = [-1] * len(keys)
+    for lc in range(count) if lifecycle is None else [lifecycle]:
+        todo = [i for i, f in enumerate(found) if f < 0]
+        if not todo:
+            break
+        for i, there in zip(todo, worker.exists([blob_name(keys[i], lc) for i in todo])):
+            if there:
+                found[i] = lc
+    return core.find_remote(list(keys), found)

