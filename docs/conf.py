@@ -57,7 +57,7 @@ nitpicky = True
 # (``_Region``, a TypeVar, the compiled module's codec type). Everything of this project must
 # resolve.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(numpy|np|os|pathlib|enum|typing|collections\.abc|faulthandler)(\..*)?"),
+    (r"py:.*", r"(numpy|np|os|pathlib|enum|typing|collections\.abc|faulthandler|abc|subprocess)(\..*)?"),
     (r"py:class", r".*\._\w+"),
     (r"py:class", r"(kvcodec_sdk\.testing\.clauses\.F|NativeCodec|kvcodec_sdk\.testing\.harness\.ColdBuffer)"),
 ]

@@ -1,7 +1,8 @@
 """The remote cold tier: cold blobs on a shared key-value store, under their content keys.
 
-:mod:`.backend` is the interface a store implements (and the header every stored value carries);
-:mod:`.valkey` implements it on Valkey or Redis, :mod:`.mooncake` on Mooncake Store. The client
+:class:`RemoteBackend` (``backend.py``) is the interface a store implements, with the header every
+stored value carries; :mod:`.valkey` implements it on Valkey or Redis, :mod:`.mooncake` on Mooncake
+Store. The client
 packages are optional (``pip install kvcodec-sdk[remote]`` for Valkey's,
 ``pip install mooncake-transfer-engine-non-cuda`` for Mooncake's): a backend imports its client
 when it is built.

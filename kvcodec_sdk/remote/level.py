@@ -6,7 +6,7 @@ thread that takes those jobs and performs them with the manager's
 :class:`~kvcodec_sdk.remote.RemoteBackend`: puts read the blobs in place from the level's pinned
 staging or host-tier memory, gets write them there, removals retire anonymous blobs. Every call
 is bounded by the backend's ``timeout_s``; any failure finishes the job with an error (the
-migration then raises :class:`~kvcodec_sdk.MigrationError` and changes nothing), so neither the
+migration then raises :class:`~kvcodec_sdk.manager.MigrationError` and changes nothing), so neither the
 manager's I/O thread nor a caller ever waits longer than the store's time-out.
 
 Store keys: the native level names a blob ``k<lifecycle>/<content key>`` (or an anonymous

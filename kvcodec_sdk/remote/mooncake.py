@@ -196,7 +196,7 @@ class MooncakeBackend(RemoteBackend):
     def put_batch(self, keys: Sequence[bytes], values: Sequence[Any]) -> list[Status]:
         """Store each value behind its header, header and payload as two parts of one object, the
         payload read straight from the caller's buffer (one ``batch_put_from_multi_buffers``); see
-        :meth:`~kvcodec_sdk.remote.backend.RemoteBackend.put_batch`. A key already stored keeps
+        :meth:`~kvcodec_sdk.remote.RemoteBackend.put_batch`. A key already stored keeps
         its first value (content keys: the same blob).
 
         After a :class:`RemoteTimeout` the client may still read ``values`` until its call returns
@@ -235,7 +235,7 @@ class MooncakeBackend(RemoteBackend):
 
     def get_batch(self, keys: Sequence[bytes], out_buffers: Sequence[Any]) -> list[int]:
         """Read each key's value into a staging buffer (one ``batch_get_into``), check it and copy its
-        payload out; see :meth:`~kvcodec_sdk.remote.backend.RemoteBackend.get_batch`. A caller's
+        payload out; see :meth:`~kvcodec_sdk.remote.RemoteBackend.get_batch`. A caller's
         buffer is written only for a hit.
 
         :raises RemoteUnavailable: the master did not answer for some key.

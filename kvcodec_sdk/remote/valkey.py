@@ -124,7 +124,7 @@ class ValkeyBackend(RemoteBackend):
 
     def put_batch(self, keys: Sequence[bytes], values: Sequence[Any]) -> list[Status]:
         """Store each value behind its header under ``prefix + key`` in one pipeline; see
-        :meth:`~kvcodec_sdk.remote.backend.RemoteBackend.put_batch`."""
+        :meth:`~kvcodec_sdk.remote.RemoteBackend.put_batch`."""
         keys = self._check_keys(keys, values, "values")
         packed = [self._pack_value(k, v, f"values[{i}]") for i, (k, v) in enumerate(zip(keys, values))]
         sizes = [len(p) - HEADER_BYTES for p in packed]
@@ -154,7 +154,7 @@ class ValkeyBackend(RemoteBackend):
 
     def get_batch(self, keys: Sequence[bytes], out_buffers: Sequence[Any]) -> list[int]:
         """Read each key's value in one pipeline, check it and copy its payload out; see
-        :meth:`~kvcodec_sdk.remote.backend.RemoteBackend.get_batch`."""
+        :meth:`~kvcodec_sdk.remote.RemoteBackend.get_batch`."""
         keys = self._check_keys(keys, out_buffers, "out_buffers")
         outs = [byte_view(b, f"out_buffers[{i}]", writable=True) for i, b in enumerate(out_buffers)]
         replies = self._pipeline("get_batch", lambda pipe: [pipe.get(self.prefix + k) for k in keys])
