@@ -66,24 +66,14 @@ def store_args(store, tmp_path):
 class TestMooncakeBackend(BackendContract):
     """The shared contract, unchanged: Mooncake's semantics ask for no exception."""
 
-
-class TestMooncakeManagerLevel(ManagerLevelContract):
-    """The manager's remote level on Mooncake Store (each manager's client lends the store a
-    segment of its own memory, where the pages it puts live while it runs)."""
-
-    timeout_s = 5.0
-
     def after_restart(self, backend):
         deadline = time.monotonic() + 10  # the client rejoins a restarted master by itself
         while time.monotonic() < deadline and not backend.healthy():
             time.sleep(0.05)
 
     def put_when_ready(self, backend, keys, values):
-        # Puts find no segment (-200) until the client has remounted its memory, and fail at once
-        # while a call that timed out against the dead master is still out (on a loaded machine
-        # such a call was seen to take over 10 s to come back).
-        deadline = time.monotonic() + 60
-        while True:
+        deadline = time.monotonic() + 10
+        while True:  # puts find no segment (-200) until the client has remounted its memory
             try:
                 assert backend.put_batch(keys, values) == [Status.OK] * len(keys)
                 return
@@ -91,6 +81,13 @@ class TestMooncakeManagerLevel(ManagerLevelContract):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+class TestMooncakeManagerLevel(ManagerLevelContract):
+    """The manager's remote level on Mooncake Store (each manager's client lends the store a
+    segment of its own memory, where the pages it puts live while it runs)."""
+
+    timeout_s = 5.0
 
 
 def _fill(be, rng, batches):

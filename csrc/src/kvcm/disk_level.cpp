@@ -210,23 +210,12 @@ void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const
 std::optional<StagingBuffer> DiskColdLevel::stage(
     PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
 {
-    uint64_t const pageBytes = groups_[size_t(group)].pageBytes;
-    size_t const bytes = size_t(count * pageBytes);
-    size_t const alignment = std::min<size_t>(size_t(pageBytes & (~pageBytes + 1)), 4096);
-    std::optional<StagingBuffer> lease = ring_.acquire(bytes, bytes, size_t(pageBytes), alignment, owner);
-    if (!lease)
-    {
-        error = "the pinned page ring (" + std::to_string(ring_.capacity()) + " bytes) has no free range of "
-            + std::to_string(bytes) + " bytes";
-    }
-    return lease;
+    return stageBlobs(ring_, groups_[size_t(group)].pageBytes, count, owner, "the pinned page ring", error);
 }
 
 size_t DiskColdLevel::maxStagedPages(PoolGroupIndex group) const noexcept
 {
-    // One slice per transfer, at most half the ring: with no lease live between transfers a
-    // slice this size always fits (the ring holds at least three of the largest cold pages).
-    return size_t(ring_.capacity() / groups_[size_t(group)].pageBytes / 2);
+    return maxStagedBlobs(ring_, groups_[size_t(group)].pageBytes);
 }
 
 DiskColdLevel::Pending* DiskColdLevel::pending(BlobIo io) noexcept

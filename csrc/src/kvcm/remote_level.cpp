@@ -214,22 +214,13 @@ bool RemoteColdLevel::copyIn(
 std::optional<StagingBuffer> RemoteColdLevel::stage(
     PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
 {
-    uint64_t const pageBytes = groups_[size_t(group)].pageBytes;
-    size_t const bytes = size_t(count * pageBytes);
-    size_t const alignment = std::min<size_t>(size_t(pageBytes & (~pageBytes + 1)), 4096);
-    std::optional<StagingBuffer> lease = ring_.acquire(bytes, bytes, size_t(pageBytes), alignment, owner);
-    if (!lease)
-    {
-        error = "the remote tier's pinned page ring (" + std::to_string(ring_.capacity())
-            + " bytes) has no free range of " + std::to_string(bytes) + " bytes";
-    }
-    return lease;
+    return stageBlobs(
+        ring_, groups_[size_t(group)].pageBytes, count, owner, "the remote tier's pinned page ring", error);
 }
 
 size_t RemoteColdLevel::maxStagedPages(PoolGroupIndex group) const noexcept
 {
-    // As the disk level: one slice per transfer, at most half the ring.
-    return size_t(ring_.capacity() / groups_[size_t(group)].pageBytes / 2);
+    return maxStagedBlobs(ring_, groups_[size_t(group)].pageBytes);
 }
 
 BlobIo RemoteColdLevel::submitRead(

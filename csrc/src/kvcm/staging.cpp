@@ -2,6 +2,7 @@
 #include "kvcm/staging.h"
 #include "runtime/log.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -365,6 +366,27 @@ void StagingBuffer::setStream(std::optional<Stream> owner)
         manager_->runtime_.synchronize(*owner_);
     }
     owner_ = owner;
+}
+
+std::optional<StagingBuffer> stageBlobs(StagingManager& ring, uint64_t pageBytes, size_t count,
+    std::optional<Stream> owner, char const* what, std::string& error)
+{
+    size_t const bytes = size_t(count * pageBytes);
+    size_t const alignment = std::min<size_t>(size_t(pageBytes & (~pageBytes + 1)), 4096);
+    std::optional<StagingBuffer> lease = ring.acquire(bytes, bytes, size_t(pageBytes), alignment, owner);
+    if (!lease)
+    {
+        error = std::string(what) + " (" + std::to_string(ring.capacity()) + " bytes) has no free range of "
+            + std::to_string(bytes) + " bytes";
+    }
+    return lease;
+}
+
+size_t maxStagedBlobs(StagingManager const& ring, uint64_t pageBytes) noexcept
+{
+    // With no lease live between transfers a slice this size always fits (a ring holds at least
+    // three of the largest cold pages).
+    return size_t(ring.capacity() / pageBytes / 2);
 }
 
 } // namespace kvcodec::kvcm

@@ -159,4 +159,14 @@ private:
     std::optional<Stream> owner_;
 };
 
+/// A slice of `ring` for `count` blobs of `pageBytes` each (blob i at data() + i * pageBytes),
+/// aligned to the blob size's lowest set bit up to 4 KiB: what a staged cold level hands a
+/// transfer. Null with `error` (naming `what`, the ring's owner) when no such range is free.
+std::optional<StagingBuffer> stageBlobs(StagingManager& ring, uint64_t pageBytes, size_t count,
+    std::optional<Stream> owner, char const* what, std::string& error);
+
+/// Most blobs of `pageBytes` one slice of `ring` may carry so that it always fits with no other
+/// slice live: half the ring.
+[[nodiscard]] size_t maxStagedBlobs(StagingManager const& ring, uint64_t pageBytes) noexcept;
+
 } // namespace kvcodec::kvcm
