@@ -174,3 +174,35 @@ def test_one_backend_per_thread_in_parallel(valkey_server):
     for t in threads:
         t.join(60)
     assert not errors
+
+
+def test_a_full_store_fails_the_eviction_and_keeps_the_pages(valkey_factory):
+    """A store at its memory limit (noeviction) refuses puts: the manager's migration raises, the
+    pages that did not go stay at the hot level with their bytes, and those stored come back."""
+    from test_kvcm_support import config, group, hot_bytes, write_random
+
+    from kvcodec_sdk import CacheLevel, KVCacheManager, RemoteTierConfig
+    from kvcodec_sdk.manager import MigrationError
+    from kvcodec_sdk.remote.valkey import ValkeyBackend
+
+    server = valkey_factory(**{"maxmemory": "3mb", "maxmemory-policy": "noeviction"})
+    factory = lambda identity: ValkeyBackend("127.0.0.1", server.port, identity=identity)  # noqa: E731
+    m = KVCacheManager(config([group([0], [32768, 32768])], gpu_quota=8 << 20,
+                              remote=RemoteTierConfig(factory)))
+    pages = m.allocate(0, 96)  # 6 MiB of blobs for a 3 MiB store
+    model = write_random(m, pages, np.random.default_rng(3))
+    m.set_keys(pages, [f"full-{i}".encode() for i in range(96)])
+    stored, refused = [], []
+    for i in range(0, 96, 8):
+        batch = pages[i:i + 8]
+        try:
+            m.evict(batch, level=CacheLevel.REMOTE)
+            stored += batch
+        except MigrationError as e:
+            assert "found it full" in str(e)
+            refused += batch
+    assert stored and refused
+    assert all(p.level == CacheLevel.HOT and np.array_equal(hot_bytes(m, p), model[p.id]) for p in refused)
+    assert m.onboard(stored, source=CacheLevel.REMOTE).moved == len(stored)
+    assert all(np.array_equal(hot_bytes(m, p), model[p.id]) for p in stored)
+    m.close()
