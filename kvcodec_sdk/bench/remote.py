@@ -98,9 +98,10 @@ class Report:
 
 @contextlib.contextmanager
 def store(backend: str, valkey: str | None = None, mooncake: str | None = None,
-          progress: bool = True) -> Iterator[dict]:
+          progress: bool = True, segment_bytes: int = 512 * MiB) -> Iterator[dict]:
     """The store to measure: ``{"backend", "address", "factory"}`` (``factory(identity, **options)``
-    -> a backend); one started here is shut down on exit."""
+    -> a backend); one started here is shut down on exit. ``segment_bytes``: the memory each
+    Mooncake client lends the store (where the pages it puts live)."""
     from ..remote import servers
 
     if backend == "valkey":
@@ -145,7 +146,7 @@ def store(backend: str, valkey: str | None = None, mooncake: str | None = None,
                # The client's own put_batch (the baseline) stages a whole batch in its local
                # buffer (-600 when it does not fit): room for the largest batch the bench sends.
                "factory": lambda identity, **kw: MooncakeBackend(master, metadata, identity=identity,
-                                                                 global_segment_size=512 * MiB,
+                                                                 global_segment_size=segment_bytes,
                                                                  local_buffer_size=256 * MiB, **kw)}
     finally:
         if started_master is not None:
@@ -214,7 +215,9 @@ def run(backend: str = "valkey", codecs: Sequence[str] = ("concat", "fp8"), devi
     for name in codecs:
         get_codec_spec(name)  # an unknown codec fails before any work
     rows: list[Row] = []
-    with store(backend, valkey, mooncake, progress) as st:
+    # Each Mooncake client's segment holds the manager's pages and the baseline's values (twice the
+    # bytes moved), with room to stay under the master's eviction watermark.
+    with store(backend, valkey, mooncake, progress, max(512 * MiB, 3 * n * layout.page_bytes)) as st:
         for name in codecs:
             _log(progress, f"{name} on {device}: {n} pages of {layout.describe()}, {batch} per call, "
                            f"{st['backend']} at {st['address']}")
