@@ -558,10 +558,13 @@ class KVCacheManager:
             finally:
                 # The disk regions are closed now (not when the last view lets the core go), so a
                 # new manager can open the same directory at once; the remote level's queue is
-                # closed, so its worker stops (and closes a backend the manager built).
-                core.close_tiers()
-                if self._remote is not None:
-                    self._remote.stop()
+                # closed, so its worker stops (and closes a backend the manager built), whatever
+                # the closing raised.
+                try:
+                    core.close_tiers()
+                finally:
+                    if self._remote is not None:
+                        self._remote.stop()
 
     # -- layout and views ----------------------------------------------------------------------
 
