@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -237,12 +238,10 @@ def _run_codec(st: dict, name: str, device: str, torch: Any, layout: Layout, n: 
     spec = get_codec_spec(name)
     bench = _Bench(device, torch, layout, n, 1, progress)
     quota = int(n * layout.page_bytes * 1.05) + layout.page_bytes
-    probe = KVCacheConfig(layer_groups=[LayerGroupConfig(layout.buffer_configs())], gpu_quota=quota, device=device)
-    identity = KVCacheManager.remote_identity(probe, (name, {}))
-    backend = st["factory"](identity, timeout_s=30.0)
-    cfg = KVCacheConfig(layer_groups=[LayerGroupConfig(layout.buffer_configs())], gpu_quota=quota, device=device,
-                        remote=RemoteTierConfig(backend, max_pages=n))
-    m = KVCacheManager(cfg, (name, {}))
+    cfg = KVCacheConfig(layer_groups=[LayerGroupConfig(layout.buffer_configs())], gpu_quota=quota, device=device)
+    # The backend is built here (not by the manager) because the baseline drives its client too.
+    backend = st["factory"](KVCacheManager.remote_identity(cfg, (name, {})), timeout_s=30.0)
+    m = KVCacheManager(dataclasses.replace(cfg, remote=RemoteTierConfig(backend, max_pages=n)), (name, {}))
     try:
         blob = m.cold_page_bytes(0)
         pages = list(m.allocate(0, n))

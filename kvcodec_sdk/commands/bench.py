@@ -55,6 +55,18 @@ def report_dir(text: str) -> str:
     return text
 
 
+def _params_object(text: str, example: str) -> tuple[dict | None, str | None]:
+    """``--params``: the parsed JSON object, or a usage error's message (``example`` shows a valid one)."""
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, (f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}; pass an object, "
+                      f"e.g. '{example}'")
+    if not isinstance(params, dict):
+        return None, f"--params must be a JSON object of parameter names to values, got {type(params).__name__}: {text!r}"
+    return params, None
+
+
 def _load_report(option: str, path: str):
     """A --json report read before any work: the data, or a usage error's message."""
     from ..bench.compare import load
@@ -473,14 +485,9 @@ def _run_kvcm_codecs(args: argparse.Namespace) -> int:
     if args.codec_name == "all" and args.params is not None:
         return _usage_error("--params applies to one codec; name it with --codec instead of 'all'")
     if args.params is not None:
-        try:
-            params = json.loads(args.params)
-        except json.JSONDecodeError as exc:
-            return _usage_error(f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {args.params!r}; "
-                                "pass an object, e.g. '{\"data_type\": \"uint16\"}'")
-        if not isinstance(params, dict):
-            return _usage_error(f"--params must be a JSON object of parameter names to values, got "
-                                f"{type(params).__name__}: {args.params!r}")
+        params, problem = _params_object(args.params, '{"data_type": "uint16"}')
+        if problem:
+            return _usage_error(problem)
     try:
         layout = kvcm_codecs.Layout(args.layers, args.tokens, args.heads, args.head_dim)
     except ValueError as exc:
@@ -569,14 +576,9 @@ def _run_fidelity(args: argparse.Namespace) -> int:
     if args.params is not None:
         if args.codec_name == "all":
             return _usage_error("--params applies to one codec; name it with --codec instead of 'all'")
-        try:
-            params = json.loads(args.params)
-        except json.JSONDecodeError as exc:
-            return _usage_error(f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {args.params!r}; "
-                                "pass an object, e.g. '{\"granularity\": \"page\"}'")
-        if not isinstance(params, dict):
-            return _usage_error(f"--params must be a JSON object of parameter names to values, got "
-                                f"{type(params).__name__}: {args.params!r}")
+        params, problem = _params_object(args.params, '{"granularity": "page"}')
+        if problem:
+            return _usage_error(problem)
     try:
         fidelity.configurations(args.codec_name, params)  # an unknown codec or bad parameters: before any work
         kv = fidelity.load_data(args)

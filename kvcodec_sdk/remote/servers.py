@@ -63,7 +63,34 @@ def valkey_server_binary() -> str | None:
     return shutil.which("valkey-server") or shutil.which("redis-server")
 
 
-class ValkeyProcess:
+class _ServerProcess:
+    """A server process of ours in the foreground, with its own folder: killed at once, or stopped
+    (SIGTERM, then SIGKILL) and its folder removed."""
+
+    proc: subprocess.Popen | None
+    dir: Path
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        """Shut the server down (SIGTERM, then SIGKILL) and remove its folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # one a test left stopped (SIGSTOP)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ValkeyProcess(_ServerProcess):
     """A valkey-server in the foreground (no persistence), so a kill is immediate and a restart
     comes back empty on the same port.
 
@@ -87,23 +114,6 @@ class ValkeyProcess:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc, START_TIMEOUT_S, "valkey-server", self.log)
 
-    def kill(self) -> None:
-        """SIGKILL the server and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def stop(self) -> None:
-        """Shut the server down (SIGTERM, then SIGKILL) and remove its folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def ibverbs_dirs() -> list[str]:
@@ -141,7 +151,7 @@ def mooncake_master_binary() -> str | None:
     return shutil.which("mooncake_master")
 
 
-class MooncakeMaster:
+class MooncakeMaster(_ServerProcess):
     """A mooncake_master with its embedded HTTP metadata server, on random ports kept across restarts
     (a restart comes back empty).
 
@@ -181,21 +191,3 @@ class MooncakeMaster:
         for port in (self.rpc_port, self.http_port):
             wait_port(port, self.proc, START_TIMEOUT_S, "mooncake_master", self.log)
 
-    def kill(self) -> None:
-        """SIGKILL the master and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def stop(self) -> None:
-        """Shut the master down (SIGTERM, then SIGKILL) and remove its folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # one a test left stopped
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
