@@ -24,6 +24,7 @@ else:  # Python 3.10: the same parser, as a package
 
 REPO = Path(__file__).resolve().parents[1]
 SDK = "kvcodec-sdk"
+SDK_CMAKE_CONFIG = REPO / "csrc/cmake/kvcodec_sdk-config.cmake"
 # Distribution name -> folder holding its pyproject.toml.
 FOLDERS = {SDK: REPO, "kvcodec-fp8": REPO / "plugins/kvcodec-fp8", "kvcodec-nvcomp": REPO / "plugins/kvcodec-nvcomp",
            "kvcodec-nvfp4": REPO / "plugins/kvcodec-nvfp4"}
@@ -183,7 +184,10 @@ def test_wheel_architectures_reach_cmake_through_the_variable_the_build_reads(di
     define = _pyproject(dist)["tool"]["scikit-build"]["cmake"]["define"]["KVCODEC_CUDA_ARCHITECTURES"]
     assert define["env"] == "KVCODEC_CUDA_ARCHITECTURES"
     assert define["default"] == "80-real;86-real;89-real;90-real;90-virtual"
-    assert "KVCODEC_CUDA_ARCHITECTURES" in (FOLDERS[dist] / "CMakeLists.txt").read_text()
+    cmake = (FOLDERS[dist] / "CMakeLists.txt").read_text()
+    # A plugin built with the SDK's helpers leaves enabling CUDA, and reading the variable, to them.
+    reader = SDK_CMAKE_CONFIG.read_text() if "COMPONENTS plugin" in cmake else cmake
+    assert "KVCODEC_CUDA_ARCHITECTURES" in reader
 
 
 def test_wheel_repair_leaves_the_driver_and_nvcomp_out():

@@ -80,7 +80,8 @@ def test_every_plugin_and_the_template_pin_the_sdk_alike():
 @pytest.mark.parametrize("plugin", [*PLUGINS, TEMPLATE], ids=lambda p: p.parent.name if p == TEMPLATE else p.name)
 def test_codecs_derive_from_the_sdk_base_class(plugin):
     sources = "".join(p.read_text() for p in (plugin / "csrc").rglob("*") if p.suffix in SOURCE_SUFFIXES)
-    assert re.search(r":\s*public\s+(kvcodec::)?CodecBase\b", sources), f"{plugin.name} has no kvcodec::CodecBase codec"
+    base = r":\s*public\s+(kvcodec::)?(CodecBase\b|DualCodec<|PlannedCodec<)"
+    assert re.search(base, sources), f"{plugin.name} has no codec derived from kvcodec::CodecBase (or DualCodec, PlannedCodec)"
     assert "makeCodecFactory" in sources, f"{plugin.name} does not build its factory with kvcodec::makeCodecFactory"
 
 

@@ -11,15 +11,18 @@
 //
 //   plan(layout)        its layout planning, once, after the SDK validated the layout;
 //   submit(call)        one checked, non-empty encode or decode call;
-//   pageIndexLocation() where it reads page indices (host or device);
 //
-// and optionally coldPageBytes() (default: the page's bytes, i.e. no compression),
+// and optionally pageIndexLocation() (default: host indices on the CPU, device ones on a GPU),
+// coldPageBytes() (default: the page's bytes, i.e. no compression),
 // batchingLayerGroup() (default: the smallest lifecycle of the hot pool group) and, for codecs
 // whose blobs carry the cold-page envelope, hasCheckedDecode() returning true (submit() then also
 // serves decodeChecked(), with call.pageStatus set).
 //
 // makeCodecFactory<Traits>() builds the plugin factory: it reads the parameters (ParamReader in
-// kvcodec/params.h), checks the device and constructs the CPU or the CUDA implementation.
+// kvcodec/params.h), checks the device and constructs the CPU or the CUDA implementation. A codec
+// written as one class for both devices derives from DualCodec<Params>, which keeps the parameters
+// and splits submit() into submitCpu() and submitCuda(), or from PlannedCodec<Params, Plan> when it
+// plans each lifecycle from its buffer list.
 #pragma once
 
 #include <cstdint>
@@ -179,8 +182,12 @@ protected:
     /// current). Returns false through fail() to reject the layout.
     virtual bool plan(HotLayout const& layout) = 0;
 
-    /// Where the codec reads the page indices of lifecycle `lc` (called after plan()).
-    virtual PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const& lc) const = 0;
+    /// Where the codec reads the page indices of lifecycle `lc` (called after plan()). Default:
+    /// the host for the CPU implementation, the device for a CUDA one.
+    virtual PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const& /*lc*/) const
+    {
+        return isCpu() ? PageIndexLocation::kHost : PageIndexLocation::kDevice;
+    }
 
     /// Runs one checked, non-empty call (with the codec's CUDA device current). Returns false
     /// through fail(). For decodeChecked() a bad blob is a page status, not a failure.
@@ -198,6 +205,28 @@ protected:
     virtual LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const
     {
         return layout_.smallestLifeCycle(lc.group);
+    }
+
+    /// The smallest lifecycle of `lc`'s hot pool group for which `alike(other)` holds, `lc` itself
+    /// when no smaller one does: the batchingLayerGroup() of a codec whose encoding differs
+    /// between lifecycles of one group.
+    template <class Alike>
+    LayerGroupId smallestAlike(HotLayout::LifeCycle const& lc, Alike&& alike) const
+    {
+        LayerGroupId best = lc.id;
+        for (LayerGroupId other : layout_.groups()[lc.group].lifeCycles)
+        {
+            best = (other < best && alike(other)) ? other : best;
+        }
+        return best;
+    }
+
+    /// smallestAlike() by the buffer list: the smallest lifecycle of the group whose buffers are
+    /// field-for-field those of `lc` (for codecs whose encoding follows the buffer list alone).
+    LayerGroupId smallestWithSameBuffers(HotLayout::LifeCycle const& lc) const
+    {
+        return smallestAlike(
+            lc, [&](LayerGroupId other) { return sameBuffers(layout_.find(other)->buffers, lc.buffers); });
     }
 
     // ---- What the base gives ---------------------------------------------------------------
@@ -451,6 +480,61 @@ struct CudaDevice
     int32_t numSms;  ///< Its multiprocessor count.
 };
 
+/// The base of a codec written as one class for both devices (its own factory Traits): it keeps
+/// the parameters and the device's multiprocessor count, and submit() runs submitCpu() for the CPU
+/// reference and submitCuda() on a CUDA device. The codec adds kName and kFormatVersion, inherits
+/// the constructor (`using DualCodec::DualCodec;`) and writes plan(), submitCpu() and submitCuda().
+template <class ParamsT>
+class DualCodec : public CodecBase
+{
+public:
+    using Params = ParamsT;
+
+    explicit DualCodec(Params const& params, CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
+        : CodecBase(cuda.ordinal)
+        , params_(params)
+        , numSms_(cuda.numSms)
+    {
+    }
+
+protected:
+    /// The call on host pointers, synchronously (the stream is ignored).
+    virtual bool submitCpu(CodecCall const& call) = 0;
+    /// The call enqueued on call.stream.
+    virtual bool submitCuda(CodecCall const& call) = 0;
+
+    bool submit(CodecCall const& call) override
+    {
+        return isCpu() ? submitCpu(call) : submitCuda(call);
+    }
+
+    Params const params_;  ///< As the factory read them.
+    int32_t const numSms_; ///< Multiprocessors of the CUDA device (0 for the CPU reference).
+};
+
+/// A DualCodec that plans each lifecycle from its buffer list alone into a `PlanT` (which has a
+/// `coldPageBytes` field): plan() fills plans_, and the base answers coldPageBytes() from them and
+/// batches the lifecycles of a group whose buffer lists are identical.
+template <class ParamsT, class PlanT>
+class PlannedCodec : public DualCodec<ParamsT>
+{
+public:
+    using DualCodec<ParamsT>::DualCodec;
+
+protected:
+    uint64_t coldPageBytes(HotLayout::LifeCycle const& lc) const override
+    {
+        return plans_.at(lc.id).coldPageBytes;
+    }
+
+    LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
+    {
+        return this->smallestWithSameBuffers(lc);
+    }
+
+    std::unordered_map<LayerGroupId, PlanT> plans_; ///< Per lifecycle, filled by plan().
+};
+
 /// Thrown by a codec's constructor or parameter reading to refuse creation with a message; the
 /// factory returns it as its error. (Any std::exception works the same way.)
 struct CodecCreateError : std::runtime_error
@@ -461,26 +545,19 @@ struct CodecCreateError : std::runtime_error
 namespace detail {
 
 // Traits::Cpu / Traits::Cuda when declared, else Traits itself (one class for both).
-template <class Traits, class = void>
-struct CpuOf
+template <class T>
+struct Tag
 {
-    using type = Traits;
+    using type = T;
 };
 template <class Traits>
-struct CpuOf<Traits, std::void_t<typename Traits::Cpu>>
-{
-    using type = typename Traits::Cpu;
-};
-template <class Traits, class = void>
-struct CudaOf
-{
-    using type = Traits;
-};
+Tag<typename Traits::Cpu> cpuOf(int);
 template <class Traits>
-struct CudaOf<Traits, std::void_t<typename Traits::Cuda>>
-{
-    using type = typename Traits::Cuda;
-};
+Tag<Traits> cpuOf(...);
+template <class Traits>
+Tag<typename Traits::Cuda> cudaOf(int);
+template <class Traits>
+Tag<Traits> cudaOf(...);
 
 template <class Traits>
 IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char* error, size_t capacity) noexcept
@@ -493,9 +570,9 @@ IKvCacheColdPageCodec* createCodec(char const* paramsJson, int32_t device, char*
         reader.finish();
         if (device == KVCODEC_DEVICE_CPU)
         {
-            return new typename CpuOf<Traits>::type(params);
+            return new typename decltype(cpuOf<Traits>(0))::type(params);
         }
-        using Cuda = typename CudaOf<Traits>::type;
+        using Cuda = typename decltype(cudaOf<Traits>(0))::type;
         if constexpr (std::is_void_v<Cuda>)
         {
             throw CodecCreateError(std::string("codec '") + Traits::kName

@@ -33,6 +33,18 @@ constexpr size_t dataTypeBytes(DataType dtype) noexcept
     return 0;
 }
 
+/// True when two buffer lists are field-for-field identical (codecs that follow the buffer list
+/// encode them identically).
+inline bool sameBuffers(std::vector<BufferDesc> const& a, std::vector<BufferDesc> const& b) noexcept
+{
+    return a.size() == b.size()
+        && std::equal(a.begin(), a.end(), b.begin(), [](BufferDesc const& x, BufferDesc const& y) {
+               return x.layerId == y.layerId && x.role == y.role && x.poolIndex == y.poolIndex && x.dtype == y.dtype
+                   && x.byteOffset == y.byteOffset && x.bytes == y.bytes && x.tokensPerPage == y.tokensPerPage
+                   && x.numHeads == y.numHeads && x.headDim == y.headDim;
+           });
+}
+
 class HotLayout
 {
 public:

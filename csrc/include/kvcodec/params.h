@@ -360,6 +360,33 @@ public:
         refuse(key, "valid values are " + valid);
     }
 
+    /// Reads the string `key`, a comma-separated list, into its items (trimmed of spaces and
+    /// tabs, empty items dropped) when present.
+    void readList(char const* key, std::vector<std::string>& items)
+    {
+        std::string text;
+        read(key, text);
+        items.clear();
+        size_t begin = 0;
+        while (begin <= text.size())
+        {
+            size_t end = text.find(',', begin);
+            end = end == std::string::npos ? text.size() : end;
+            size_t const first = text.find_first_not_of(" \t", begin);
+            if (first != std::string::npos && first < end)
+            {
+                items.push_back(text.substr(first, text.find_last_not_of(" \t", end - 1) - first + 1));
+            }
+            begin = end + 1;
+        }
+    }
+
+    /// Throws ParamError "<codec> parameter '<key>' <what>; <why>": for one item of a list.
+    [[noreturn]] void refuseItem(char const* key, std::string const& what, std::string const& why) const
+    {
+        throw ParamError(codec_ + " parameter '" + key + "' " + what + "; " + why);
+    }
+
     /// True when `key` is present (and not null).
     [[nodiscard]] bool has(char const* key) const
     {

@@ -23,30 +23,6 @@
 namespace kvcodec::fp8 {
 namespace {
 
-std::vector<std::string> splitList(std::string const& text)
-{
-    std::vector<std::string> out;
-    std::string cur;
-    for (char c : text + ",")
-    {
-        if (c == ',')
-        {
-            size_t b = cur.find_first_not_of(" \t");
-            size_t e = cur.find_last_not_of(" \t");
-            if (b != std::string::npos)
-            {
-                out.push_back(cur.substr(b, e - b + 1));
-            }
-            cur.clear();
-        }
-        else
-        {
-            cur.push_back(c);
-        }
-    }
-    return out;
-}
-
 // Reads the string parameter `key` as the index of one of `names` into `index` when present.
 // A value of any other type or text is refused with the valid texts listed.
 void readChoice(ParamReader& r, char const* key, std::vector<std::string> const& names, size_t& index)
@@ -87,33 +63,7 @@ void Fp8Params::read(ParamReader& r)
     i = size_t(granularity);
     readChoice(r, "granularity", {"page_head", "token_head", "page"}, i);
     granularity = Granularity(i);
-    std::string roles;
-    r.read("lossless_roles", roles);
-    for (auto const& role : splitList(roles))
-    {
-        if (role == "key")
-            losslessKey = true;
-        else if (role == "value")
-            losslessValue = true;
-        else if (role != "other")
-        {
-            throw ParamError("fp8 parameter 'lossless_roles' names '" + role
-                + "'; valid roles are 'key', 'value', 'other' (comma-separated)");
-        }
-    }
-    std::string layers;
-    r.read("lossless_layers", layers);
-    for (auto const& item : splitList(layers))
-    {
-        bool digits = !item.empty() && item.size() <= 9
-            && std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits)
-        {
-            throw ParamError("fp8 parameter 'lossless_layers' has the item '" + item
-                + "'; it must be comma-separated non-negative layer ids, e.g. '0,31'");
-        }
-        losslessLayers.insert(std::stoll(item));
-    }
+    readLossless(r);
     std::vector<std::string> kernels{"auto"}; // then kKernelVariants in order
     for (auto const& v : kKernelVariants)
     {
@@ -158,18 +108,15 @@ uint64_t deviceTileBudget(int device) noexcept
 // One class for both implementations: the CPU reference (device() == KVCODEC_DEVICE_CPU: host
 // pointers, synchronous, stream ignored; the kernels are in cpu.cpp) and the CUDA one (one
 // kernel launch per call, kernel*.cu).
-class Fp8Codec final : public CodecBase
+class Fp8Codec final : public PlannedCodec<Fp8Params, LifeCyclePlan>
 {
 public:
-    // What makeCodecFactory<Fp8Codec>() needs: the registry name, the format version, the parameters.
+    // What makeCodecFactory<Fp8Codec>() needs besides Params: the registry name, the format version.
     static constexpr char const* kName = "fp8";
     static constexpr uint32_t kFormatVersion = fp8::kFormatVersion;
-    using Params = Fp8Params;
 
     explicit Fp8Codec(Params const& params, CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
-        : CodecBase(cuda.ordinal)
-        , params_(params)
-        , numSms_(cuda.numSms)
+        : PlannedCodec(params, cuda)
         // The CPU reference plans with the default budget; its blobs do not depend on it.
         , tileBudget_(cuda.ordinal == KVCODEC_DEVICE_CPU ? kDefaultTileBudget : deviceTileBudget(cuda.ordinal))
     {
@@ -282,37 +229,7 @@ private:
         return true;
     }
 
-    uint64_t coldPageBytes(HotLayout::LifeCycle const& lc) const override
-    {
-        return plans_.at(lc.id).coldPageBytes;
-    }
-
-    // The smallest lifecycle of the same hot pool group with an identical buffer list
-    // (parameters are codec-wide).
-    LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
-    {
-        LayerGroupId best = lc.id;
-        for (LayerGroupId other : layout().groups()[lc.group].lifeCycles)
-        {
-            if (other < best && sameBuffers(layout().find(other)->buffers, lc.buffers))
-            {
-                best = other;
-            }
-        }
-        return best;
-    }
-
-    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
-    {
-        return isCpu() ? PageIndexLocation::kHost : PageIndexLocation::kDevice;
-    }
-
-    bool submit(CodecCall const& call) override
-    {
-        return isCpu() ? submitCpu(call) : submitCuda(call);
-    }
-
-    bool submitCpu(CodecCall const& call)
+    bool submitCpu(CodecCall const& call) override
     {
         LifeCyclePlan const& plan = plans_.at(call.lifeCycle.id);
         cpu::IeeeScope ieee;
@@ -337,7 +254,7 @@ private:
         return true;
     }
 
-    bool submitCuda(CodecCall const& call)
+    bool submitCuda(CodecCall const& call) override
     {
         if (reinterpret_cast<uintptr_t>(call.pages) % alignof(PageIndexPair) != 0)
         {
@@ -367,10 +284,7 @@ private:
         return cudaCheck(launchFp8(args, numSms_, call.stream), "fp8 kernel launch");
     }
 
-    Params params_;
-    int numSms_;
     uint64_t tileBudget_;
-    std::unordered_map<LifeCycleId, LifeCyclePlan> plans_;
     std::unordered_map<LifeCycleId, LifeCycleLaunches> launches_;
 };
 

@@ -10,6 +10,7 @@
 
 #include <kvcodec/params.h>
 #include <kvcodec/plugin.h>
+#include <kvcodec/quantization.h>
 
 #include "format.h"
 #include "kernel.h"
@@ -18,13 +19,10 @@ namespace kvcodec::fp8 {
 
 /// The codec parameters. Types, defaults, choices and documentation have one source: the
 /// Python spec (kvcodec_fp8/plugin.py), which validates user input and sends every parameter.
-struct Fp8Params
+struct Fp8Params : LosslessPolicy
 {
     Format format = Format::kE4M3;
     Granularity granularity = Granularity::kPageHead;
-    bool losslessKey = false;
-    bool losslessValue = false;
-    std::set<int64_t> losslessLayers;
     // Tuning knobs of the CUDA kernel: they never change a blob byte.
     bool autoKernel = true;             ///< kernel=auto: per call, `kernel` or the tile variant (docs/fp8.md).
     uint32_t kernel = kAutoBaseVariant; ///< Index into kKernelVariants (auto: its non-tile kernel).

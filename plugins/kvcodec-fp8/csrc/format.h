@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvcodec/quantization.h"
+
 #if defined(__CUDACC__)
 #define KVFP8_HD __host__ __device__ __forceinline__
 #else
@@ -76,20 +78,6 @@ KVFP8_HD float formatMax(Format f)
 KVFP8_HD uint64_t alignUp(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
-}
-
-KVFP8_HD uint32_t floatBits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-KVFP8_HD float bitsFloat(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
 }
 
 /// Rounds a non-negative float below 2^22 to the nearest integer, ties to even. Adding and

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "kernel_warp.cuh"
+#include "kvcodec/kernels.cuh"
 
 namespace kvcodec::fp8 {
 namespace {
@@ -57,25 +58,16 @@ int residentBlocks()
 }
 
 template <int V>
-cudaError_t preloadVariant()
-{
-    cudaFuncAttributes attributes{};
-    cudaError_t st = cudaFuncGetAttributes(&attributes, fp8Kernel<true, V>);
-    return st != cudaSuccess ? st : cudaFuncGetAttributes(&attributes, fp8Kernel<false, V>);
-}
-
-template <int V>
 void launchVariant(KernelArgs const& args, uint64_t total, int numSms, cudaStream_t stream)
 {
-    uint64_t const wanted = (total + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    uint64_t const blocks = std::min<uint64_t>(wanted, uint64_t(std::max(numSms, 1)) * residentBlocks<V>());
+    unsigned const blocks = gridBlocks((total + kWarpsPerBlock - 1) / kWarpsPerBlock, numSms, residentBlocks<V>());
     if (args.encode)
     {
-        fp8Kernel<true, V><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+        fp8Kernel<true, V><<<blocks, kThreads, 0, stream>>>(args);
     }
     else
     {
-        fp8Kernel<false, V><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+        fp8Kernel<false, V><<<blocks, kThreads, 0, stream>>>(args);
     }
 }
 
@@ -85,15 +77,9 @@ static_assert(kNumKernelVariants == 4, "preloadFp8 and launchFp8 list every vari
 
 cudaError_t preloadFp8() noexcept
 {
-    cudaError_t const st[] = {preloadVariant<0>(), preloadVariant<1>(), preloadVariant<2>(), preloadTileKernel()};
-    for (cudaError_t e : st)
-    {
-        if (e != cudaSuccess)
-        {
-            return e;
-        }
-    }
-    return cudaSuccess;
+    cudaError_t const st = preloadKernels(fp8Kernel<true, 0>, fp8Kernel<false, 0>, fp8Kernel<true, 1>,
+        fp8Kernel<false, 1>, fp8Kernel<true, 2>, fp8Kernel<false, 2>);
+    return st != cudaSuccess ? st : preloadTileKernel();
 }
 
 cudaError_t launchFp8(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernel_warp.cuh"
+#include "kvcodec/kernels.cuh"
 
 namespace kvcodec::fp8 {
 namespace {
@@ -354,9 +355,7 @@ void launchTileKernel(KernelArgs const& args, uint64_t total, int numSms, cudaSt
 
 cudaError_t preloadTileKernel() noexcept
 {
-    cudaFuncAttributes attributes{};
-    cudaError_t st = cudaFuncGetAttributes(&attributes, fp8TileKernel<true>);
-    return st != cudaSuccess ? st : cudaFuncGetAttributes(&attributes, fp8TileKernel<false>);
+    return preloadKernels(fp8TileKernel<true>, fp8TileKernel<false>);
 }
 
 cudaError_t prepareTileKernel(bool encode, uint64_t budget, uint32_t smem, int* residentPerSm) noexcept

@@ -13,6 +13,7 @@
 #include "format.h"
 #include "kernel.h"
 #include "kvcodec/layout.h"
+#include "kvcodec/quantization.h"
 
 namespace kvcodec::fp8 {
 
@@ -31,10 +32,7 @@ inline bool quantizes(BufferDesc const& b, Fp8Params const& p)
 {
     bool const floatType
         = b.dtype == DataType::kBFloat16 || b.dtype == DataType::kFloat16 || b.dtype == DataType::kFloat32;
-    bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
-    bool const role
-        = (b.role == BufferRole::kKey && !p.losslessKey) || (b.role == BufferRole::kValue && !p.losslessValue);
-    return floatType && shaped && role && p.losslessLayers.count(b.layerId) == 0;
+    return floatType && quantizableKv(b, p);
 }
 
 inline uint32_t nextPow2(uint64_t v)
@@ -78,31 +76,12 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
     LifeCyclePlan& out, uint64_t tileBudget = kDefaultTileBudget)
 {
     auto const& group = layout.groups()[lc.group];
-    std::vector<BufferDesc> buffers = lc.buffers;
-    if (buffers.empty())
+    std::vector<BufferDesc> buffers;
+    std::string error
+        = quantizationBuffers(layout, lc, [&](BufferDesc const& b) { return quantizes(b, params); }, buffers);
+    if (!error.empty())
     {
-        for (size_t p = 0; p < group.pools.size(); ++p)
-        {
-            buffers.push_back(
-                {lc.id, BufferRole::kOther, int32_t(p), DataType::kUInt8, 0, group.pools[p].slotBytes, 0, 0, 0, 0});
-        }
-    }
-    // A quantized buffer must not share hot bytes with another buffer: decode would write both.
-    for (size_t i = 0; i < buffers.size(); ++i)
-    {
-        for (size_t j = i + 1; j < buffers.size(); ++j)
-        {
-            BufferDesc const& a = buffers[i];
-            BufferDesc const& b = buffers[j];
-            bool const overlap = a.poolIndex == b.poolIndex && a.byteOffset < b.byteOffset + b.bytes
-                && b.byteOffset < a.byteOffset + a.bytes;
-            if (overlap && (quantizes(a, params) || quantizes(b, params)))
-            {
-                return "lifecycle " + std::to_string(lc.id) + ": buffers[" + std::to_string(i) + "] and buffers["
-                    + std::to_string(j) + "] overlap in pool " + std::to_string(a.poolIndex)
-                    + " and one of them is quantized; a quantized buffer must not share hot bytes with another buffer";
-            }
-        }
+        return error;
     }
     out = {};
     uint64_t off = 0;
@@ -193,27 +172,6 @@ inline std::string planLifeCycle(HotLayout const& layout, HotLayout::LifeCycle c
     out.coldPageBytes = off;
     out.unitsPerPage = unit;
     return {};
-}
-
-/// True when two lifecycles' buffer lists are field-for-field identical (same encoding).
-inline bool sameBuffers(std::vector<BufferDesc> const& a, std::vector<BufferDesc> const& b)
-{
-    if (a.size() != b.size())
-    {
-        return false;
-    }
-    for (size_t i = 0; i < a.size(); ++i)
-    {
-        BufferDesc const& x = a[i];
-        BufferDesc const& y = b[i];
-        if (x.layerId != y.layerId || x.role != y.role || x.poolIndex != y.poolIndex || x.dtype != y.dtype
-            || x.byteOffset != y.byteOffset || x.bytes != y.bytes || x.tokensPerPage != y.tokensPerPage
-            || x.numHeads != y.numHeads || x.headDim != y.headDim)
-        {
-            return false;
-        }
-    }
-    return true;
 }
 
 } // namespace kvcodec::fp8

@@ -27,6 +27,8 @@
 #include "kvcodec/params.h"
 #include "plan.h"
 
+using namespace pybind11::literals;
+
 namespace py = pybind11;
 using namespace kvcodec::fp8;
 
@@ -148,25 +150,20 @@ py::dict planLayout(py::list const& groups, std::string const& paramsJson, uint6
         py::list planned;
         for (BufferPlan const& b : plan.buffers)
         {
-            py::dict d;
-            d["quantized"] = b.quantized, d["dtype"] = b.dtype, d["vector"] = b.vector, d["hot_aligned"] = b.hotAligned;
-            d["group_lanes"] = b.groupLanes, d["rounds"] = b.rounds, d["pool_base"] = b.poolBase;
-            d["slot_bytes"] = b.slotBytes, d["hot_offset"] = b.hotOffset, d["bytes"] = b.bytes, d["elems"] = b.elems;
-            d["num_blocks"] = b.numBlocks, d["block_elems"] = b.blockElems, d["row_elems"] = b.rowElems;
-            d["row_stride"] = b.rowStride, d["block_stride"] = b.blockStride, d["data_offset"] = b.dataOffset;
-            d["scale_offset"] = b.scaleOffset, d["data_end"] = b.dataEnd, d["scale_end"] = b.scaleEnd;
-            d["region_end"] = b.regionEnd, d["first_unit"] = b.firstUnit, d["units"] = b.units;
-            d["warp_units"] = b.warpUnits, d["tile_blocks"] = b.tileBlocks;
+            py::dict d("quantized"_a = b.quantized, "dtype"_a = b.dtype, "vector"_a = b.vector,
+                "hot_aligned"_a = b.hotAligned, "group_lanes"_a = b.groupLanes, "rounds"_a = b.rounds,
+                "pool_base"_a = b.poolBase, "slot_bytes"_a = b.slotBytes, "hot_offset"_a = b.hotOffset,
+                "bytes"_a = b.bytes, "elems"_a = b.elems, "num_blocks"_a = b.numBlocks, "block_elems"_a = b.blockElems,
+                "row_elems"_a = b.rowElems, "row_stride"_a = b.rowStride, "block_stride"_a = b.blockStride,
+                "data_offset"_a = b.dataOffset, "scale_offset"_a = b.scaleOffset, "data_end"_a = b.dataEnd,
+                "scale_end"_a = b.scaleEnd, "region_end"_a = b.regionEnd, "first_unit"_a = b.firstUnit,
+                "units"_a = b.units, "warp_units"_a = b.warpUnits, "tile_blocks"_a = b.tileBlocks);
             planned.append(d);
         }
-        py::dict entry;
-        entry["group"] = lc.group;
-        entry["cold_page_bytes"] = plan.coldPageBytes;
-        entry["units_per_page"] = plan.unitsPerPage;
-        entry["tile_encode_smem"] = plan.tileEncodeSmem;
-        entry["tile_decode_smem"] = plan.tileDecodeSmem;
-        entry["num_slots"] = layout.groups()[lc.group].numSlots;
-        entry["buffers"] = planned;
+        py::dict entry("group"_a = lc.group, "cold_page_bytes"_a = plan.coldPageBytes,
+            "units_per_page"_a = plan.unitsPerPage, "tile_encode_smem"_a = plan.tileEncodeSmem,
+            "tile_decode_smem"_a = plan.tileDecodeSmem, "num_slots"_a = layout.groups()[lc.group].numSlots,
+            "buffers"_a = planned);
         result[py::int_(lc.id)] = entry;
     }
     return result;

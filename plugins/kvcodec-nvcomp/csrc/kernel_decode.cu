@@ -6,6 +6,7 @@
 
 #include "kernel_device.cuh"
 #include "kernels.h"
+#include "kvcodec/kernels.cuh"
 
 namespace kvcodec::nvcomp_plugin {
 namespace {
@@ -249,18 +250,7 @@ __global__ void decodeScatter(DecodeArgs a)
 
 cudaError_t preloadDecodeKernels() noexcept
 {
-    cudaFuncAttributes attributes{};
-    for (void const* kernel :
-        {reinterpret_cast<void const*>(&decodeHeader), reinterpret_cast<void const*>(&decodeChunks),
-            reinterpret_cast<void const*>(&decodeVerify), reinterpret_cast<void const*>(&decodeScatter)})
-    {
-        cudaError_t const st = cudaFuncGetAttributes(&attributes, kernel);
-        if (st != cudaSuccess)
-        {
-            return st;
-        }
-    }
-    return cudaSuccess;
+    return preloadKernels(decodeHeader, decodeChunks, decodeVerify, decodeScatter);
 }
 
 cudaError_t launchDecodeFetch(

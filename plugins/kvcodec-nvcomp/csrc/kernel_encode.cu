@@ -6,6 +6,7 @@
 
 #include "kernel_device.cuh"
 #include "kernels.h"
+#include "kvcodec/kernels.cuh"
 
 namespace kvcodec::nvcomp_plugin {
 namespace {
@@ -207,18 +208,7 @@ __global__ void encodeSeal(EncodeArgs a)
 
 cudaError_t preloadEncodeKernels() noexcept
 {
-    cudaFuncAttributes attributes{};
-    for (void const* kernel :
-        {reinterpret_cast<void const*>(&encodePrepare), reinterpret_cast<void const*>(&encodeLayout),
-            reinterpret_cast<void const*>(&encodeChunks), reinterpret_cast<void const*>(&encodeSeal)})
-    {
-        cudaError_t const st = cudaFuncGetAttributes(&attributes, kernel);
-        if (st != cudaSuccess)
-        {
-            return st;
-        }
-    }
-    return cudaSuccess;
+    return preloadKernels(encodePrepare, encodeLayout, encodeChunks, encodeSeal);
 }
 
 cudaError_t launchEncodePrepare(EncodeArgs const& a, size_t total, cudaStream_t stream) noexcept

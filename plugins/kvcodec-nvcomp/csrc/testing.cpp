@@ -15,6 +15,8 @@
 #include "lz4_block.h"
 #include "nvcomp_ops.h"
 
+using namespace pybind11::literals;
+
 namespace py = pybind11;
 
 namespace kvcodec::nvcomp_plugin {
@@ -349,20 +351,13 @@ void addTestHooks(py::module_& m)
             {
                 throw py::value_error(error);
             }
-            py::dict d;
-            d["max_chunk_bytes"] = w.maxChunkBytes;
-            d["max_chunks_per_batch"] = w.maxChunks;
-            d["max_pages_per_batch"] = w.maxPages;
-            d["chunk_stride"] = w.chunkStride;
-            d["compressed_stride"] = w.compStride;
-            d["max_compressed_chunk"] = w.maxCompressedChunk;
-            d["blob_staging_bytes"] = w.blobBytes;
-            d["compress_temp_bytes"] = w.compressTempBytes;
-            d["decompress_temp_bytes"] = w.decompressTempBytes;
-            d["temp_budget_bytes"] = w.tempBudget;
-            d["encode_lane_bytes"] = w.encodeLaneBytes;
-            d["decode_lane_bytes"] = w.decodeLaneBytes;
-            d["device_bytes"] = 2 * (w.encodeLaneBytes + w.decodeLaneBytes);
+            py::dict d("max_chunk_bytes"_a = w.maxChunkBytes, "max_chunks_per_batch"_a = w.maxChunks,
+                "max_pages_per_batch"_a = w.maxPages, "chunk_stride"_a = w.chunkStride,
+                "compressed_stride"_a = w.compStride, "max_compressed_chunk"_a = w.maxCompressedChunk,
+                "blob_staging_bytes"_a = w.blobBytes, "compress_temp_bytes"_a = w.compressTempBytes,
+                "decompress_temp_bytes"_a = w.decompressTempBytes, "temp_budget_bytes"_a = w.tempBudget,
+                "encode_lane_bytes"_a = w.encodeLaneBytes, "decode_lane_bytes"_a = w.decodeLaneBytes,
+                "device_bytes"_a = 2 * (w.encodeLaneBytes + w.decodeLaneBytes));
             return d;
         },
         py::arg("algorithm"), py::arg("params_json"), py::arg("slot_bytes"), py::arg("num_slots"),
@@ -403,12 +398,8 @@ void addTestHooks(py::module_& m)
                 r = directBenchmark(
                     a, elementBytes, data, bytes, chunkBytes, iterations, reinterpret_cast<cudaStream_t>(stream));
             }
-            py::dict d;
-            d["raw_bytes"] = r.rawBytes;
-            d["compressed_bytes"] = r.compressedBytes;
-            d["compress_ms"] = r.compressMs;
-            d["decompress_ms"] = r.decompressMs;
-            d["round_trip_ok"] = r.roundTripOk;
+            py::dict d("raw_bytes"_a = r.rawBytes, "compressed_bytes"_a = r.compressedBytes,
+                "compress_ms"_a = r.compressMs, "decompress_ms"_a = r.decompressMs, "round_trip_ok"_a = r.roundTripOk);
             return d;
         },
         py::arg("algorithm"), py::arg("element_bytes"), py::arg("data"), py::arg("bytes"), py::arg("chunk_bytes"),

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <kvcodec/codec_base.h>
+#include <kvcodec/quantization.h>
 
 #include "format.h"
 
@@ -52,12 +53,9 @@ enum class Granularity : uint32_t
     kPage = 1,     ///< One fp32 scale per buffer and page.
 };
 
-struct Params
+struct Params : kvcodec::LosslessPolicy
 {
     Granularity granularity = Granularity::kPageHead;
-    bool losslessKey = false;
-    bool losslessValue = false;
-    std::set<int64_t> losslessLayers;
 
     void read(kvcodec::ParamReader& r); ///< Reads the values plugin.py's schema validated.
 };

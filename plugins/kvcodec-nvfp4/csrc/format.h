@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvcodec/quantization.h"
+
 #if defined(__CUDACC__)
 #define NVFP4_HD __host__ __device__ __forceinline__
 #else
@@ -32,19 +34,8 @@ inline constexpr float kGlobalDivisor = 2688.0f;          ///< e2m1 max (6) * e4
 inline constexpr float kMinGlobalScale = 1.17549435e-38f; ///< 2^-126: S stays normal, 1/S finite.
 inline constexpr uint32_t kBlockElems = 16;
 
-NVFP4_HD uint32_t floatBits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-NVFP4_HD float bitsFloat(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
+using kvcodec::bitsFloat;
+using kvcodec::floatBits;
 
 NVFP4_HD float mulRn(float a, float b)
 {

@@ -23,6 +23,7 @@
 #include <algorithm>
 
 #include "format.h"
+#include "kvcodec/kernels.cuh"
 
 namespace nvfp4_codec {
 namespace {
@@ -156,6 +157,17 @@ __device__ float blockMax(uint32_t v, uint32_t* shared)
     return bitsFloat(m);
 }
 
+// Loads block k of group g into u (as fp32 bits), with its row and block column: returns its
+// element count.
+__device__ __forceinline__ uint32_t loadGroupBlock(
+    BufferPlan const& b, uint64_t g, uint64_t k, uint8_t const* hot, bool bf16, uint32_t* u, uint64_t& row, uint32_t& j)
+{
+    blockPosition(b, g, k, row, j);
+    uint32_t const n = min(kBlockElems, b.headDim - kBlockElems * j);
+    loadBlock(hot + 2 * (row * b.headDim + kBlockElems * j), n, bf16, u);
+    return n;
+}
+
 __device__ void encodeGroup(BufferPlan const& b, uint64_t g, uint8_t const* hot, uint8_t* blob, uint32_t* shared)
 {
     bool const bf16 = b.bf16 != 0;
@@ -165,9 +177,7 @@ __device__ void encodeGroup(BufferPlan const& b, uint64_t g, uint8_t const* hot,
     {
         uint64_t row;
         uint32_t j;
-        blockPosition(b, g, k, row, j);
-        uint32_t const n = min(kBlockElems, b.headDim - kBlockElems * j);
-        loadBlock(hot + 2 * (row * b.headDim + kBlockElems * j), n, bf16, u);
+        uint32_t const n = loadGroupBlock(b, g, k, hot, bf16, u, row, j);
         local = max(local, floatBits(finiteAmax(u, n)));
     }
     float const s = globalScale(blockMax(local, shared));
@@ -184,9 +194,7 @@ __device__ void encodeGroup(BufferPlan const& b, uint64_t g, uint8_t const* hot,
     {
         uint64_t row;
         uint32_t j;
-        blockPosition(b, g, k, row, j);
-        uint32_t const n = min(kBlockElems, b.headDim - kBlockElems * j);
-        loadBlock(hot + 2 * (row * b.headDim + kBlockElems * j), n, bf16, u);
+        uint32_t const n = loadGroupBlock(b, g, k, hot, bf16, u, row, j);
         uint8_t codes[kBlockElems / 2];
         uint8_t const sb = encodeBlock(u, n, s, codes);
         uint8_t* dst = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
@@ -571,9 +579,7 @@ __global__ void __launch_bounds__(kThreads, kEncode ? kEncodeBlocksPerSm : kDeco
 
 cudaError_t preloadKernel() noexcept
 {
-    cudaFuncAttributes attributes{};
-    cudaError_t const e = cudaFuncGetAttributes(&attributes, nvfp4Kernel<true>);
-    return e != cudaSuccess ? e : cudaFuncGetAttributes(&attributes, nvfp4Kernel<false>);
+    return kvcodec::preloadKernels(nvfp4Kernel<true>, nvfp4Kernel<false>);
 }
 
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
@@ -585,15 +591,14 @@ cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream
     }
     // As many thread blocks as are resident at once (the kernels' launch bounds): each takes work
     // items grid-stride, so no partial wave waits on the last.
-    uint64_t const blocks = std::min<uint64_t>(
-        total, uint64_t(std::max(numSms, 1)) * (args.encode ? kEncodeBlocksPerSm : kDecodeBlocksPerSm));
+    unsigned const blocks = kvcodec::gridBlocks(total, numSms, args.encode ? kEncodeBlocksPerSm : kDecodeBlocksPerSm);
     if (args.encode)
     {
-        nvfp4Kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(args);
+        nvfp4Kernel<true><<<blocks, kThreads, 0, stream>>>(args);
     }
     else
     {
-        nvfp4Kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(args);
+        nvfp4Kernel<false><<<blocks, kThreads, 0, stream>>>(args);
     }
     return cudaGetLastError();
 }

@@ -57,41 +57,19 @@ float rawAmax(uint8_t const* hot, uint64_t first, uint64_t n, bool bf16)
 bool quantizes(kvcodec::BufferDesc const& b, Params const& p)
 {
     bool const half = b.dtype == kvcodec::DataType::kBFloat16 || b.dtype == kvcodec::DataType::kFloat16;
-    bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
-    bool const role = (b.role == kvcodec::BufferRole::kKey && !p.losslessKey)
-        || (b.role == kvcodec::BufferRole::kValue && !p.losslessValue);
-    return half && shaped && role && p.losslessLayers.count(b.layerId) == 0;
+    return half && kvcodec::quantizableKv(b, p);
 }
 
 std::string planLifeCycle(
     kvcodec::HotLayout const& layout, kvcodec::HotLayout::LifeCycle const& lc, Params const& params, LifeCyclePlan& out)
 {
     auto const& group = layout.groups()[lc.group];
-    std::vector<kvcodec::BufferDesc> buffers = lc.buffers;
-    if (buffers.empty())
+    std::vector<kvcodec::BufferDesc> buffers;
+    std::string error = kvcodec::quantizationBuffers(
+        layout, lc, [&](kvcodec::BufferDesc const& b) { return quantizes(b, params); }, buffers);
+    if (!error.empty())
     {
-        for (size_t p = 0; p < group.pools.size(); ++p)
-        {
-            buffers.push_back({lc.id, kvcodec::BufferRole::kOther, int32_t(p), kvcodec::DataType::kUInt8, 0,
-                group.pools[p].slotBytes, 0, 0, 0, 0});
-        }
-    }
-    // A quantized buffer must not share hot bytes with another buffer: decode would write both.
-    for (size_t i = 0; i < buffers.size(); ++i)
-    {
-        for (size_t k = i + 1; k < buffers.size(); ++k)
-        {
-            auto const& a = buffers[i];
-            auto const& b = buffers[k];
-            bool const overlap = a.poolIndex == b.poolIndex && a.byteOffset < b.byteOffset + b.bytes
-                && b.byteOffset < a.byteOffset + a.bytes;
-            if (overlap && (quantizes(a, params) || quantizes(b, params)))
-            {
-                return "lifecycle " + std::to_string(lc.id) + ": buffers[" + std::to_string(i) + "] and buffers["
-                    + std::to_string(k) + "] overlap in pool " + std::to_string(a.poolIndex)
-                    + " and one of them is quantized; a quantized buffer must not share hot bytes with another buffer";
-            }
-        }
+        return error;
     }
     out = {};
     uint64_t off = 0;

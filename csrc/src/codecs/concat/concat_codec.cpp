@@ -186,8 +186,7 @@ void appendRegistrationBoundaries(uintptr_t begin, uintptr_t end, std::vector<ui
 // once warm.
 struct DescriptorScratch
 {
-    std::vector<CUdeviceptr> dsts;
-    std::vector<CUdeviceptr> srcs;
+    std::vector<CUdeviceptr> dsts, srcs;
     std::vector<size_t> sizes;
     std::vector<uint64_t> cuts;
     std::vector<uintptr_t> blobBounds;
@@ -280,7 +279,6 @@ private:
         auto const& group = call.group;
         GroupPlan const& plan = plans_[call.groupIndex];
         uintptr_t const blob = call.coldBase;
-        PageIndexPair const* pairs = call.pages;
         size_t const n = call.numPages;
         bool const encode = call.encoding;
         int64_t const maxCold = call.maxColdIndex;
@@ -307,8 +305,8 @@ private:
         {
             for (size_t i = 0; i < n; ++i)
             {
-                uint64_t const hotIdx = uint64_t(encode ? pairs[i].src : pairs[i].dst);
-                uintptr_t const cold = blob + uint64_t(encode ? pairs[i].dst : pairs[i].src) * group.pageBytes;
+                uint64_t const hotIdx = uint64_t(call.hot(i));
+                uintptr_t const cold = blob + uint64_t(call.cold(i)) * group.pageBytes;
                 for (size_t p = 0; p < numPools; ++p, ++k)
                 {
                     auto const& pool = group.pools[p];
@@ -323,8 +321,8 @@ private:
         {
             for (size_t i = 0; i < n; ++i)
             {
-                uint64_t const hotIdx = uint64_t(encode ? pairs[i].src : pairs[i].dst);
-                uintptr_t const cold = blob + uint64_t(encode ? pairs[i].dst : pairs[i].src) * group.pageBytes;
+                uint64_t const hotIdx = uint64_t(call.hot(i));
+                uintptr_t const cold = blob + uint64_t(call.cold(i)) * group.pageBytes;
                 for (size_t p = 0; p < numPools; ++p)
                 {
                     auto const& pool = group.pools[p];

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "concat_gather.h"
 
+#include "kvcodec/kernels.cuh"
 #include <algorithm>
 
 namespace kvcodec::concat {
@@ -67,12 +68,7 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(GatherArgs a)
     {
         uint64_t const page = w / a.chunksPerPage;
         uint64_t const r = w - page * a.chunksPerPage;
-        uint32_t p = 0;
-        while (p + 1 < a.numPools && r >= a.pools[p + 1].firstChunk)
-        {
-            ++p;
-        }
-        GatherPool const pool = a.pools[p];
+        GatherPool const pool = a.pools[poolOfChunk(a.pools, a.numPools, r)];
         // One aligned 64-bit load fetches both indices.
         long long const packed = __ldg(reinterpret_cast<long long const*>(a.pairs) + page);
         int32_t const dstIdx = static_cast<int32_t>(packed & 0xffffffffll);
@@ -102,8 +98,7 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(GatherArgs a)
 
 cudaError_t preloadGather() noexcept
 {
-    cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, gatherKernel);
+    return preloadKernels(gatherKernel);
 }
 
 cudaError_t launchGather(GatherArgs const& args, int numSms, cudaStream_t stream) noexcept
@@ -113,8 +108,7 @@ cudaError_t launchGather(GatherArgs const& args, int numSms, cudaStream_t stream
     {
         return cudaSuccess;
     }
-    uint64_t const blocks = std::min<uint64_t>(total, uint64_t(std::max(numSms, 1)) * 32);
-    gatherKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
+    gatherKernel<<<gridBlocks(total, numSms, 32), kThreads, 0, stream>>>(args);
     return cudaGetLastError();
 }
 

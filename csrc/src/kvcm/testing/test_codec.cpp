@@ -66,9 +66,15 @@ struct TestParams
     }
 };
 
+// Its own factory Traits: a CPU-only codec.
 class TestCodec final : public CodecBase
 {
 public:
+    static constexpr char const* kName = "kvcm-test";
+    static constexpr uint32_t kFormatVersion = kFormat;
+    using Params = TestParams;
+    using Cuda = void;
+
     explicit TestCodec(TestParams const& params)
         : CodecBase(KVCODEC_DEVICE_CPU)
         , params_(params)
@@ -232,16 +238,7 @@ private:
     std::map<int32_t, std::string> pad_, batching_, location_, zeroSize_;
 };
 
-struct TestTraits
-{
-    static constexpr char const* kName = "kvcm-test";
-    static constexpr uint32_t kFormatVersion = kFormat;
-    using Params = TestParams;
-    using Cpu = TestCodec;
-    using Cuda = void;
-};
-
-KvcodecCodecFactory const kFactory = makeCodecFactory<TestTraits>();
+KvcodecCodecFactory const kFactory = makeCodecFactory<TestCodec>();
 // The same codec declared as built for plugin ABI 1: the SDK must never call its ABI-2 methods.
 KvcodecCodecFactory const kFactoryAbi1{
     1, sizeof(KvcodecCodecFactory), "kvcm-test", kFormat, 0, kFactory.create, kFactory.destroy};

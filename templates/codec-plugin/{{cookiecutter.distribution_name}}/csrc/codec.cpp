@@ -36,20 +36,13 @@ using kvcodec::PageIndexLocation;
 
 // One class for both implementations: the CPU reference (device() == KVCODEC_DEVICE_CPU: host
 // pointers, synchronous, stream ignored) and the CUDA one (one kernel per call).
-class Codec final : public kvcodec::CodecBase
+class Codec final : public kvcodec::DualCodec<Params>
 {
 public:
-    // What makeCodecFactory<Codec>() needs: the registry name, the format version, the parameters.
+    // What makeCodecFactory<Codec>() needs besides Params: the registry name, the format version.
     static constexpr char const* kName = "{{ cookiecutter.codec_name }}";
     static constexpr uint32_t kFormatVersion = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::kFormatVersion;
-    using Params = ::{{ cookiecutter.codec_name | replace('-', '_') }}_codec::Params;
-
-    explicit Codec(Params const& params, kvcodec::CudaDevice cuda = {KVCODEC_DEVICE_CPU, 0})
-        : CodecBase(cuda.ordinal)
-        , params_(params)
-        , numSms_(cuda.numSms)
-    {
-    }
+    using DualCodec::DualCodec;
 
 private:
     bool plan(HotLayout const& layout) override
@@ -93,29 +86,20 @@ private:
     // Lifecycles of one hot pool group with identical lossy ranges encode identically.
     LayerGroupId batchingLayerGroup(HotLayout::LifeCycle const& lc) const override
     {
-        LayerGroupId best = lc.id;
-        for (LayerGroupId other : layout().groups()[lc.group].lifeCycles)
-        {
-            if (other < best && (params_.dropBits == 0 || ranges_.at(other) == ranges_.at(lc.id)))
-            {
-                best = other;
-            }
-        }
-        return best;
+        return smallestAlike(
+            lc, [&](LayerGroupId other) { return params_.dropBits == 0 || ranges_.at(other) == ranges_.at(lc.id); });
+    }
+{%- endif %}
+{%- if cookiecutter.page_index_location == "host" %}
+
+    // The kernel takes the page indices by value (the base default: device indices on a GPU).
+    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
+    {
+        return PageIndexLocation::kHost;
     }
 {%- endif %}
 
-    PageIndexLocation pageIndexLocation(HotLayout::LifeCycle const&) const override
-    {
-        return isCpu() ? PageIndexLocation::kHost : PageIndexLocation::{% if cookiecutter.page_index_location == "device" %}kDevice{% else %}kHost{% endif %};
-    }
-
-    bool submit(CodecCall const& call) override
-    {
-        return isCpu() ? submitCpu(call) : submitCuda(call);
-    }
-
-    bool submitCpu(CodecCall const& call)
+    bool submitCpu(CodecCall const& call) override
     {
         uint32_t const w = params_.wordBytes;
 {%- if cookiecutter.lossless == "no" %}
@@ -166,7 +150,7 @@ private:
     }
 {%- endif %}
 
-    bool submitCuda(CodecCall const& call)
+    bool submitCuda(CodecCall const& call) override
     {
         KernelArgs args{};
         args.pools = tables_[call.groupIndex].get();
@@ -202,8 +186,6 @@ private:
 {%- endif %}
     }
 
-    Params params_;
-    int numSms_;
 {%- if cookiecutter.lossless == "no" %}
     std::map<LayerGroupId, std::vector<KernelRange>> ranges_;
     std::map<LayerGroupId, kvcodec::DeviceArray<KernelRange>> deviceRanges_;

@@ -3,6 +3,7 @@
 #include "codec.h"
 
 #include <algorithm>
+#include "kvcodec/kernels.cuh"
 
 namespace {{ cookiecutter.codec_name | replace('-', '_') }}_codec {
 namespace {
@@ -18,11 +19,7 @@ __global__ void __launch_bounds__(kThreads) transformKernel(__grid_constant__ Ke
     {
         uint64_t const page = item / a.chunksPerPage;
         uint64_t const r = item - page * a.chunksPerPage;
-        uint32_t p = 0;
-        while (p + 1 < a.numPools && r >= a.pools[p + 1].firstChunk)
-        {
-            ++p;
-        }
+        uint32_t const p = kvcodec::poolOfChunk(a.pools, a.numPools, r);
         kvcodec::ChunkedPool const pool = a.pools[p];
         kvcodec::PageIndexPair const pair = a.devicePairs != nullptr ? a.devicePairs[page] : a.hostPairs[page];
         int32_t const hot = a.encode ? pair.src : pair.dst;
@@ -92,8 +89,7 @@ __global__ void __launch_bounds__(kThreads) transformKernel(__grid_constant__ Ke
 
 cudaError_t preloadKernel() noexcept
 {
-    cudaFuncAttributes attributes{};
-    return cudaFuncGetAttributes(&attributes, transformKernel);
+    return kvcodec::preloadKernels(transformKernel);
 }
 
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept
@@ -103,8 +99,7 @@ cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream
     {
         return cudaSuccess;
     }
-    uint64_t const blocks = std::min<uint64_t>(total, uint64_t(std::max(numSms, 1)) * 16);
-    transformKernel<<<unsigned(blocks), kThreads, 0, stream>>>(args);
+    transformKernel<<<kvcodec::gridBlocks(total, numSms, 16), kThreads, 0, stream>>>(args);
     return cudaGetLastError();
 }
 
