@@ -13,6 +13,8 @@
 #include "kvcodec/crc32c.h"
 #include "tiers/disk/disk_region.h"
 
+using namespace pybind11::literals;
+
 namespace py = pybind11;
 using namespace kvcodec::disk;
 using kvcodec::crc32cFast;
@@ -24,13 +26,8 @@ namespace {
 
 py::dict pageDict(PageInfo const& p)
 {
-    py::dict d;
-    d["key"] = py::bytes(p.key);
-    d["container"] = p.container;
-    d["slot"] = p.slot;
-    d["tag"] = p.tag;
-    d["crc"] = p.crc;
-    d["seq"] = p.seq;
+    py::dict d("key"_a = py::bytes(p.key), "container"_a = p.container, "slot"_a = p.slot, "tag"_a = p.tag,
+        "crc"_a = p.crc, "seq"_a = p.seq);
     return d;
 }
 
@@ -70,21 +67,15 @@ ResizeProgress progressOf(std::optional<py::function> const& fn)
 
 py::dict reportDict(ResizeReport const& r)
 {
-    py::dict d;
-    d["containers_before"] = r.containersBefore;
-    d["containers_after"] = r.containersAfter;
-    d["moved"] = r.moved;
-    d["dropped"] = r.dropped;
-    d["checksum_drops"] = r.checksumDrops;
+    py::dict d("containers_before"_a = r.containersBefore, "containers_after"_a = r.containersAfter,
+        "moved"_a = r.moved, "dropped"_a = r.dropped, "checksum_drops"_a = r.checksumDrops);
     return d;
 }
 
 /// The facade raises the DiskTierError subclass named by "status".
 py::dict failureDict(ResizeError const& e)
 {
-    py::dict d;
-    d["status"] = std::string(statusName(e.code));
-    d["error"] = std::string(e.what());
+    py::dict d("status"_a = std::string(statusName(e.code)), "error"_a = std::string(e.what()));
     return d;
 }
 } // namespace
@@ -236,52 +227,27 @@ void bindDisk(py::module_& parent)
         .def("stats",
             [](DiskRegion const& r) {
                 RegionStats s = r.stats();
-                py::dict d;
-                d["slots_total"] = s.slotsTotal;
-                d["slots_live"] = s.slotsLive;
-                d["slots_free"] = s.slotsFree;
-                d["puts"] = s.puts;
-                d["put_errors"] = s.putErrors;
-                d["puts_refused_full"] = s.putsRefusedFull;
-                d["reads"] = s.reads;
-                d["hits"] = s.hits;
-                d["misses"] = s.misses;
-                d["checksum_failures"] = s.checksumFailures;
-                d["read_errors"] = s.readErrors;
-                d["erases"] = s.erases;
-                d["evictions"] = s.evictions;
-                d["journal_records"] = s.journalRecords;
-                d["journal_batches"] = s.journalBatches;
-                d["journal_bytes"] = s.journalBytes;
-                d["snapshots"] = s.snapshots;
-                d["last_seq"] = s.lastSeq;
-                d["bytes_written"] = s.bytesWritten;
-                d["bytes_read"] = s.bytesRead;
-                d["merged_ios"] = s.mergedIos;
-                d["merged_slots"] = s.mergedSlots;
-                d["direct_io"] = s.directIo;
-                d["io_backend"] = s.ioBackend;
-                d["io_backend_note"] = s.backendNote;
-                d["queued_submits"] = s.queuedSubmits;
-                d["queued_requests"] = s.queuedRequests;
-                d["failed"] = s.failed;
+                py::dict d("slots_total"_a = s.slotsTotal, "slots_live"_a = s.slotsLive, "slots_free"_a = s.slotsFree,
+                    "puts"_a = s.puts, "put_errors"_a = s.putErrors, "puts_refused_full"_a = s.putsRefusedFull,
+                    "reads"_a = s.reads, "hits"_a = s.hits, "misses"_a = s.misses,
+                    "checksum_failures"_a = s.checksumFailures, "read_errors"_a = s.readErrors, "erases"_a = s.erases,
+                    "evictions"_a = s.evictions, "journal_records"_a = s.journalRecords,
+                    "journal_batches"_a = s.journalBatches, "journal_bytes"_a = s.journalBytes,
+                    "snapshots"_a = s.snapshots, "last_seq"_a = s.lastSeq, "bytes_written"_a = s.bytesWritten,
+                    "bytes_read"_a = s.bytesRead, "merged_ios"_a = s.mergedIos, "merged_slots"_a = s.mergedSlots,
+                    "direct_io"_a = s.directIo, "io_backend"_a = s.ioBackend, "io_backend_note"_a = s.backendNote,
+                    "queued_submits"_a = s.queuedSubmits, "queued_requests"_a = s.queuedRequests,
+                    "failed"_a = s.failed);
                 return d;
             })
         .def("recovery",
             [](DiskRegion const& r) {
                 RecoveryReport const& x = r.recovery();
-                py::dict d;
-                d["snapshot_used"] = x.snapshotUsed;
-                d["snapshot_seq"] = x.snapshotSeq;
-                d["snapshot_entries"] = x.snapshotEntries;
-                d["journal_records_replayed"] = x.journalRecordsReplayed;
-                d["journal_corrupt_lines"] = x.journalCorruptLines;
-                d["truncated_tail_bytes"] = x.truncatedTailBytes;
-                d["dropped_entries"] = x.droppedEntries;
-                d["created"] = x.created;
-                d["invalidated"] = x.invalidated;
-                d["seconds"] = x.seconds;
-                d["warnings"] = textList(x.warnings);
+                py::dict d("snapshot_used"_a = x.snapshotUsed, "snapshot_seq"_a = x.snapshotSeq,
+                    "snapshot_entries"_a = x.snapshotEntries, "journal_records_replayed"_a = x.journalRecordsReplayed,
+                    "journal_corrupt_lines"_a = x.journalCorruptLines, "truncated_tail_bytes"_a = x.truncatedTailBytes,
+                    "dropped_entries"_a = x.droppedEntries, "created"_a = x.created, "invalidated"_a = x.invalidated,
+                    "seconds"_a = x.seconds, "warnings"_a = textList(x.warnings));
                 return d;
             })
         .def_property_readonly("slot_bytes", &DiskRegion::slotBytes)

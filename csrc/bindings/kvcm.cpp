@@ -19,6 +19,8 @@
 #include "runtime/device_runtime.h"
 #include "runtime/owned_codec.h"
 
+using namespace pybind11::literals;
+
 namespace py = pybind11;
 using namespace kvcodec;
 using namespace kvcodec::bindings;
@@ -134,13 +136,9 @@ struct ManagerDeleter
 
 py::dict statsDict(kvcm::PoolGroupStats const& s)
 {
-    py::dict d;
-    d["pages_offloaded"] = s.pagesOffloaded;
-    d["bytes_offloaded"] = s.bytesOffloaded;
-    d["pages_onboarded"] = s.pagesOnboarded;
-    d["bytes_onboarded"] = s.bytesOnboarded;
-    d["pages_copied"] = s.pagesCopied;
-    d["pages_dropped"] = s.pagesDropped;
+    py::dict d("pages_offloaded"_a = s.pagesOffloaded, "bytes_offloaded"_a = s.bytesOffloaded,
+        "pages_onboarded"_a = s.pagesOnboarded, "bytes_onboarded"_a = s.bytesOnboarded,
+        "pages_copied"_a = s.pagesCopied, "pages_dropped"_a = s.pagesDropped);
     static char const* const kReasons[kvcm::kNumDropReasons] = {nullptr, "bad_magic", "bad_format_version",
         "bad_header", "did_not_fit", "bad_checksum", "decode_failed", "bad_index", "missing", "disk_checksum"};
     py::dict reasons;
@@ -592,24 +590,12 @@ void bindKvcm(py::module_& m)
                 auto const& region = disk->region(g);
                 auto const st = region.stats();
                 auto const& rec = region.recovery();
-                py::dict d;
-                d["dir"] = region.dir();
-                d["slots_total"] = st.slotsTotal;
-                d["slots_live"] = st.slotsLive;
-                d["puts"] = st.puts;
-                d["put_errors"] = st.putErrors;
-                d["reads"] = st.reads;
-                d["checksum_failures"] = st.checksumFailures;
-                d["erases"] = st.erases;
-                d["direct_io"] = st.directIo;
-                d["io_backend"] = st.ioBackend;
-                d["io_backend_note"] = st.backendNote;
-                d["merged_ios"] = st.mergedIos;
-                d["queued_submits"] = st.queuedSubmits;
-                d["queued_requests"] = st.queuedRequests;
-                d["created"] = rec.created;
-                d["invalidated"] = rec.invalidated;
-                d["warnings"] = rec.warnings;
+                py::dict d("dir"_a = region.dir(), "slots_total"_a = st.slotsTotal, "slots_live"_a = st.slotsLive,
+                    "puts"_a = st.puts, "put_errors"_a = st.putErrors, "reads"_a = st.reads,
+                    "checksum_failures"_a = st.checksumFailures, "erases"_a = st.erases, "direct_io"_a = st.directIo,
+                    "io_backend"_a = st.ioBackend, "io_backend_note"_a = st.backendNote, "merged_ios"_a = st.mergedIos,
+                    "queued_submits"_a = st.queuedSubmits, "queued_requests"_a = st.queuedRequests,
+                    "created"_a = rec.created, "invalidated"_a = rec.invalidated, "warnings"_a = rec.warnings);
                 return d;
             })
         .def("close_disk",

@@ -15,6 +15,8 @@
 #include "runtime/driver_api.h"
 #include "runtime/owned_codec.h"
 
+using namespace pybind11::literals;
+
 namespace py = pybind11;
 using namespace kvcodec;
 
@@ -148,10 +150,8 @@ PYBIND11_MODULE(_native, m)
         [](py::object const& capsule) {
             KvcodecCodecFactory const* f = factoryFromCapsule(capsule);
             runtime::checkFactoryAbi(f);
-            py::dict d;
-            d["name"] = std::string(f->name);
-            d["format_version"] = f->formatVersion;
-            d["abi_version"] = f->abiVersion;
+            py::dict d("name"_a = std::string(f->name), "format_version"_a = f->formatVersion,
+                "abi_version"_a = f->abiVersion);
             return d;
         },
         py::arg("capsule"), "ABI-checked name and format version of a factory capsule.");
@@ -160,9 +160,8 @@ PYBIND11_MODULE(_native, m)
         "driver_info",
         [] {
             auto const& api = runtime::driverApi();
-            py::dict d;
-            d["driver_version"] = api.driverVersion;
-            d["memcpy_batch"] = api.memcpyBatchAsyncV13 ? "13.0" : (api.memcpyBatchAsyncV12 ? "12.8" : "");
+            py::dict d("driver_version"_a = api.driverVersion,
+                "memcpy_batch"_a = api.memcpyBatchAsyncV13 ? "13.0" : (api.memcpyBatchAsyncV12 ? "12.8" : ""));
             int count = 0;
             if (cudaGetDeviceCount(&count) != cudaSuccess)
             {

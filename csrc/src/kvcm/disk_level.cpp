@@ -49,8 +49,8 @@ uint64_t pageRingBytes(uint64_t maxColdPageBytes)
 
 DiskColdLevel::DiskColdLevel(runtime::DeviceRuntime& runtime, DiskTierConfig const& config,
     std::vector<GroupSpec> const& specs, StagingManager& ring)
-    : runtime_(runtime)
-    , ring_(ring)
+    : StagedColdLevel(ring, "the pinned page ring")
+    , runtime_(runtime)
     , path_(config.path)
     , configured_(config.maxBytes)
 {
@@ -205,17 +205,6 @@ void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const
         }
     }
     g.tags[size_t(slot)] = uint32_t(lifeCycle);
-}
-
-std::optional<StagingBuffer> DiskColdLevel::stage(
-    PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
-{
-    return stageBlobs(ring_, groups_[size_t(group)].pageBytes, count, owner, "the pinned page ring", error);
-}
-
-size_t DiskColdLevel::maxStagedPages(PoolGroupIndex group) const noexcept
-{
-    return maxStagedBlobs(ring_, groups_[size_t(group)].pageBytes);
 }
 
 DiskColdLevel::Pending* DiskColdLevel::pending(BlobIo io) noexcept
@@ -512,13 +501,8 @@ bool DiskColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byt
     Stream stream, std::string& error) noexcept
 {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    try
+    if (!synchronize(stream, error))
     {
-        runtime_.synchronize(stream);
-    }
-    catch (std::exception const& e)
-    {
-        error = e.what();
         return false;
     }
     thread_local std::vector<BlobStatus> status;
@@ -555,16 +539,21 @@ bool DiskColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte
     Stream stream, std::string& error) noexcept
 {
     std::lock_guard<std::recursive_mutex> lock(mu_);
+    return synchronize(stream, error) && complete(submitAssigned(group, slots, srcs, count), error);
+}
+
+bool DiskColdLevel::synchronize(Stream stream, std::string& error) noexcept
+{
     try
     {
         runtime_.synchronize(stream);
+        return true;
     }
     catch (std::exception const& e)
     {
         error = e.what();
         return false;
     }
-    return complete(submitAssigned(group, slots, srcs, count), error);
 }
 
 } // namespace kvcodec::kvcm

@@ -38,7 +38,20 @@ namespace kvcodec::kvcm {
 /// Throws std::overflow_error when the product does not fit 64 bits.
 uint64_t pageRingBytes(uint64_t maxColdPageBytes);
 
-class DiskColdLevel final : public ColdLevel
+/// One cold pool group of the disk level: its region and the names of its slots.
+struct DiskLevelGroup
+{
+    uint64_t pageBytes;
+    std::unique_ptr<disk::DiskRegion> region;
+    SlotPool slots{0};
+    std::vector<std::string> keys;     ///< Region key per slot.
+    std::vector<uint32_t> tags;        ///< Lifecycle per slot.
+    std::vector<disk::Ticket> erasing; ///< Retirements not yet waited for.
+    uint64_t weight = 0;               ///< Its construction share of config.maxBytes.
+    uint64_t containerBytes = 0;       ///< Configured bytes per container file.
+};
+
+class DiskColdLevel final : public StagedColdLevel<DiskLevelGroup>
 {
 public:
     /// The file under the level's path that records a resized quota.
@@ -67,30 +80,6 @@ public:
     {
         return CacheLevel::kDisk;
     }
-    [[nodiscard]] ColdAccess access() const noexcept override
-    {
-        return ColdAccess::kStaged;
-    }
-    [[nodiscard]] size_t numPoolGroups() const noexcept override
-    {
-        return groups_.size();
-    }
-    [[nodiscard]] uint64_t pageBytes(PoolGroupIndex group) const noexcept override
-    {
-        return groups_[size_t(group)].pageBytes;
-    }
-    SlotPool& slots(PoolGroupIndex group) noexcept override
-    {
-        return groups_[size_t(group)].slots;
-    }
-    [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex) const noexcept override
-    {
-        return nullptr;
-    }
-    [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex, int32_t) const noexcept override
-    {
-        return nullptr;
-    }
     /// Raw copies with host-addressable buffers; `stream` is synchronized first (the buffers
     /// may still be in use by work on it).
     bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
@@ -102,11 +91,6 @@ public:
     /// lifecycle (the region tag). An unclaimed found page with the same key is retired first.
     void assign(PoolGroupIndex group, int32_t slot, std::string const& contentKey, LifeCycleId lifeCycle);
 
-    /// A slice of the pinned page ring for `count` blobs of `group`.
-    std::optional<StagingBuffer> stage(
-        PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error) override;
-    /// Half the ring's blobs of `group`: with no slice live, a slice this size always fits.
-    [[nodiscard]] size_t maxStagedPages(PoolGroupIndex group) const noexcept override;
     /// Submits region reads; complete() maps kNotFound to kMissing, kChecksumMismatch to kCorrupt
     /// and anything else to kFailed (the error names the region's status).
     BlobIo submitRead(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
@@ -119,17 +103,9 @@ public:
     /// Waits for the batch's region tickets and keeps their statuses for complete().
     void awaitIo(BlobIo io) noexcept override;
 
-    [[nodiscard]] bool tracksBlobs() const noexcept override
-    {
-        return true;
-    }
     /// The page left `slot`: its blob is retired (asynchronously; the next write waits for it).
     void release(PoolGroupIndex group, int32_t slot) noexcept override;
 
-    [[nodiscard]] bool keepsKeys() const noexcept override
-    {
-        return true;
-    }
     /// Claims the unclaimed found page with content key `key`, or nullopt.
     std::optional<Found> claim(std::string const& key) override;
     [[nodiscard]] size_t numUnclaimed() const noexcept override
@@ -180,17 +156,7 @@ public:
     }
 
 private:
-    struct Group
-    {
-        uint64_t pageBytes;
-        std::unique_ptr<disk::DiskRegion> region;
-        SlotPool slots{0};
-        std::vector<std::string> keys;     ///< Region key per slot.
-        std::vector<uint32_t> tags;        ///< Lifecycle per slot.
-        std::vector<disk::Ticket> erasing; ///< Retirements not yet waited for.
-        uint64_t weight = 0;               ///< Its construction share of config.maxBytes.
-        uint64_t containerBytes = 0;       ///< Configured bytes per container file.
-    };
+    using Group = DiskLevelGroup;
 
     // One submitted read or write batch, until complete().
     struct Pending
@@ -215,13 +181,14 @@ private:
     BlobIo submitAssigned(
         PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count) noexcept;
     Pending* pending(BlobIo io) noexcept;
+    // Waits for `stream` (raw copies: its work may still use the buffers); false with `error`.
+    bool synchronize(Stream stream, std::string& error) noexcept;
     void waitErases(Group& g) noexcept;
     [[nodiscard]] std::vector<uint32_t> containersFor(uint64_t quota) const;
     void writeQuotaFile(uint64_t quota) const;
     bool eraseNow(Group& g, std::string const& regionKey, std::string& error) noexcept;
 
     runtime::DeviceRuntime& runtime_;
-    StagingManager& ring_;
     std::list<Pending> pending_; ///< Submitted batches (stable addresses: awaitIo() waits outside mu_).
     // Guards every member against the manager's I/O thread, which submits and awaits batches
     // while the manager's callers go on (recursive: public methods call each other).
@@ -231,7 +198,6 @@ private:
     uint64_t configured_ = 0; ///< config.maxBytes.
     uint64_t quota_ = 0;
     uint64_t nextAnonymous_ = 0;
-    std::vector<Group> groups_;
     std::unordered_map<std::string, Found> found_; ///< Content key -> unclaimed page.
 };
 

@@ -131,17 +131,17 @@ bool ColdLevel::complete(BlobIo io, std::string& error) noexcept
 HostColdLevel::HostColdLevel(runtime::DeviceRuntime& runtime, std::vector<std::pair<uint64_t, uint64_t>> const& groups)
     : runtime_(runtime)
 {
-    pools_.reserve(groups.size());
+    groups_.reserve(groups.size());
     for (auto const& [pageBytes, numSlots] : groups)
     {
-        pools_.push_back(
+        groups_.push_back(
             Pool{std::make_shared<runtime::HostMem>(runtime, pageBytes * numSlots), pageBytes, SlotPool(numSlots)});
     }
 }
 
 void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
 {
-    Pool& pool = pools_[size_t(group)];
+    Pool& pool = groups_[size_t(group)];
     uint64_t const old = pool.slots.numSlots();
     std::vector<bool> used(old, true);
     // The old pool's bytes may still be read or written by transfers: wait for all of them.
@@ -196,7 +196,7 @@ bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* 
     thread_local std::vector<size_t> sizes;
     try
     {
-        Pool const& pool = pools_[size_t(group)];
+        Pool const& pool = groups_[size_t(group)];
         to.resize(count);
         from.resize(count);
         sizes.assign(count, pool.pageBytes);
@@ -230,9 +230,9 @@ bool HostColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte
 void HostColdLevel::applyQuota(std::vector<uint64_t> const& slots, uint64_t quota)
 {
     (void)quota; // The manager's projection already turned it into slot counts.
-    for (size_t g = 0; g < pools_.size(); ++g)
+    for (size_t g = 0; g < groups_.size(); ++g)
     {
-        if (slots[g] != pools_[g].slots.numSlots())
+        if (slots[g] != groups_[g].slots.numSlots())
         {
             resize(PoolGroupIndex(g), slots[g]);
         }

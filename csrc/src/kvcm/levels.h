@@ -315,8 +315,92 @@ public:
     }
 };
 
+/// A cold level that keeps one `Group` per cold pool group, each with a `pageBytes` and a `slots`
+/// (SlotPool) member.
+template <class Group>
+class GroupedColdLevel : public ColdLevel
+{
+public:
+    [[nodiscard]] size_t numPoolGroups() const noexcept override
+    {
+        return groups_.size();
+    }
+    [[nodiscard]] uint64_t pageBytes(PoolGroupIndex group) const noexcept override
+    {
+        return groups_[size_t(group)].pageBytes;
+    }
+    SlotPool& slots(PoolGroupIndex group) noexcept override
+    {
+        return groups_[size_t(group)].slots;
+    }
+
+protected:
+    std::vector<Group> groups_;
+};
+
+/// A staged cold level (not addressable by codecs: blobs move by staged reads and writes) whose
+/// codec transfers stage blobs in a pinned page ring that the caller keeps and destroys after it.
+template <class Group>
+class StagedColdLevel : public GroupedColdLevel<Group>
+{
+public:
+    [[nodiscard]] ColdAccess access() const noexcept override
+    {
+        return ColdAccess::kStaged;
+    }
+    [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex) const noexcept override
+    {
+        return nullptr;
+    }
+    [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex, int32_t) const noexcept override
+    {
+        return nullptr;
+    }
+    /// A slice of the pinned page ring for `count` blobs of `group`.
+    std::optional<StagingBuffer> stage(
+        PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error) override
+    {
+        return stageBlobs(ring_, this->groups_[size_t(group)].pageBytes, count, owner, ringName_, error);
+    }
+    /// Half the ring's blobs of `group`: with no slice live, a slice this size always fits.
+    [[nodiscard]] size_t maxStagedPages(PoolGroupIndex group) const noexcept override
+    {
+        return maxStagedBlobs(ring_, this->groups_[size_t(group)].pageBytes);
+    }
+    /// A staged level names its blobs per slot and finds pages by content key.
+    [[nodiscard]] bool tracksBlobs() const noexcept override
+    {
+        return true;
+    }
+    [[nodiscard]] bool keepsKeys() const noexcept override
+    {
+        return true;
+    }
+
+protected:
+    /// `ringName` names the ring in errors (a static string).
+    StagedColdLevel(StagingManager& ring, char const* ringName) noexcept
+        : ring_(ring)
+        , ringName_(ringName)
+    {
+    }
+
+    StagingManager& ring_;
+    char const* ringName_;
+};
+
+/// One cold pool group of the host level: its pinned pool.
+struct HostLevelPool
+{
+    // Shared: Python views of the pool hold it too, so a resize never frees memory a view still
+    // reads (the view then shows the old pool).
+    std::shared_ptr<runtime::HostMem> memory;
+    uint64_t pageBytes;
+    SlotPool slots;
+};
+
 /// The host tier: one pinned, GPU-mapped pool per cold pool group.
-class HostColdLevel final : public ColdLevel
+class HostColdLevel final : public GroupedColdLevel<HostLevelPool>
 {
 public:
     /// `groups[g]` = (page bytes, slot count).
@@ -326,25 +410,13 @@ public:
     {
         return CacheLevel::kHost;
     }
-    [[nodiscard]] size_t numPoolGroups() const noexcept override
-    {
-        return pools_.size();
-    }
-    [[nodiscard]] uint64_t pageBytes(PoolGroupIndex group) const noexcept override
-    {
-        return pools_[size_t(group)].pageBytes;
-    }
-    SlotPool& slots(PoolGroupIndex group) noexcept override
-    {
-        return pools_[size_t(group)].slots;
-    }
     [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex group) const noexcept override
     {
-        return pools_[size_t(group)].memory->data();
+        return groups_[size_t(group)].memory->data();
     }
     [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex group, int32_t slot) const noexcept override
     {
-        return pools_[size_t(group)].memory->data() + uint64_t(slot) * pools_[size_t(group)].pageBytes;
+        return groups_[size_t(group)].memory->data() + uint64_t(slot) * groups_[size_t(group)].pageBytes;
     }
     bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
         std::string& error) noexcept override;
@@ -354,7 +426,7 @@ public:
     /// An owner of the group's pool memory (kept by views of it across resizes).
     [[nodiscard]] std::shared_ptr<void const> memoryOwner(PoolGroupIndex group) const override
     {
-        return pools_[size_t(group)].memory;
+        return groups_[size_t(group)].memory;
     }
 
     /// Reallocates a group's pool with `numSlots` slots and copies the used blobs over (same
@@ -365,20 +437,12 @@ public:
     void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) override;
 
 private:
-    struct Pool
-    {
-        // Shared: Python views of the pool hold it too, so a resize never frees memory a view
-        // still reads (the view then shows the old pool).
-        std::shared_ptr<runtime::HostMem> memory;
-        uint64_t pageBytes;
-        SlotPool slots;
-    };
+    using Pool = HostLevelPool;
 
     bool copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, std::byte const* const* srcs,
         size_t count, Stream stream, std::string& error) noexcept;
 
     runtime::DeviceRuntime& runtime_;
-    std::vector<Pool> pools_;
 };
 
 } // namespace kvcodec::kvcm

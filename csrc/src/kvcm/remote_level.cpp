@@ -171,8 +171,8 @@ size_t RemoteQueue::taken() const
 
 RemoteColdLevel::RemoteColdLevel(RemoteTierConfig const& config, std::vector<GroupSpec> const& groups,
     std::vector<PoolGroupIndex> lifeCycleGroup, StagingManager& ring)
-    : queue_(config.queue)
-    , ring_(ring)
+    : StagedColdLevel(ring, "the remote tier's pinned page ring")
+    , queue_(config.queue)
     , lifeCycleGroup_(std::move(lifeCycleGroup))
     , nonce_(randomNonce())
 {
@@ -183,7 +183,7 @@ RemoteColdLevel::RemoteColdLevel(RemoteTierConfig const& config, std::vector<Gro
     groups_.reserve(groups.size());
     for (GroupSpec const& g : groups)
     {
-        groups_.push_back(Group{g.pageBytes, SlotPool(g.slots), std::vector<std::string>(size_t(g.slots))});
+        groups_.push_back(RemoteLevelGroup{g.pageBytes, SlotPool(g.slots), std::vector<std::string>(size_t(g.slots))});
     }
 }
 
@@ -211,25 +211,13 @@ bool RemoteColdLevel::copyIn(
     return false;
 }
 
-std::optional<StagingBuffer> RemoteColdLevel::stage(
-    PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error)
-{
-    return stageBlobs(
-        ring_, groups_[size_t(group)].pageBytes, count, owner, "the remote tier's pinned page ring", error);
-}
-
-size_t RemoteColdLevel::maxStagedPages(PoolGroupIndex group) const noexcept
-{
-    return maxStagedBlobs(ring_, groups_[size_t(group)].pageBytes);
-}
-
 BlobIo RemoteColdLevel::submitRead(
     PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, BlobStatus* status) noexcept
 {
     try
     {
         std::lock_guard<std::mutex> lock(mu_);
-        Group& g = groups_[size_t(group)];
+        RemoteLevelGroup& g = groups_[size_t(group)];
         std::vector<std::string> names(count);
         for (size_t i = 0; i < count; ++i)
         {
@@ -254,7 +242,7 @@ BlobIo RemoteColdLevel::submitWrite(PoolGroupIndex group, int32_t const* slots, 
     try
     {
         std::lock_guard<std::mutex> lock(mu_);
-        Group& g = groups_[size_t(group)];
+        RemoteLevelGroup& g = groups_[size_t(group)];
         std::vector<std::string> stored(count);
         std::vector<std::byte*> buffers(count);
         for (size_t i = 0; i < count; ++i)
@@ -312,7 +300,7 @@ bool RemoteColdLevel::complete(BlobIo io, std::string& error) noexcept
         }
         std::shared_ptr<RemoteJob> const job = queue_->collect(p.job);
         size_t const n = p.slots.size();
-        Group& g = groups_[size_t(p.group)];
+        RemoteLevelGroup& g = groups_[size_t(p.group)];
         if (p.write)
         {
             size_t failed = 0;
@@ -420,7 +408,7 @@ std::optional<ClaimedBlob> RemoteColdLevel::claim(std::string const& key)
     LifeCycleId const lifeCycle = it->second;
     offered_.erase(it);
     PoolGroupIndex const group = lifeCycleGroup_[size_t(lifeCycle)];
-    Group& g = groups_[size_t(group)];
+    RemoteLevelGroup& g = groups_[size_t(group)];
     if (g.slots.freeSlots() == 0)
     {
         return std::nullopt;
@@ -434,7 +422,7 @@ std::optional<std::vector<uint64_t>> RemoteColdLevel::ownSlotCounts(uint64_t quo
 {
     (void)quota;
     std::vector<uint64_t> out;
-    for (Group const& g : groups_)
+    for (RemoteLevelGroup const& g : groups_)
     {
         out.push_back(g.slots.numSlots());
     }

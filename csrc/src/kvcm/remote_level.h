@@ -105,7 +105,15 @@ private:
     std::string closedWhy_;
 };
 
-class RemoteColdLevel final : public ColdLevel
+/// One cold pool group of the remote level: the store names of its slots.
+struct RemoteLevelGroup
+{
+    uint64_t pageBytes;
+    SlotPool slots;
+    std::vector<std::string> names; ///< Store name per slot (empty: free).
+};
+
+class RemoteColdLevel final : public StagedColdLevel<RemoteLevelGroup>
 {
 public:
     struct GroupSpec
@@ -125,57 +133,22 @@ public:
     {
         return CacheLevel::kRemote;
     }
-    [[nodiscard]] ColdAccess access() const noexcept override
-    {
-        return ColdAccess::kStaged;
-    }
-    [[nodiscard]] size_t numPoolGroups() const noexcept override
-    {
-        return groups_.size();
-    }
-    [[nodiscard]] uint64_t pageBytes(PoolGroupIndex group) const noexcept override
-    {
-        return groups_[size_t(group)].pageBytes;
-    }
-    SlotPool& slots(PoolGroupIndex group) noexcept override
-    {
-        return groups_[size_t(group)].slots;
-    }
-    [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex) const noexcept override
-    {
-        return nullptr;
-    }
-    [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex, int32_t) const noexcept override
-    {
-        return nullptr;
-    }
+    /// The page left `slot`: an anonymous blob is removed from the store (in the background).
+    void release(PoolGroupIndex group, int32_t slot) noexcept override;
     /// Raw copies are staged reads and writes (jobs): these synchronous ones are refused.
     bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
         std::string& error) noexcept override;
     bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count, Stream stream,
         std::string& error) noexcept override;
 
-    std::optional<StagingBuffer> stage(
-        PoolGroupIndex group, size_t count, std::optional<Stream> owner, std::string& error) override;
-    [[nodiscard]] size_t maxStagedPages(PoolGroupIndex group) const noexcept override;
-    BlobIo submitRead(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
-        BlobStatus* status) noexcept override;
+    // Staged reads and writes are jobs of the queue that the Python worker serves.
     BlobIo submitWrite(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, BlobName const* names,
         size_t count) noexcept override;
-    bool complete(BlobIo io, std::string& error) noexcept override;
+    BlobIo submitRead(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
+        BlobStatus* status) noexcept override;
     void awaitIo(BlobIo io) noexcept override;
+    bool complete(BlobIo io, std::string& error) noexcept override;
 
-    [[nodiscard]] bool tracksBlobs() const noexcept override
-    {
-        return true;
-    }
-    /// The page left `slot`: an anonymous blob is removed from the store (in the background).
-    void release(PoolGroupIndex group, int32_t slot) noexcept override;
-
-    [[nodiscard]] bool keepsKeys() const noexcept override
-    {
-        return true;
-    }
     /// Offers content keys found in the store (by the Python layer's batched existence check)
     /// with the lifecycle each was found under; claim() then takes them.
     void offer(std::vector<std::string> const& keys, std::vector<LifeCycleId> const& lifeCycles);
@@ -196,12 +169,7 @@ public:
     }
 
 private:
-    struct Group
-    {
-        uint64_t pageBytes;
-        SlotPool slots;
-        std::vector<std::string> names; ///< Store name per slot (empty: free).
-    };
+    // One submitted batch: a job of the queue, until complete().
     struct Pending
     {
         uint64_t job = 0;
@@ -212,9 +180,7 @@ private:
     };
 
     std::shared_ptr<RemoteQueue> queue_;
-    StagingManager& ring_;
     std::vector<PoolGroupIndex> lifeCycleGroup_;
-    std::vector<Group> groups_;
     std::string nonce_;
     mutable std::mutex mu_; ///< Guards everything below and groups_' names (the I/O thread calls in).
     std::unordered_map<uint64_t, Pending> pending_; ///< By BlobIo id.

@@ -138,6 +138,27 @@ private:
     bool complete_ = false;
 };
 
+// True when cuMemcpyBatchAsync serves copies on `stream` (it needs a non-legacy stream).
+bool batchable(DriverApi const& api, Stream stream) noexcept
+{
+    return api.hasMemcpyBatch() && stream != nullptr && stream != cudaStreamLegacy;
+}
+
+// cuMemcpyBatchAsync of `count` copies (one attribute set for all of them) on `stream`.
+CUresult memcpyBatch(DriverApi const& api, CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
+    CUmemcpySrcAccessOrder order, Stream stream) noexcept
+{
+    CUmemcpyAttributes attr{};
+    attr.srcAccessOrder = order;
+    attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+    size_t attrIndex = 0;
+    size_t failIdx = SIZE_MAX;
+    auto const cuStream = reinterpret_cast<CUstream>(stream);
+    return api.memcpyBatchAsyncV13 != nullptr
+        ? api.memcpyBatchAsyncV13(dsts, srcs, sizes, count, &attr, &attrIndex, 1, cuStream)
+        : api.memcpyBatchAsyncV12(dsts, srcs, sizes, count, &attr, &attrIndex, 1, &failIdx, cuStream);
+}
+
 } // namespace
 
 CudaRuntime::CudaRuntime(int32_t ordinal)
@@ -306,20 +327,12 @@ bool CudaRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t c
     auto const& api = driverApi();
     auto const cuStream = reinterpret_cast<CUstream>(stream);
     ContextScope scope(ordinal_); // The driver calls need the context current on this thread.
-    // cuMemcpyBatchAsync needs a non-legacy stream; the legacy one falls back to per-copy calls.
-    if (api.hasMemcpyBatch() && stream != nullptr && stream != cudaStreamLegacy)
+    // The legacy stream falls back to per-copy calls.
+    if (batchable(api, stream))
     {
-        CUmemcpyAttributes attr{};
-        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
-        size_t attrIndex = 0;
-        size_t failIdx = SIZE_MAX;
-        auto* d = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(dsts));
-        auto* s = reinterpret_cast<CUdeviceptr*>(const_cast<void**>(srcs));
-        auto* n = const_cast<size_t*>(sizes);
-        CUresult const r = api.memcpyBatchAsyncV13 != nullptr
-            ? api.memcpyBatchAsyncV13(d, s, n, count, &attr, &attrIndex, 1, cuStream)
-            : api.memcpyBatchAsyncV12(d, s, n, count, &attr, &attrIndex, 1, &failIdx, cuStream);
+        CUresult const r = memcpyBatch(api, reinterpret_cast<CUdeviceptr*>(const_cast<void**>(dsts)),
+            reinterpret_cast<CUdeviceptr*>(const_cast<void**>(srcs)), const_cast<size_t*>(sizes), count,
+            CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, stream);
         if (r != CUDA_SUCCESS)
         {
             error = "cuMemcpyBatchAsync of " + std::to_string(count) + " copies failed: " + driverErrorText(r);
@@ -353,22 +366,14 @@ bool CudaRuntime::uploadFromPageable(
     }
     auto const& api = driverApi();
     ContextScope scope(ordinal_); // The driver call needs the context current on this thread.
-    if (api.hasMemcpyBatch() && stream != nullptr && stream != cudaStreamLegacy)
+    if (batchable(api, stream))
     {
         // One entry; the driver finishes reading the pageable source before returning, while the
         // H2D transfer stays asynchronous on the stream.
-        CUmemcpyAttributes attr{};
-        attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
-        attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
-        size_t attrIndex = 0;
-        size_t failIdx = SIZE_MAX;
         CUdeviceptr d = CUdeviceptr(dst);
         CUdeviceptr s = CUdeviceptr(hostSrc);
         size_t n = bytes;
-        CUresult const r = api.memcpyBatchAsyncV13 != nullptr
-            ? api.memcpyBatchAsyncV13(&d, &s, &n, 1, &attr, &attrIndex, 1, reinterpret_cast<CUstream>(stream))
-            : api.memcpyBatchAsyncV12(
-                  &d, &s, &n, 1, &attr, &attrIndex, 1, &failIdx, reinterpret_cast<CUstream>(stream));
+        CUresult const r = memcpyBatch(api, &d, &s, &n, 1, CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL, stream);
         if (r != CUDA_SUCCESS)
         {
             error = "index upload (cuMemcpyBatchAsync, " + std::to_string(bytes)

@@ -14,12 +14,14 @@ class HostRuntime : public DeviceRuntime
 public:
     [[nodiscard]] std::string name() const override;
     [[nodiscard]] int32_t codecDevice() const noexcept override;
+    // Host memory of every kind; work runs on the calling thread, so there are no streams (null)
+    // and nothing to wait for (record() returns null).
     void* allocate(MemoryKind kind, size_t bytes) override;
     void deallocate(MemoryKind kind, void* ptr) noexcept override;
-    Stream createStream() override;
-    void destroyStream(Stream stream) noexcept override;
     EventPtr record(Stream stream) override;
+    Stream createStream() override;
     void synchronize(Stream stream) override;
+    void destroyStream(Stream stream) noexcept override;
     bool copyBatch(void* const* dsts, void const* const* srcs, size_t const* sizes, size_t count, Stream stream,
         std::string& error) noexcept override;
     bool uploadFromPageable(
