@@ -11,19 +11,24 @@ first and last layers are often the most sensitive) with two string parameters,
 - :class:`QuantizingCodecSpec`, a :class:`~kvcodec_sdk.CodecSpec` whose ``validate_params`` also
   checks the lists' items, naming the codec, the parameter, the item and what is valid;
 - :func:`quantizes`, the buffer policy the codec's native side implements, for the codec's
-  error-bound check and its tests.
+  error-bound check and its tests;
+- :func:`check_buffer` and :func:`bound_violation`, the frame of a codec's ``check_error``: lossless
+  buffers must match byte for byte, quantized ones are checked against the codec's bound.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
 
 from .errors import CodecParamError
 from .layout import DType, Role
 from .spec import CodecSpec, ParamSpec
 
-__all__ = ["LOSSLESS_PARAMS", "ROLE_NAMES", "QuantizingCodecSpec", "quantizes", "split_list"]
+__all__ = ["LOSSLESS_PARAMS", "ROLE_NAMES", "QuantizingCodecSpec", "bound_violation", "check_buffer", "quantizes",
+           "split_list"]
 
 #: The role names ``lossless_roles`` takes.
 ROLE_NAMES: Mapping[str, Role] = {"key": Role.KEY, "value": Role.VALUE, "other": Role.OTHER}
@@ -57,6 +62,60 @@ def quantizes(buffer: Any, params: Mapping[str, Any] | None, dtypes: Iterable[in
     shaped = buffer.tokens_per_page > 0 and buffer.num_heads > 0 and buffer.head_dim > 0
     return (int(buffer.dtype) in {int(DType(d)) for d in dtypes} and shaped and Role(buffer.role) not in roles
             and int(buffer.layer_id) not in layers)
+
+
+#: One candidate check of a quantized buffer: (x, y, shape, dtype) -> None when it holds, else where
+#: and by how much it fails. ``x``/``y`` are the original and decoded elements as float32, ``shape``
+#: (tokens per page, heads, head dim), ``dtype`` the buffer's DType value.
+BufferCheck = Callable[[np.ndarray, np.ndarray, tuple, int], "str | None"]
+
+
+def check_buffer(original: np.ndarray, decoded: np.ndarray, buffer: Any, quantized: bool,
+                 checks: Iterable[BufferCheck]) -> str | None:
+    """Checks one page of one buffer: the frame of a quantizing codec's ``check_error``.
+
+    ``original``/``decoded`` are the buffer's hot bytes (uint8) before encoding and after decoding,
+    ``buffer`` its :class:`~kvcodec_sdk.BufferDesc`, ``quantized`` whether the codec quantizes it
+    (:func:`quantizes`). A lossless buffer must match byte for byte. A quantized one passes when any
+    of ``checks`` (one per parameter set the caller accepts) holds; else the first one's problem is
+    returned. Returns None when the buffer passes, else a sentence saying where it fails.
+    """
+    from .testing.data import to_float32
+
+    original = np.ascontiguousarray(original, np.uint8).reshape(-1)
+    decoded = np.ascontiguousarray(decoded, np.uint8).reshape(-1)
+    if original.shape != decoded.shape:
+        return f"decoded buffer has {decoded.size} bytes, the original {original.size}"
+    if not quantized:
+        if np.array_equal(original, decoded):
+            return None
+        i = int(np.flatnonzero(original != decoded)[0])
+        return f"losslessly stored buffer differs at byte {i}: {original[i]} -> {decoded[i]}"
+    dtype = int(buffer.dtype)
+    shape = (int(buffer.tokens_per_page), int(buffer.num_heads), int(buffer.head_dim))
+    x = to_float32(original, dtype)
+    y = to_float32(decoded, dtype)
+    first = None
+    for check in checks:
+        problem = check(x, y, shape, dtype)
+        if problem is None:
+            return None
+        first = first or problem
+    return first
+
+
+def bound_violation(x: np.ndarray, y: np.ndarray, bound: np.ndarray, label: str) -> str | None:
+    """The first finite element of ``x`` whose decoded ``y`` lies farther than ``bound`` (per
+    element) from it, as a sentence naming the bound ``label`` (e.g. "e4m3/page_head"), or None."""
+    finite = np.isfinite(x)
+    err = np.abs(y[finite].astype(np.float64) - x[finite].astype(np.float64))
+    over = err > bound[finite]
+    if not np.any(over):
+        return None
+    j = int(np.flatnonzero(over)[0])
+    i = int(np.flatnonzero(finite)[j])
+    return (f"element {i}: |{y[i]!r} - {x[i]!r}| = {err[j]:.6g} exceeds the {label} bound "
+            f"{bound[finite][j]:.6g} by {err[j] / bound[finite][j]:.4g}x")
 
 
 @dataclasses.dataclass(frozen=True)

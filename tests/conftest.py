@@ -10,7 +10,7 @@ import pytest
 from sdk_helpers import HotLayout, random_hot_layout
 
 import kvcodec_sdk
-from kvcodec_sdk.registry import _reset_default_registry
+from kvcodec_sdk.testing.support import fresh_default_registry  # noqa: F401 (a fixture)
 
 # Child interpreters (python -m kvcodec_sdk, crash-test writers) start in the repository root;
 # without this they would import the source tree's kvcodec_sdk, which has no built extension,
@@ -44,9 +44,6 @@ def configured(codec, layout):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_default_registry(monkeypatch):
+def _fresh_default_registry(fresh_default_registry):  # noqa: F811 (the fixture imported above)
     """Every test starts and ends with a fresh process-wide registry and no disabled plugins."""
-    monkeypatch.delenv("KVCODEC_DISABLE_PLUGINS", raising=False)
-    _reset_default_registry()
     yield
-    _reset_default_registry()

@@ -9,17 +9,9 @@ import numpy as np
 import pytest
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import _native
+from kvcodec_sdk.testing.support import cuda_test_module
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 PATHS = [
     {"path": "copy_engine"},

@@ -7,22 +7,14 @@ stream. Skips cleanly without a CUDA device and torch."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, settings
 from test_kvcm_capacity import CapacityMachine
 from test_kvcm_support import config, group, hot_bytes
 
-from kvcodec_sdk import CacheLevel, KVCacheManager, _native
+from kvcodec_sdk import CacheLevel, KVCacheManager
+from kvcodec_sdk.testing.support import cuda_test_module
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 
 class CudaCapacityMachine(CapacityMachine):

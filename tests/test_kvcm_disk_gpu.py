@@ -8,17 +8,10 @@ import numpy as np
 import pytest
 from test_kvcm_support import config, group, hot_bytes
 
-from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager, _native
+from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager
+from kvcodec_sdk.testing.support import cuda_test_module
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 PATHS = [{"path": "copy_engine"}, {"path": "sm"}]
 GROUPS = [group([0, 1, 2], [4096, 4096]), group([3], [1024])]

@@ -13,16 +13,9 @@ from test_kvcm_support import config, group, hot_bytes, make_test_codec
 import kvcodec_sdk as kv
 from kvcodec_sdk import CacheLevel, KVCacheManager, _native
 from kvcodec_sdk.errors import CodecConsumedError
+from kvcodec_sdk.testing.support import cuda_test_module
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 PATHS = [{"path": "copy_engine"}, {"path": "sm"}, {"path": "copy_engine", "copy_api": "per_copy"}, {}]
 PATH_IDS = ["copy_engine", "sm", "per_copy", "auto"]

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvcodec_sdk import _native
 from kvcodec_sdk.bench import workload
 from kvcodec_sdk.manager import CacheLevel, PageHandle
+from kvcodec_sdk.testing.support import cuda_test_module
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 TINY = workload.Workload(sessions=12, turns=3, prefixes=3, prefix_pages=6, new_pages=2)
 

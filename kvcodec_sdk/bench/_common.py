@@ -9,10 +9,13 @@ command line renders the same cells as a terminal table.
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -30,6 +33,33 @@ def spread(values: Iterable[float]) -> dict:
     if not v:
         return {"n": 0, "min": None, "median": None, "max": None}
     return {"n": len(v), "min": v[0], "median": statistics.median(v), "max": v[-1]}
+
+
+def wall_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+    """Wall seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls (page
+    faults, caches, lazy loading)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def write_json(path: str | Path, report: Any) -> None:
+    """Writes a benchmark's JSON report (indented, objects it cannot encode as their ``str``)."""
+    Path(path).write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+
+def emit(table: "Table", json_path: str | Path | None = None, report: Any = None) -> int:
+    """Prints a benchmark script's table (plain text) and, when ``json_path`` is given, writes
+    ``report`` there; returns 0, the script's exit status."""
+    print(table.plain())
+    if json_path:
+        write_json(json_path, report)
+    return 0
 
 
 def rates(nbytes: float, seconds: Iterable[float]) -> list[float]:

@@ -25,7 +25,7 @@ import numpy as np
 from .. import _native
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc
 from ..registry import create_codec
-from ._common import Column, KiB, MiB, Table
+from ._common import Column, KiB, MiB, Table, wall_times
 from ._common import advance as _advance
 from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt_size
@@ -121,13 +121,7 @@ def _run_cpu(pools: int, sizes, total: int, iters: int, progress: bool) -> Repor
         flat_dst = np.empty_like(flat_src)
 
         def timed(fn: Callable[[], None]) -> list[float]:
-            fn()
-            samples = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t0)
-            return samples
+            return wall_times(fn, iters)
 
         moved = pages * pools * piece
         ceiling_s = timed(lambda: np.copyto(flat_dst, flat_src))

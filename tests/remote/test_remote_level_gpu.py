@@ -11,20 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvcodec_sdk import CacheLevel, KVCacheManager, RemoteTierConfig, _native
+from kvcodec_sdk import CacheLevel, KVCacheManager, RemoteTierConfig
+from kvcodec_sdk.testing.support import cuda_test_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_kvcm_support import config, group, hot_bytes  # noqa: E402
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 GROUPS = [group([0, 1, 2], [4096, 4096]), group([3], [1024])]
 

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import sys
-import time
 
 import numpy as np
 from kvcodec_fp8 import _testing
 from kvcodec_fp8.plugin import SPEC as FP8_SPEC
 
 import kvcodec_sdk as kv
+from kvcodec_sdk.bench import Column, Table, emit, wall_times
 from kvcodec_sdk.testing.data import fill_page_bytes
 
 HEADS, HEAD_DIM = 8, 128
@@ -52,16 +51,6 @@ def make_layout(pages: int, layers: int, tokens: int, seed: int = 0):
     return src, dst, group(src), group(dst)
 
 
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm-up: page faults, caches
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def registry() -> kv.CodecRegistry:
     """concat, and fp8 made by the factory of kvcodec_fp8._testing: its codecs use the CPU kernel
     variant _testing.set_cpu_simd chooses (the installed fp8 codec keeps the best one)."""
@@ -79,8 +68,8 @@ def run(name, params, simd, pages, layers, tokens, repeats):
     dec = codecs.create_codec(name, params, device="cpu")
     dec.configure(dst_groups)
     cold = np.zeros((pages, enc.cold_page_bytes(0)), np.uint8)
-    t_enc = best_time(lambda: enc.encode(0, cold, idx), repeats)
-    t_dec = best_time(lambda: dec.decode(0, cold, idx), repeats)
+    t_enc = min(wall_times(lambda: enc.encode(0, cold, idx), repeats))
+    t_dec = min(wall_times(lambda: dec.decode(0, cold, idx), repeats))
     enc.close()
     dec.close()
     hot = src.nbytes
@@ -107,19 +96,14 @@ def main(argv=None) -> int:
                 rows.append(run(name, params, simd, args.pages, args.layers, args.tokens, args.repeats))
             finally:
                 _testing.set_cpu_simd(None)
-    print(f"CPU codecs, one thread ({platform.processor() or platform.machine()}); {args.pages} pages of "
-          f"{args.layers} layers x K,V x {args.tokens} tokens x {HEADS} heads x {HEAD_DIM} dims bf16 "
-          f"({rows[0]['hot_bytes'] / 2**20:.0f} MiB hot); GB/s of raw hot bytes")
-    print(f"{'codec':7} {'format':6} {'granularity':11} {'kernels':9} {'encode':>8} {'decode':>8}")
-    for r in rows:
-        p = r["params"]
-        print(f"{r['codec']:7} {p.get('format', '-'):6} {p.get('granularity', '-'):11} {r['simd']:9}"
-              f" {r['encode_gbps']:8.2f} {r['decode_gbps']:8.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": rows}, f, indent=1)
-    return 0
-
+    title = (f"CPU codecs, one thread ({platform.processor() or platform.machine()}); {args.pages} pages of "
+             f"{args.layers} layers x K,V x {args.tokens} tokens x {HEADS} heads x {HEAD_DIM} dims bf16 "
+             f"({rows[0]['hot_bytes'] / 2**20:.0f} MiB hot); GB/s of raw hot bytes")
+    table = Table([title], [Column("codec", 7, "<"), Column("format", 6, "<"), Column("granularity", 11, "<"),
+                            Column("kernels", 9, "<"), Column("encode", 8), Column("decode", 8)])
+    table.rows = [[r["codec"], r["params"].get("format", "-"), r["params"].get("granularity", "-"), r["simd"],
+                   f"{r['encode_gbps']:.2f}", f"{r['decode_gbps']:.2f}"] for r in rows]
+    return emit(table, args.json, {"args": vars(args), "results": rows})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,6 +22,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kvcodec_sdk.quantization import bound_violation, check_buffer
+from kvcodec_sdk.testing import data
+
 __all__ = ["ERROR_BOUND", "error_bound_of", "block_scales", "check_error", "to_float32"]
 
 ERROR_BOUND = (
@@ -44,14 +47,9 @@ _MIN_SCALE = np.float32(2.0**-126)
 
 def to_float32(raw: np.ndarray, dtype: int) -> np.ndarray:
     """Hot bytes (uint8) of a bf16 (3), fp16 (2) or fp32 (4) buffer as float32 values."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if int(dtype) == 3:
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    if int(dtype) == 2:
-        return raw.view(np.float16).astype(np.float32)
-    if int(dtype) == 4:
-        return raw.view(np.float32).copy()
-    raise ValueError(f"dtype is {dtype}; fp8 quantizes bf16 (3), fp16 (2) and fp32 (4) buffers")
+    if int(dtype) not in (2, 3, 4):
+        raise ValueError(f"dtype is {dtype}; fp8 quantizes bf16 (3), fp16 (2) and fp32 (4) buffers")
+    return data.to_float32(raw, dtype)
 
 
 def block_scales(x: np.ndarray, format: str) -> np.ndarray:
@@ -112,50 +110,19 @@ def _check_one(x: np.ndarray, y: np.ndarray, shape, dtype: int, format: str, gra
     if not np.all(want_inf):
         i = int(np.flatnonzero(inf)[np.flatnonzero(~want_inf)[0]])
         return f"element {i}: {x[i]!r} decoded to {y[i]!r} ({'itself' if format == 'e5m2' else 'NaN'} expected)"
-    err = np.abs(y[finite].astype(np.float64) - x[finite].astype(np.float64))
-    over = err > bound[finite]
-    if np.any(over):
-        j = int(np.flatnonzero(over)[0])
-        i = int(np.flatnonzero(finite)[j])
-        return (f"element {i}: |{y[i]!r} - {x[i]!r}| = {err[j]:.6g} exceeds the {format}/{granularity} bound "
-                f"{bound[finite][j]:.6g} by {err[j] / bound[finite][j]:.4g}x")
-    return None
+    return bound_violation(x, y, bound, f"{format}/{granularity}")
 
 
 def check_error(original: np.ndarray, decoded: np.ndarray, buffer: Any,
                 params: Mapping[str, Any] | None = None) -> str | None:
-    """Checks one page of one buffer against the declared bound.
-
-    ``original``/``decoded`` are the buffer's hot bytes (uint8) before encoding and after
-    decoding; ``buffer`` its :class:`kvcodec_sdk.BufferDesc`. Returns None when the bound holds,
-    else a sentence saying where and by how much it is exceeded. Buffers the codec copies
-    losslessly must match exactly. With ``params`` (the codec's parameters) the bound of that
-    format and granularity is checked; without them, the bound of any parameter set is
-    accepted.
-    """
-    original = np.ascontiguousarray(original, np.uint8).reshape(-1)
-    decoded = np.ascontiguousarray(decoded, np.uint8).reshape(-1)
-    if original.shape != decoded.shape:
-        return f"decoded buffer has {decoded.size} bytes, the original {original.size}"
-    dtype = int(buffer.dtype)
-    shape = (int(buffer.tokens_per_page), int(buffer.num_heads), int(buffer.head_dim))
-    params = dict(params or {})
+    """The codec's ``check_error``: one page of one buffer against :data:`ERROR_BOUND`, in the frame
+    of :func:`kvcodec_sdk.quantization.check_buffer` (arguments and result as there). With
+    ``params`` the bound of their format and granularity is checked; without them, the bound of
+    any format and granularity is accepted."""
     from .plugin import quantizes  # the policy lives beside the spec
 
-    if not quantizes(buffer, params):
-        if np.array_equal(original, decoded):
-            return None
-        i = int(np.flatnonzero(original != decoded)[0])
-        return f"losslessly stored buffer differs at byte {i}: {original[i]} -> {decoded[i]}"
-    x = to_float32(original, dtype)
-    y = to_float32(decoded, dtype)
+    params = dict(params or {})
     formats = [params["format"]] if "format" in params else list(_FORMATS)
     grans = [params["granularity"]] if "granularity" in params else ["token_head", "page_head", "page"]
-    first = None
-    for f in formats:
-        for g in grans:
-            problem = _check_one(x, y, shape, dtype, f, g)
-            if problem is None:
-                return None
-            first = first or problem
-    return first
+    checks = [lambda x, y, shape, dtype, f=f, g=g: _check_one(x, y, shape, dtype, f, g) for f in formats for g in grans]
+    return check_buffer(original, decoded, buffer, quantizes(buffer, params), checks)

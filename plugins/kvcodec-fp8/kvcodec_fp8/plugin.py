@@ -64,19 +64,10 @@ _PARAMS = (
                  "other than 'v1'.", choices=("element", "block"), affects_blob=False),
 )
 
-_extra: dict[str, Any] = {"check_error": check_error}
-
 SPEC = Fp8CodecSpec(
-    name="fp8",
-    description="FP8 (e4m3/e5m2) quantization of K/V buffers with fp32 scales; other buffers lossless",
-    version=__version__,
-    format_version=FORMAT_VERSION,
-    lossless=False,
-    error_bound=ERROR_BOUND,
-    factory=_ext.codec_factory,
-    devices=("cpu", "cuda"),
-    params=_PARAMS,
-    **_extra,
+    "fp8", "FP8 (e4m3/e5m2) quantization of K/V buffers with fp32 scales; other buffers lossless",
+    __version__, FORMAT_VERSION, lossless=False, factory=_ext.codec_factory, params=_PARAMS,
+    error_bound=ERROR_BOUND, check_error=check_error,  # devices: CPU reference and CUDA (the default)
 )
 
 

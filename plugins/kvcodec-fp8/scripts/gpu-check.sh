@@ -8,17 +8,7 @@
 # (the plugin installed by an earlier tests phase); unset or all: everything.
 #
 # Needs torch with CUDA, ml_dtypes, pytest, scikit-build-core, pybind11, cmake and nvcc.
-set -uo pipefail
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-OUT_DIR=${1:-gpu-results-fp8}
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-export PYTHONUNBUFFERED=1
-export KVCODEC_CUDA_ARCHITECTURES=${KVCODEC_CUDA_ARCHITECTURES:-90-real}
-status=0
-PHASE=${KVCODEC_GPU_PHASE:-all}
-step() { echo "== fp8: $* ($(date +%T))"; }
-case "$PHASE" in all|tests|bench) ;; *) echo "KVCODEC_GPU_PHASE is '$PHASE'; use all, tests or bench" >&2; exit 2 ;; esac
+source "$(dirname "$0")/../../../scripts/lib/plugin-gpu-check.sh" fp8 "${1:-}"
 
 if [[ "$PHASE" != bench ]]; then
 step "build"

@@ -14,17 +14,10 @@ import pytest
 from fp8_helpers import MIXED, build_layout, pairs
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role, _native
+from kvcodec_sdk import DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
+from kvcodec_sdk.testing.support import assert_blobs_match, cuda_test_module, encode_on_cuda
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 ALL_PARAMS = [{"format": f, "granularity": g}
               for f, g in itertools.product(("e4m3", "e5m2"), ("page_head", "token_head", "page"))]
@@ -111,18 +104,8 @@ def check_against_cpu(params, spec, cold_kind, stream):
     dst = rng.permutation(pages + 2)[:pages]
     want = cpu_blobs(host, params, src, pages + 2, dst)
     codec = gpu_codec(mirror, params)
-    size = codec.cold_page_bytes(0)
-    cold = torch.full((pages + 2, size), 0xC3, dtype=torch.uint8)
-    cold = cold.pin_memory() if cold_kind == "pinned" else cold.cuda()
-    codec.encode(0, cold, dev_pairs(dst, src), stream=stream)
-    stream.synchronize()
-    got = cold.cpu().numpy()
-    for d in dst:
-        if not np.array_equal(got[d], want[d]):
-            i = int(np.flatnonzero(got[d] != want[d])[0])
-            pytest.fail(f"{params}: cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
-    untouched = sorted(set(range(pages + 2)) - set(dst.tolist()))
-    assert (got[untouched] == 0xC3).all(), "encode wrote outside its destination blobs"
+    cold, got = encode_on_cuda(codec, dev_pairs(dst, src), pages + 2, cold_kind, stream)
+    assert_blobs_match(got, want, dst, str(params))
 
     # Decode the same blobs on both sides into other slots: identical hot bytes.
     back = rng.permutation(slots)[:pages]
@@ -154,14 +137,23 @@ def scalar_path(params, stream):
     src, dst = [5, 1, 3], [0, 2, 1]
     want = cpu_blobs(host, params, src, 3, dst)
     codec = gpu_codec(mirror, params)
+    encode_off_alignment(codec, src, dst, want, 3, "pinned", stream, params)
+    codec.close()
+
+
+def encode_off_alignment(codec, src, dst, want, offset, memory, stream, params):
+    """Encodes 3 pages at a cold base `offset` bytes past a 16-byte aligned buffer in pinned or
+    device `memory` and checks the blobs against the CPU reference's; returns the buffer (keep it
+    while the base is used) and the base."""
     size = codec.cold_page_bytes(0)
-    backing = torch.zeros(3 * size + 16, dtype=torch.uint8).pin_memory()
-    base = backing.data_ptr() + 3  # not 16-byte aligned
+    backing = torch.zeros(3 * size + 16, dtype=torch.uint8, device="cuda" if memory == "device" else "cpu")
+    backing = backing.pin_memory() if memory == "pinned" else backing
+    base = backing.data_ptr() + offset
     codec.encode(0, base, dev_pairs(dst, src), stream=stream)
     stream.synchronize()
-    got = backing[3:3 + 3 * size].numpy().reshape(3, size)
+    got = backing[offset:offset + 3 * size].cpu().numpy().reshape(3, size)
     assert np.array_equal(got, want), f"{params}: GPU blobs differ from CPU blobs on the element path"
-    codec.close()
+    return backing, base
 
 
 # The conformance suite's own layouts: harness-allocated pools (allocation + guard bytes), packed
@@ -335,13 +327,7 @@ def test_tile_hard_cases_with_an_unaligned_cold_base(tuning, stream):
         src, dst = [2, 0, 1], [1, 2, 0]
         want = cpu_blobs(host, params, src, 3, dst)
         codec = gpu_codec(mirror, params)
-        size = codec.cold_page_bytes(0)
-        backing = torch.zeros(3 * size + 16, dtype=torch.uint8, device="cuda")
-        base = backing.data_ptr() + 5
-        codec.encode(0, base, dev_pairs(dst, src), stream=stream)
-        stream.synchronize()
-        got = backing[5:5 + 3 * size].cpu().numpy().reshape(3, size)
-        assert np.array_equal(got, want), f"{params}: GPU blobs differ from CPU blobs on the element path"
+        backing, base = encode_off_alignment(codec, src, dst, want, 5, "device", stream, params)
         # Decode into zeroed pools on both sides: identical hot bytes.
         for d in mirror.dev:
             d.zero_()

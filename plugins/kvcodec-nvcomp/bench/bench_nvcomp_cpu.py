@@ -18,26 +18,16 @@ import argparse
 import json
 import platform
 import sys
-import time
 
 import numpy as np
 
 import kvcodec_sdk as kv
+from kvcodec_sdk.bench import Column, Table, emit, wall_times
 from kvcodec_sdk.testing.data import fill_page_bytes
 
 TOKENS, HEADS, HEAD_DIM = 16, 12, 128
 SETTINGS = [("nvcomp-lz4", {}), ("nvcomp-lz4", {"data_type": "uint16", "bitshuffle": True}),
             ("nvcomp-gdeflate", {}), ("nvcomp-gdeflate", {"data_type": "uint16", "bitshuffle": True}), ("concat", {})]
-
-
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm-up: page faults, caches
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def kv_pages(pages: int, layers: int):
@@ -58,8 +48,8 @@ def run_codec(name, params, src, buffers, repeats):
         c.configure([kv.PoolGroupDesc([kv.PoolDesc(pool.ctypes.data, slot, pages)], [kv.LifeCycleDesc(0, tuple(buffers))])])
         codecs.append(c)
     cold = np.zeros((pages, codecs[0].cold_page_bytes(0)), np.uint8)
-    t_enc = best_time(lambda: codecs[0].encode(0, cold, idx), repeats)
-    t_dec = best_time(lambda: codecs[1].decode(0, cold, idx), repeats)
+    t_enc = min(wall_times(lambda: codecs[0].encode(0, cold, idx), repeats))
+    t_dec = min(wall_times(lambda: codecs[1].decode(0, cold, idx), repeats))
     if not np.array_equal(src, dst):
         raise SystemExit(f"{name} {params}: decoded pages differ from the originals")
     for c in codecs:
@@ -73,9 +63,9 @@ def run_lz4_package(src, chunk, repeats):
     data = src.tobytes()
     pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
     out: list = []
-    t_enc = best_time(lambda: out.__setitem__(slice(None), [lz4.block.compress(p, store_size=False) for p in pieces]),
-                      repeats)
-    t_dec = best_time(lambda: [lz4.block.decompress(c, uncompressed_size=len(p)) for c, p in zip(out, pieces)], repeats)
+    t_enc = min(wall_times(lambda: out.__setitem__(slice(None), [lz4.block.compress(p, store_size=False) for p in pieces]),
+                           repeats))
+    t_dec = min(wall_times(lambda: [lz4.block.decompress(c, uncompressed_size=len(p)) for c, p in zip(out, pieces)], repeats))
     return {"what": "lz4 package", "params": {"chunk_bytes": chunk}, "encode_gbps": len(data) / t_enc / 1e9,
             "decode_gbps": len(data) / t_dec / 1e9}
 
@@ -91,18 +81,15 @@ def main(argv=None) -> int:
     rows = [run_codec(name, params, src, buffers, args.repeats) for name, params in SETTINGS]
     rows.append(run_lz4_package(src, 65536, args.repeats))
     base = rows[-1]
-    print(f"nvCOMP codecs' CPU reference, one thread ({platform.processor() or platform.machine()}); {args.pages} pages "
-          f"of {args.layers} layers x K,V x {TOKENS} tokens x {HEADS} heads x {HEAD_DIM} dims bf16 "
-          f"({src.nbytes / 2**20:.0f} MiB hot); GB/s of raw hot bytes, x the lz4 package on the same 64 KiB chunks")
-    print(f"{'codec':16} {'params':38} {'encode':>8} {'x lz4':>6} {'decode':>8} {'x lz4':>6}")
-    for r in rows:
-        print(f"{r['what']:16} {json.dumps(r['params']):38} {r['encode_gbps']:8.3f} {r['encode_gbps'] / base['encode_gbps']:6.2f}"
-              f" {r['decode_gbps']:8.3f} {r['decode_gbps'] / base['decode_gbps']:6.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": rows}, f, indent=1)
-    return 0
-
+    title = (f"nvCOMP codecs' CPU reference, one thread ({platform.processor() or platform.machine()}); {args.pages} "
+             f"pages of {args.layers} layers x K,V x {TOKENS} tokens x {HEADS} heads x {HEAD_DIM} dims bf16 "
+             f"({src.nbytes / 2**20:.0f} MiB hot); GB/s of raw hot bytes, x the lz4 package on the same 64 KiB chunks")
+    table = Table([title], [Column("codec", 16, "<"), Column("params", 38, "<"), Column("encode", 8),
+                            Column("x lz4", 6), Column("decode", 8), Column("x lz4", 6)])
+    table.rows = [[r["what"], json.dumps(r["params"]), f"{r['encode_gbps']:.3f}",
+                   f"{r['encode_gbps'] / base['encode_gbps']:.2f}", f"{r['decode_gbps']:.3f}",
+                   f"{r['decode_gbps'] / base['decode_gbps']:.2f}"] for r in rows]
+    return emit(table, args.json, {"args": vars(args), "results": rows})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import kvcodec_sdk as kv
-from kvcodec_sdk.registry import _reset_default_registry
 from kvcodec_sdk.testing.envelope import COMPRESSED, DID_NOT_FIT, MAGIC, STORED_RAW  # noqa: F401 (the SDK's envelope)
+from kvcodec_sdk.testing.support import fresh_default_registry  # noqa: F401 (re-exported fixture)
 
 
 def plugin_ext():
@@ -30,15 +30,6 @@ def plugin_ext():
         pytest.skip(f"kvcodec-nvcomp is not installed ({exc})", allow_module_level=True)
     return _ext
 
-
-@pytest.fixture(autouse=True)
-def fresh_default_registry(monkeypatch):
-    """Every test starts and ends with a fresh registry and no disabled plugins (import this
-    fixture into a test module to use it)."""
-    monkeypatch.delenv("KVCODEC_DISABLE_PLUGINS", raising=False)
-    _reset_default_registry()
-    yield
-    _reset_default_registry()
 
 CHUNK_COMPRESSED = 0x80000000
 ALGORITHM_IDS = {"nvcomp-lz4": 1, "nvcomp-gdeflate": 2, "nvcomp-ans": 3}

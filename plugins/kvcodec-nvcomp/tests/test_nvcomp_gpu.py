@@ -13,16 +13,12 @@ import pytest
 from nvcomp_blobs import fill, fresh_default_registry, pairs, parse, plugin_ext  # noqa: F401
 
 import kvcodec_sdk as kv
+from kvcodec_sdk.testing.support import cuda_test_module
 
 _ext = plugin_ext()
 
-torch = pytest.importorskip("torch")
+torch, pytestmark = cuda_test_module()
 lz4_block = pytest.importorskip("lz4.block")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and torch with CUDA"),
-]
 
 GPU_CODECS = ["nvcomp-lz4", "nvcomp-ans", "nvcomp-gdeflate"]
 KINDS = ["random", "zeros", "runs", "kv"]
@@ -217,15 +213,22 @@ def test_lz4_package_blobs_decode_on_the_gpu(stream):
     assert_pages(layout, range(n), expect)
 
 
-@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
-def test_slot_ratio_did_not_fit(name, stream):
+def half_slot_codec(name):
+    """Four random 64 KiB pages, pages 1 and 3 zeroed (they compress; the others do not fit), and a
+    CUDA codec at slot_ratio 0.5 configured on them: (n, layout, codec)."""
     n = 4
     layout = GpuLayout((65536,), n, "random")
     layout.pools[0][1].zero_()
     layout.pools[0][3].zero_()
-    torch.cuda.synchronize()  # torch's stream zeroed them; the encode runs on `stream`
+    torch.cuda.synchronize()  # torch's stream zeroed them; the encode runs on another stream
     codec = kv.create_codec(name, {"slot_ratio": 0.5}, device="cuda")
     codec.configure(layout.groups)
+    return n, layout, codec
+
+
+@pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
+def test_slot_ratio_did_not_fit(name, stream):
+    n, layout, codec = half_slot_codec(name)
     cb = codec.cold_page_bytes(0)
     assert cb == 32768
     cold = torch.zeros((n, cb), dtype=torch.uint8).pin_memory()
@@ -547,13 +550,7 @@ def test_checked_statuses_of_a_call_cut_into_batches(pinned, status_in, stream):
 
 @pytest.mark.parametrize("name", ["nvcomp-lz4", "nvcomp-ans"])
 def test_checked_did_not_fit_from_encode(name, stream):
-    n = 4
-    layout = GpuLayout((65536,), n, "random")
-    layout.pools[0][1].zero_()
-    layout.pools[0][3].zero_()
-    torch.cuda.synchronize()
-    codec = kv.create_codec(name, {"slot_ratio": 0.5}, device="cuda")
-    codec.configure(layout.groups)
+    n, layout, codec = half_slot_codec(name)
     cold = torch.zeros((n, codec.cold_page_bytes(0)), dtype=torch.uint8, device="cuda")
     codec.encode(0, cold, dev_pairs(range(n), range(n)), stream=stream)
     stream.synchronize()

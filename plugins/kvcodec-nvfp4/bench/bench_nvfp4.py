@@ -22,11 +22,11 @@ import argparse
 import json
 import platform
 import sys
-import time
 
 import numpy as np
 
 import kvcodec_sdk as kv
+from kvcodec_sdk.bench import wall_times
 from kvcodec_sdk.testing.data import fill_page_bytes, from_float32, to_float32
 
 HEADS, HEAD_DIM = 8, 128
@@ -70,13 +70,7 @@ class Host:
         return [kv.PoolGroupDesc([kv.PoolDesc(pool.ctypes.data, slot, pages)], [kv.LifeCycleDesc(0, tuple(buffers))])]
 
     def time(self, fn, repeats):
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return min(wall_times(fn, repeats))
 
 
 def run_cpu(name, params, src, buffers, slot, pages, repeats):

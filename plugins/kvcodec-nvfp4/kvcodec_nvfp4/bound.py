@@ -24,6 +24,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kvcodec_sdk.quantization import bound_violation, check_buffer
+from kvcodec_sdk.testing import data
+
 __all__ = ["ERROR_BOUND", "to_float32", "group_scales", "block_scales", "error_bound_of", "check_error"]
 
 ERROR_BOUND = (
@@ -42,12 +45,9 @@ GRANULARITIES = ("page_head", "page")
 
 def to_float32(raw: np.ndarray, dtype: int) -> np.ndarray:
     """Hot bytes (uint8) of a bf16 (3) or fp16 (2) buffer as float32 values."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if int(dtype) == 3:
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    if int(dtype) == 2:
-        return raw.view(np.float16).astype(np.float32)
-    raise ValueError(f"dtype is {dtype}; nvfp4 quantizes bf16 (3) and fp16 (2) buffers")
+    if int(dtype) not in (2, 3):
+        raise ValueError(f"dtype is {dtype}; nvfp4 quantizes bf16 (3) and fp16 (2) buffers")
+    return data.to_float32(raw, dtype)
 
 
 def _e4m3_value_rne(t: np.ndarray) -> np.ndarray:
@@ -101,7 +101,6 @@ def error_bound_of(x: np.ndarray, shape: tuple[int, int, int], dtype: int,
 
 
 def _check_one(x: np.ndarray, y: np.ndarray, shape, dtype: int, granularity: str) -> str | None:
-    finite = np.isfinite(x)
     if not np.all(np.isfinite(y)):
         i = int(np.flatnonzero(~np.isfinite(y))[0])
         return f"element {i}: {x[i]!r} decoded to {y[i]!r} (nvfp4 never decodes to NaN or infinity)"
@@ -118,46 +117,17 @@ def _check_one(x: np.ndarray, y: np.ndarray, shape, dtype: int, granularity: str
         i = int(np.flatnonzero(inf)[np.flatnonzero(~np.isclose(y[inf], want, rtol=2.0**-7, atol=0))[0]])
         return f"element {i}: {x[i]!r} decoded to {y[i]!r} (+-6 times the block scale {float(bs[i])!r} expected)"
     bound = error_bound_of(x, shape, dtype, granularity)
-    err = np.abs(y[finite].astype(np.float64) - x[finite].astype(np.float64))
-    over = err > bound[finite]
-    if np.any(over):
-        j = int(np.flatnonzero(over)[0])
-        i = int(np.flatnonzero(finite)[j])
-        return (f"element {i}: |{y[i]!r} - {x[i]!r}| = {err[j]:.6g} exceeds the nvfp4/{granularity} bound "
-                f"{bound[finite][j]:.6g} by {err[j] / bound[finite][j]:.4g}x")
-    return None
+    return bound_violation(x, y, bound, f"nvfp4/{granularity}")
 
 
 def check_error(original: np.ndarray, decoded: np.ndarray, buffer: Any,
                 params: Mapping[str, Any] | None = None) -> str | None:
-    """Checks one page of one buffer against the declared bound.
-
-    ``original``/``decoded`` are the buffer's hot bytes (uint8) before encoding and after
-    decoding; ``buffer`` its :class:`kvcodec_sdk.BufferDesc`. Returns None when the bound holds,
-    else a sentence saying where and by how much it is exceeded. Buffers the codec copies
-    losslessly must match exactly. With ``params`` the bound of that granularity is checked;
-    without them, the bound of either granularity is accepted.
-    """
-    original = np.ascontiguousarray(original, np.uint8).reshape(-1)
-    decoded = np.ascontiguousarray(decoded, np.uint8).reshape(-1)
-    if original.shape != decoded.shape:
-        return f"decoded buffer has {decoded.size} bytes, the original {original.size}"
+    """nvfp4's ``check_error`` (:func:`kvcodec_sdk.quantization.check_buffer` gives the arguments and
+    the result): a quantized buffer is held to :data:`ERROR_BOUND` of ``params["granularity"]``, or
+    of either granularity without ``params``; a lossless one must match byte for byte."""
     from .plugin import quantizes  # the policy lives beside the spec
 
     params = dict(params or {})
-    if not quantizes(buffer, params):
-        if np.array_equal(original, decoded):
-            return None
-        i = int(np.flatnonzero(original != decoded)[0])
-        return f"losslessly stored buffer differs at byte {i}: {original[i]} -> {decoded[i]}"
-    dtype = int(buffer.dtype)
-    shape = (int(buffer.tokens_per_page), int(buffer.num_heads), int(buffer.head_dim))
-    x = to_float32(original, dtype)
-    y = to_float32(decoded, dtype)
-    first = None
-    for g in [params["granularity"]] if "granularity" in params else GRANULARITIES:
-        problem = _check_one(x, y, shape, dtype, g)
-        if problem is None:
-            return None
-        first = first or problem
-    return first
+    grans = [params["granularity"]] if "granularity" in params else GRANULARITIES
+    checks = [lambda x, y, shape, dtype, g=g: _check_one(x, y, shape, dtype, g) for g in grans]
+    return check_buffer(original, decoded, buffer, quantizes(buffer, params), checks)

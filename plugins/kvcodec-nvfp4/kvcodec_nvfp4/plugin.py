@@ -37,17 +37,11 @@ _PARAMS = (
 )
 
 SPEC = Nvfp4CodecSpec(
-    name="nvfp4",
+    name="nvfp4", version=__version__, format_version=FORMAT_VERSION,
     description="NVFP4 (e2m1 values, e4m3 scales per 16 elements, fp32 scales) quantization of bf16/fp16 K/V "
     "buffers; other buffers lossless",
-    version=__version__,
-    format_version=FORMAT_VERSION,
-    lossless=False,
-    error_bound=ERROR_BOUND,
-    check_error=check_error,
-    factory=_ext.codec_factory,
-    devices=("cpu", "cuda"),
-    params=_PARAMS,
+    lossless=False, error_bound=ERROR_BOUND, check_error=check_error,
+    factory=_ext.codec_factory, params=_PARAMS,  # devices: CPU reference and CUDA (the default)
 )
 
 

@@ -13,17 +13,10 @@ import pytest
 from nvfp4_helpers import BF, FP, MIXED, K, O, V, build_layout, pairs
 
 import kvcodec_sdk as kv
-from kvcodec_sdk import LifeCycleDesc, PoolDesc, PoolGroupDesc, _native
+from kvcodec_sdk import LifeCycleDesc, PoolDesc, PoolGroupDesc
+from kvcodec_sdk.testing.support import assert_blobs_match, cuda_test_module, encode_on_cuda
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        _native.driver_info()["device_count"] == 0 or not torch.cuda.is_available(),
-        reason="needs a CUDA device and torch with CUDA",
-    ),
-]
+torch, pytestmark = cuda_test_module()
 
 LARGE = [  # 64-token pages with 8 heads (several blocks per thread), fp16 next to bf16, an 8 KiB+ opaque buffer
     [(0, K, BF, (64, 8, 128)), (0, V, BF, (64, 8, 128))],
@@ -65,17 +58,8 @@ def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, specia
     gpu.configure(device_groups(host, dev))
     assert gpu.page_index_location(0) == kv.PageIndexLocation.DEVICE
     assert gpu.cold_page_bytes(0) == size
-    cold = torch.full((pages + 2, size), 0xC3, dtype=torch.uint8)
-    cold = cold.pin_memory() if cold_kind == "pinned" else cold.cuda()
-    gpu.encode(0, cold, dev_pairs(dst, src), stream=stream)
-    stream.synchronize()
-    got = cold.cpu().numpy()
-    for d in dst:
-        if not np.array_equal(got[d], want[d]):
-            i = int(np.flatnonzero(got[d] != want[d])[0])
-            pytest.fail(f"{params}: cold slot {d}: GPU blob byte {i} is {got[d][i]:#x}, CPU blob {want[d][i]:#x}")
-    untouched = sorted(set(range(pages + 2)) - set(dst.tolist()))
-    assert (got[untouched] == 0xC3).all(), "encode wrote outside its destination blobs"
+    cold, got = encode_on_cuda(gpu, dev_pairs(dst, src), pages + 2, cold_kind, stream)
+    assert_blobs_match(got, want, dst, str(params))
 
     back = rng.permutation(slots)[:pages]
     cpu.decode(0, want, pairs(back, dst))
