@@ -234,17 +234,13 @@ class KVCacheManager:
             raise ValueError(f"count is {count!r}; it must be an integer >= 0")
         if keys is not None and len(keys) != count:
             raise ValueError(f"keys has {len(keys)} entries; it needs one per page ({count})")
+        raw = None if keys is None else [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
         handle = None if stream is None else _interop.stream_handle(stream)
         with _native_errors():
-            ids = self._live().allocate(int(lifecycle), count, handle)
-        pages = PageList(self, ids)
-        if keys is not None:
-            try:
-                self.set_keys(pages, keys)
-            except BaseException:
-                self.free(pages)
-                raise
-        return pages
+            # The keys are set with the allocation: an eviction by another thread never finds a
+            # new page keyless (then unable to take its key at a cold level).
+            ids = self._live().allocate(int(lifecycle), count, handle, raw)
+        return PageList(self, ids)
 
     def set_keys(self, pages: Any, keys: Sequence[bytes | str | None]) -> None:
         """Sets the content key of each page (None clears it); see :attr:`PageHandle.key`."""
@@ -297,13 +293,15 @@ class KVCacheManager:
         """The remote tier's counters: the backend's (``puts``, ``hits``, ``misses``, ``mismatches``,
         ``corrupt``, ... see :class:`~kvcodec_sdk.remote.RemoteStats`), the worker's
         (:class:`~kvcodec_sdk.remote.level.RemoteLevelStats`), and ``queued`` / ``in_progress``
-        batches now. Raises ValueError without a remote tier."""
+        batches now, and ``offers``: keys found in the store by :meth:`find_remote` that no page
+        claimed yet (0 between calls). Raises ValueError without a remote tier."""
         if self._remote is None:
             raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
         out: dict = dict(self._remote.backend.stats.as_dict())
         out.update(self._remote.stats.as_dict())
         out["queued"] = int(self._remote._queue.queued)
         out["in_progress"] = int(self._remote._queue.taken)
+        out["offers"] = int(self._live().remote_offers())
         return out
 
     @staticmethod

@@ -219,8 +219,14 @@ void bindKvcm(py::module_& m)
             "internal_stream", [](kvcm::KvCacheManager& m) { return reinterpret_cast<uintptr_t>(m.internalStream()); })
         .def(
             "allocate",
-            [](kvcm::KvCacheManager& m, int32_t lc, size_t n, std::optional<uintptr_t> stream) {
+            [](kvcm::KvCacheManager& m, int32_t lc, size_t n, std::optional<uintptr_t> stream,
+                std::optional<std::vector<std::string>> keys) {
                 PyGuard guard(m, "allocate");
+                if (keys && keys->size() != n)
+                {
+                    throw std::invalid_argument("keys has " + std::to_string(keys->size())
+                        + " entries; it needs one per page (" + std::to_string(n) + ")");
+                }
                 py::array_t<uint64_t> out(static_cast<py::ssize_t>(n));
                 std::optional<runtime::Stream> s;
                 if (stream)
@@ -229,10 +235,11 @@ void bindKvcm(py::module_& m)
                 }
                 uint64_t* dst = out.mutable_data();
                 py::gil_scoped_release release; // Eviction may wait for staged transfers.
-                m.allocate(lc, n, dst, s);
+                m.allocate(lc, n, dst, s, keys ? keys->data() : nullptr);
                 return out;
             },
-            py::arg("lifecycle"), py::arg("count"), py::arg("stream").none(true))
+            py::arg("lifecycle"), py::arg("count"), py::arg("stream").none(true), py::arg("keys") = py::none(),
+            "New hot pages; `keys` (bytes per page, b'' for none) are set atomically with the allocation.")
         .def("free",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
                 PyGuard guard(m, "free");
@@ -610,6 +617,8 @@ void bindKvcm(py::module_& m)
                 py::gil_scoped_release release; // The remote worker finishes its jobs meanwhile.
                 m.closeTiers();
             })
+        .def("remote_offers", &kvcm::KvCacheManager::remoteOffers,
+            "Remote offers neither claimed nor withdrawn (0 between find_remote calls).")
         .def(
             "find_remote",
             [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles) {

@@ -174,6 +174,22 @@ class ManagerLevelContract:
             assert np.array_equal(hot_bytes(reader, f), model[p.id])
         assert reader.find_remote([keys[0]], lifecycle=1) == [None]  # stored under lifecycle 0 only
 
+    def test_keys_found_but_not_claimed_leave_no_offer_behind(self, manager):
+        """A reader whose remote level has too few slots claims what fits; the other keys found in
+        the store are not kept as offers (a later find asks the store again)."""
+        writer, reader = manager(), manager(max_pages=2)
+        pages = writer.allocate(0, 5)
+        write_random(writer, pages, np.random.default_rng(12))
+        keys = keys_for("offers", 5)
+        writer.set_keys(pages, keys)
+        writer.evict(pages, level=CacheLevel.REMOTE)
+        got = [f for f in reader.find_remote(keys) if f is not None]
+        assert 0 < len(got) < 5
+        assert reader.remote_stats()["offers"] == 0
+        reader.free(got)
+        assert sum(f is not None for f in reader.find_remote(keys)) == len(got)
+        assert reader.remote_stats()["offers"] == 0
+
     def test_another_process_finds_what_this_one_stored(self, manager, store_args):
         m = manager()
         rng = np.random.default_rng(5)

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
+#include <unordered_set>
 
 #include "kvcm/manager_internal.h"
 
@@ -211,13 +213,18 @@ void KvCacheManager::releasePage(uint32_t index) noexcept
     pages_.release(index);
 }
 
-void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream)
+void KvCacheManager::allocate(
+    LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream, std::string const* keys)
 {
     CallGuard guard(*this, "allocate");
     if (lifeCycle < 0 || size_t(lifeCycle) >= storage_->numLifeCycles())
     {
         throw std::invalid_argument("lifecycle is " + std::to_string(lifeCycle) + "; configured layer groups are 0.."
             + std::to_string(storage_->numLifeCycles() - 1));
+    }
+    if (keys != nullptr)
+    {
+        checkNewKeys(keys, count); // Before any page exists: a refused key allocates nothing.
     }
     PoolGroupIndex const g = storage_->poolGroup(CacheLevel::kHot, lifeCycle);
     SlotPool& pool = storage_->slots(CacheLevel::kHot, g);
@@ -251,10 +258,42 @@ void KvCacheManager::allocate(LifeCycleId lifeCycle, size_t count, PageId* out, 
         p.slot = slot;
         p.tick = ++clock_;
         lru_.insert(index);
+        if (keys != nullptr && !keys[i].empty())
+        {
+            keys_.set(index, keys[i]); // Under the same lock: no eviction sees the page keyless.
+        }
         out[i] = pages_.id(index);
     }
     // A new page's bytes may still be read by the transfer that vacated the slot.
     waitAll(events, stream);
+}
+
+void KvCacheManager::checkNewKeys(std::string const* keys, size_t count) const
+{
+    std::unordered_set<std::string_view> seen;
+    for (size_t i = 0; i < count; ++i)
+    {
+        std::string const& key = keys[i];
+        if (key.size() > 254)
+        {
+            throw std::invalid_argument("keys[" + std::to_string(i) + "] is " + std::to_string(key.size())
+                + " bytes; content keys are 1..254 bytes");
+        }
+        if (key.empty())
+        {
+            continue;
+        }
+        if (auto const owner = keys_.owner(key))
+        {
+            throw std::invalid_argument("keys[" + std::to_string(i) + "] is already the content key of live page "
+                + hexId(pages_.id(*owner)) + "; keys are unique among live pages");
+        }
+        if (!seen.insert(key).second)
+        {
+            throw std::invalid_argument(
+                "keys[" + std::to_string(i) + "] appears twice; keys are unique among live pages");
+        }
+    }
 }
 
 void KvCacheManager::free(PageId const* ids, size_t count)
@@ -478,10 +517,11 @@ void KvCacheManager::closeTiers()
 
 void KvCacheManager::findRemote(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out)
 {
+    std::vector<std::string> offered;
+    uint64_t token = 0;
     {
         CallGuard guard(*this, "findRemote");
         checkLevel(CacheLevel::kRemote, "findRemote's level");
-        std::vector<std::string> offered;
         std::vector<LifeCycleId> offeredLifeCycles;
         for (size_t i = 0; i < count; ++i)
         {
@@ -496,9 +536,44 @@ void KvCacheManager::findRemote(std::string const* keys, int32_t const* lifeCycl
                 offeredLifeCycles.push_back(LifeCycleId(lifeCycles[i]));
             }
         }
-        storage_->remoteLevel()->offer(offered, offeredLifeCycles);
+        token = storage_->remoteLevel()->offer(offered, offeredLifeCycles);
     }
+    // The offers that no page claimed (the key is already at another level, or its group has no
+    // free slot) are withdrawn, whether or not findKept() succeeded.
+    struct Withdraw
+    {
+        KvCacheManager& m;
+        std::vector<std::string> const& keys;
+        uint64_t token;
+        ~Withdraw()
+        {
+            m.withdrawRemoteOffers(keys, token);
+        }
+    } withdraw{*this, offered, token};
     findKept(CacheLevel::kRemote, "findRemote", keys, count, out);
+}
+
+void KvCacheManager::withdrawRemoteOffers(std::vector<std::string> const& keys, uint64_t token) noexcept
+{
+    try
+    {
+        CallGuard guard(*this, "findRemote");
+        if (RemoteColdLevel* remote = storage_->remoteLevel())
+        {
+            remote->withdraw(keys, token);
+        }
+    }
+    catch (...)
+    {
+        // A closed manager or no memory: the offers stay until a claim or the level's end.
+    }
+}
+
+size_t KvCacheManager::remoteOffers() const
+{
+    CallGuard guard(*this, "remoteOffers");
+    RemoteColdLevel* remote = storage_->remoteLevel();
+    return remote ? remote->numOffered() : 0;
 }
 
 void KvCacheManager::synchronize()

@@ -232,7 +232,10 @@ public:
 
     /// Allocates `count` hot pages of `lifeCycle` into `out`. The slots' previous transfers are
     /// waited for on `stream` (host-synchronized when nullopt) before a kernel may write them.
-    void allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream);
+    /// `keys` (null, or one per page; empty: none) are set under the same lock, so no eviction
+    /// sees a new page without its key.
+    void allocate(LifeCycleId lifeCycle, size_t count, PageId* out, std::optional<Stream> stream,
+        std::string const* keys = nullptr);
 
     /// Frees pages at whatever level they are.
     void free(PageId const* pages, size_t count);
@@ -353,12 +356,19 @@ public:
     /// level, or a page created for it there (ready to be onboarded; a blob gone since reads as a
     /// miss), or 0. Keys with a negative lifecycle get the live remote page holding them, or 0.
     void findRemote(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out);
+    /// Remote offers neither claimed nor withdrawn (0 between findRemote() calls).
+    [[nodiscard]] size_t remoteOffers() const;
     [[nodiscard]] Stream internalStream() const noexcept
     {
         return stream_;
     }
 
 private:
+    // allocate()'s keys: each 0..254 bytes, unique, none the key of a live page (throws).
+    void checkNewKeys(std::string const* keys, size_t count) const;
+    // findRemote()'s offers that no page claimed (see RemoteColdLevel::withdraw()).
+    void withdrawRemoteOffers(std::vector<std::string> const& keys, uint64_t token) noexcept;
+
     // One distinct transfer of a (source level, destination level) pair, with the migration path
     // chosen for it from the (source kind, destination kind) table (manager_paths.cpp).
     struct TransferKey

@@ -385,16 +385,37 @@ void RemoteColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
     }
 }
 
-void RemoteColdLevel::offer(std::vector<std::string> const& keys, std::vector<LifeCycleId> const& lifeCycles)
+uint64_t RemoteColdLevel::offer(std::vector<std::string> const& keys, std::vector<LifeCycleId> const& lifeCycles)
 {
     std::lock_guard<std::mutex> lock(mu_);
+    uint64_t const token = nextOffer_++;
     for (size_t i = 0; i < keys.size() && i < lifeCycles.size(); ++i)
     {
         if (lifeCycles[i] >= 0 && size_t(lifeCycles[i]) < lifeCycleGroup_.size())
         {
-            offered_[keys[i]] = lifeCycles[i];
+            offered_[keys[i]] = Offer{lifeCycles[i], token};
         }
     }
+    return token;
+}
+
+void RemoteColdLevel::withdraw(std::vector<std::string> const& keys, uint64_t token)
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::string const& key : keys)
+    {
+        auto const it = offered_.find(key);
+        if (it != offered_.end() && it->second.token == token)
+        {
+            offered_.erase(it);
+        }
+    }
+}
+
+size_t RemoteColdLevel::numOffered() const
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    return offered_.size();
 }
 
 std::optional<ClaimedBlob> RemoteColdLevel::claim(std::string const& key)
@@ -405,7 +426,7 @@ std::optional<ClaimedBlob> RemoteColdLevel::claim(std::string const& key)
     {
         return std::nullopt;
     }
-    LifeCycleId const lifeCycle = it->second;
+    LifeCycleId const lifeCycle = it->second.lifeCycle;
     offered_.erase(it);
     PoolGroupIndex const group = lifeCycleGroup_[size_t(lifeCycle)];
     RemoteLevelGroup& g = groups_[size_t(group)];

@@ -150,8 +150,15 @@ public:
     bool complete(BlobIo io, std::string& error) noexcept override;
 
     /// Offers content keys found in the store (by the Python layer's batched existence check)
-    /// with the lifecycle each was found under; claim() then takes them.
-    void offer(std::vector<std::string> const& keys, std::vector<LifeCycleId> const& lifeCycles);
+    /// with the lifecycle each was found under; claim() then takes them. Returns the offers' token
+    /// for withdraw().
+    uint64_t offer(std::vector<std::string> const& keys, std::vector<LifeCycleId> const& lifeCycles);
+    /// Withdraws the offers of `keys` made under `token` that no claim took (a key offered again
+    /// since keeps the newer offer), so that a key found once is not claimed later from a stale
+    /// offer.
+    void withdraw(std::vector<std::string> const& keys, uint64_t token);
+    /// Offers neither claimed nor withdrawn (0 between finds).
+    [[nodiscard]] size_t numOffered() const;
     /// Claims an offered key: a logical slot of its lifecycle's group names its blob. Nullopt
     /// when it was not offered or the group has no free slot.
     std::optional<ClaimedBlob> claim(std::string const& key) override;
@@ -184,7 +191,13 @@ private:
     std::string nonce_;
     mutable std::mutex mu_; ///< Guards everything below and groups_' names (the I/O thread calls in).
     std::unordered_map<uint64_t, Pending> pending_; ///< By BlobIo id.
-    std::unordered_map<std::string, LifeCycleId> offered_;
+    struct Offer
+    {
+        LifeCycleId lifeCycle;
+        uint64_t token;
+    };
+    std::unordered_map<std::string, Offer> offered_;
+    uint64_t nextOffer_ = 1;
     uint64_t nextIo_ = 1;
     uint64_t nextAnonymous_ = 0;
 };
