@@ -42,6 +42,7 @@ BENCHMARKS = {
     "metrics": "migration throughput with the manager's Prometheus metrics scraped every second, against none",
     "blocks": "an engine's KV blocks (vLLM's layout) stored and loaded through the block store, against the codec bare",
     "remote": "the remote tier (Valkey, Mooncake Store) through the manager, against the store's own client",
+    "daemon": "the per-host cache daemon from a client: lookup round trips, L2 hits against a local copy",
     "fidelity": "how much a lossy codec changes attention outputs (cosine, relative error, top-k agreement), "
                 "against concat",
     "compare": "how each figure moved between two runs' JSON reports (new / old per row)",
@@ -229,6 +230,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     remote.add_arguments(rm, device_type=device, count=count(1, 1 << 20), output_file=output_file, size=parse_size)
     rm.set_defaults(report=None, baseline=None)
 
+    from ..bench import daemon
+
+    dm = sub.choices["daemon"]
+    daemon.add_arguments(dm, count=count, size=parse_size, output_file=output_file)
+    dm.set_defaults(report=None, baseline=None)
+
     from ..bench import fidelity
 
     fidelity.add_arguments(sub.choices["fidelity"], device_type=device, count=count, output_file=output_file)
@@ -311,6 +318,10 @@ def run(args: argparse.Namespace) -> int:
         from ..bench import remote
 
         return remote.main_with(args)
+    if args.benchmark == "daemon":
+        from ..bench import daemon
+
+        return daemon.main_with(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:

@@ -1,0 +1,126 @@
+"""``kvcodec bench daemon``: the per-host cache daemon from a client's side.
+
+A daemon is started as its own process (``kvcodec daemon``), optionally next to ``--load`` busy
+processes (a loaded machine). The client stores ``--pages`` KV-like pages, then measures:
+
+- the round trip of a lookup of ``--batch`` keys (``get`` and its ``release``), p50 and p99 over
+  ``--rounds`` requests, against the targets 20 µs and 100 µs;
+- a hit read out of L2 (``get_into``: in place, checked, copied into the caller's buffer) against
+  copying the same pages from this process's own memory (the baseline of a host tier inside one
+  process), in GB/s of page bytes;
+- the bytes on the socket per page moved (pages travel through the arena, not the socket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from ._common import Column, Table, emit, wall_times
+
+#: The round-trip targets of a lookup of 64 keys (docs/daemon.md).
+TARGET_P50_US = 20.0
+TARGET_P99_US = 100.0
+
+
+def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_file: Any) -> None:
+    p.add_argument("--pages", type=count(1, 1 << 20), default=256, help="pages stored (default 256)")
+    p.add_argument("--page-bytes", type=size, default=64 << 10, help="bytes per page (default 64K)")
+    p.add_argument("--batch", type=count(1, 4096), default=64, help="keys per lookup (default 64)")
+    p.add_argument("--rounds", type=count(10, 1 << 20), default=2000, help="lookups timed (default 2000)")
+    p.add_argument("--load", type=count(0, 64), default=0, help="busy processes running meanwhile (default 0)")
+    p.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
+
+
+def kv_page(rng: np.random.Generator, page_bytes: int) -> np.ndarray:
+    """``page_bytes`` bytes of KV-like bf16 values (rows of 128 channels)."""
+    from ..layout import DType, Role
+    from ..testing.data import from_float32, kv_like
+
+    rows = -(-page_bytes // 256)
+    raw = from_float32(kv_like(rng, 1, rows, 1, 128, Role.KEY), DType.BFLOAT16)
+    return np.ascontiguousarray(raw[:page_bytes])
+
+
+def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0) -> dict:
+    """Measures the daemon (see the module docstring); returns the report."""
+    from ..daemon import DaemonClient
+
+    folder = tempfile.mkdtemp(prefix="kvcodec-bench-daemon-")
+    sock = os.path.join(folder, "l2.sock")
+    l2 = max(64 << 20, 2 * pages * (page_bytes + 4096))
+    daemon = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", str(l2),
+                               "--no-hugepages"], stderr=subprocess.PIPE, text=True)
+    busy = []
+    try:
+        if "serving" not in (daemon.stderr.readline() if daemon.stderr else ""):
+            raise RuntimeError("the daemon did not start")
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+        with DaemonClient(sock) as client:
+            region = client.region("bench/1/0", page_bytes, pages)
+            data = [kv_page(np.random.default_rng(i), page_bytes) for i in range(pages)]
+            keys = [f"bench/{i}".encode() for i in range(pages)]
+            stored = client.set(region, keys, data)
+            if not all(stored):
+                raise RuntimeError(f"L2 stored {sum(stored)} of {pages} pages")
+            lookup = [keys[i % pages] for i in range(batch)]
+
+            def round_trip():
+                client.release(region, client.get(region, lookup))
+
+            lat = np.array(wall_times(round_trip, rounds, warmup=50)) * 1e6
+            outs = [np.empty(page_bytes, np.uint8) for _ in range(pages)]
+            moved = pages * page_bytes
+            before = client.socket_bytes
+            hit = wall_times(lambda: client.get_into(region, keys, outs), 5)
+            per_page_socket = (client.socket_bytes - before) / (5 * pages)
+            if not all(np.array_equal(o, d) for o, d in zip(outs, data)):
+                raise RuntimeError("a page read from L2 differs from the page stored")
+
+            def local_copy():
+                for o, d in zip(outs, data):
+                    o[:] = d
+
+            base = wall_times(local_copy, 5)
+            stats = client.stats()
+    finally:
+        for b in busy:
+            b.kill()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+    hit_gbps, base_gbps = moved / min(hit) / 1e9, moved / min(base) / 1e9
+    return {"pages": pages, "page_bytes": page_bytes, "batch": batch, "rounds": rounds, "load": load,
+            "cpus": os.cpu_count(), "rtt_p50_us": float(np.percentile(lat, 50)),
+            "rtt_p99_us": float(np.percentile(lat, 99)), "target_p50_us": TARGET_P50_US,
+            "target_p99_us": TARGET_P99_US, "l2_hit_gbps": hit_gbps, "local_copy_gbps": base_gbps,
+            "l2_hit_vs_local": hit_gbps / base_gbps, "socket_bytes_per_page": per_page_socket,
+            "daemon": {k: stats[k] for k in ("sets", "hits", "misses", "socket_bytes_in", "socket_bytes_out")}}
+
+
+def table(r: dict) -> Table:
+    title = [f"kvcodec daemon from one client: {r['pages']} KV-like pages of {r['page_bytes'] >> 10} KiB, lookups "
+             f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs"]
+    t = Table(title, [Column("figure", 34, "<"), Column("measured", 12), Column("target / baseline", 20, "<", "  ")])
+    t.rows = [
+        ["lookup round trip p50 (us)", f"{r['rtt_p50_us']:.1f}", f"<= {r['target_p50_us']:.0f}"],
+        ["lookup round trip p99 (us)", f"{r['rtt_p99_us']:.1f}", f"<= {r['target_p99_us']:.0f}"],
+        ["L2 hit, checked copy out (GB/s)", f"{r['l2_hit_gbps']:.2f}",
+         f"{r['l2_hit_vs_local']:.2f}x of a local copy ({r['local_copy_gbps']:.2f})"],
+        ["socket bytes per page moved", f"{r['socket_bytes_per_page']:.1f}", f"of {r['page_bytes']} page bytes"],
+    ]
+    return t
+
+
+def main_with(args: argparse.Namespace) -> int:
+    report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load)
+    return emit(table(report), args.json, report)

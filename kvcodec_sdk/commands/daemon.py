@@ -1,0 +1,42 @@
+"""``kvcodec daemon``: run the per-host cache daemon (the shared L2 arena) in the foreground.
+
+It serves until SIGINT or SIGTERM, then removes its socket. Clients connect with
+``kvcodec_sdk.daemon.DaemonClient(SOCKET)``; ``kvcodec statctl --socket SOCKET`` prints its counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from ..cli import parse_size
+
+NAME = "daemon"
+HELP = "run the per-host cache daemon (shared L2 arena)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", required=True, help="the Unix socket to serve (a stale one is replaced)")
+    p.add_argument("--l2-bytes", type=parse_size, default=1 << 30,
+                   help="bytes of the shared RAM arena, e.g. 64G (default 1G); each tier below should be at least "
+                        "this large")
+    p.add_argument("--no-hugepages", action="store_true", help="back the arena with ordinary pages only")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..daemon import Daemon, DaemonConfig
+
+    daemon = Daemon(DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages))
+
+    def stop(signum, frame):  # noqa: ARG001 - the signal module's signature
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"kvcodec daemon: serving {args.socket} with a {daemon.arena.size / 2**20:.0f} MiB L2 arena"
+          f"{' on huge pages' if daemon.arena.hugepages else ''} (pid {daemon.stats()['pid']})", file=sys.stderr,
+          flush=True)
+    daemon.serve_forever()
+    print("kvcodec daemon: stopped", file=sys.stderr)
+    return 0

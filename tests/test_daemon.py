@@ -1,0 +1,248 @@
+"""The per-host cache daemon: L2 shared between processes, leases, versions, clients that die.
+
+Every test runs a real daemon (in this process, on its own thread, or as ``kvcodec daemon``) and
+real clients, some in other processes; nothing of the protocol is imitated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig, DaemonError, DaemonUnavailable
+
+PAGE = 64 << 10
+IDENTITY = "concat/1/00112233aabbccdd"
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def client(daemon):
+    with DaemonClient(daemon.config.socket_path) as c:
+        yield c
+
+
+def pages(n, seed=0, size=PAGE):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+
+
+def keys(prefix, n):
+    return [f"{prefix}/{i}".encode() for i in range(n)]
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail("timed out waiting for the daemon")
+        time.sleep(0.01)
+
+
+def test_set_then_get_is_byte_exact_and_read_in_place(client):
+    region = client.region(IDENTITY, PAGE, 32)
+    data = pages(8, 1)
+    assert client.set(region, keys("a", 8), data) == [True] * 8
+    outs = [np.zeros(PAGE, np.uint8) for _ in range(8)]
+    assert client.get_into(region, [*keys("a", 8)], outs) == [True] * 8
+    assert all(np.array_equal(o, d) for o, d in zip(outs, data))
+    hits = client.get(region, [b"a/3", b"missing"])
+    assert hits[1] is None and client.valid(region, b"a/3", hits[0])
+    assert bytes(hits[0].data) == data[3].tobytes()  # a view of the arena, no copy
+    client.release(region, hits)
+    st = client.stats()
+    assert st["sets"] == 8 and st["hits"] == 9 and st["misses"] == 1 and st["slots_pinned"] == 0
+
+
+READER = """
+import sys, numpy as np
+from kvcodec_sdk.daemon import DaemonClient
+sock, n, page, identity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with DaemonClient(sock) as c:
+    region = c.region(identity, page, 32)
+    outs = [np.zeros(page, np.uint8) for _ in range(n)]
+    ok = c.get_into(region, [f"x/{i}".encode() for i in range(n)], outs)
+    np.save(sys.argv[5], np.stack(outs))
+    print(sum(ok), c.socket_bytes)
+"""
+
+
+def test_another_process_reads_the_pages_with_no_page_bytes_on_the_socket(daemon, client, tmp_path):
+    region = client.region(IDENTITY, PAGE, 32)
+    data = pages(16, 2)
+    assert all(client.set(region, keys("x", 16), data))
+    out = tmp_path / "read.npy"
+    r = subprocess.run([sys.executable, "-c", READER, daemon.config.socket_path, "16", str(PAGE), IDENTITY, str(out)],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    found, reader_socket_bytes = map(int, r.stdout.split())
+    assert found == 16
+    assert np.array_equal(np.load(out), np.stack(data))
+    moved = 2 * 16 * PAGE  # what set and get would have carried inline
+    total = daemon.stats()["socket_bytes_in"] + daemon.stats()["socket_bytes_out"]
+    assert reader_socket_bytes < 4096 and total < moved / 100, (reader_socket_bytes, total)
+
+
+def test_a_full_region_evicts_the_least_recently_used_unpinned_pages(client):
+    region = client.region(IDENTITY, PAGE, 4)
+    n = region.layout.slots
+    assert all(client.set(region, keys("e", n), pages(n, 3)))
+    pinned = client.get(region, [b"e/0"])  # most recently used and pinned
+    assert client.set(region, [b"new"], pages(1, 4)) == [True]
+    st = client.stats()
+    assert st["evictions"] == 1
+    assert client.get_into(region, [b"e/1"], [np.zeros(PAGE, np.uint8)]) == [False]  # the oldest unpinned went
+    assert client.get_into(region, [b"e/0"], [np.zeros(PAGE, np.uint8)]) == [True]
+    client.release(region, pinned)
+
+
+def test_a_pinned_slot_is_never_reused_and_a_reused_one_is_detected(client):
+    region = client.region(IDENTITY, PAGE, 2)
+    assert all(client.set(region, [b"p/0", b"p/1"], pages(2, 5)))
+    (hit,) = client.get(region, [b"p/0"])
+    # Every other slot is pinned or taken: a replacement of p/0 cannot reuse its slot while pinned.
+    assert client.set(region, [b"p/0"], pages(1, 6)) == [True]
+    assert client.valid(region, b"p/0", hit)  # the old bytes stay readable until released
+    client.release(region, [hit])
+    wait_for(lambda: client.stats()["slots_pinned"] == 0)
+    assert client.set(region, [b"q/0"], pages(1, 7)) == [True]  # may now reuse the old slot
+    assert not client.valid(region, b"p/0", hit)  # the stale reference is detected, never served
+
+
+def test_bytes_written_outside_a_lease_fail_the_checksum(client, daemon):
+    region = client.region(IDENTITY, PAGE, 8)
+    assert all(client.set(region, [b"c/0"], pages(1, 8)))
+    (hit,) = client.get(region, [b"c/0"])
+    client.release(region, [hit])
+    # A misbehaving client scribbles over another's slot in its own mapping of the arena.
+    with DaemonClient(daemon.config.socket_path) as rogue:
+        rogue.arena.data(region.layout, hit.slot)[:8] = b"garbage!"
+    assert client.get_into(region, [b"c/0"], [np.zeros(PAGE, np.uint8)]) == [False]
+
+
+HOLDER = """
+import sys, time
+from kvcodec_sdk.daemon import DaemonClient
+c = DaemonClient(sys.argv[1])
+region = c.region(sys.argv[2], int(sys.argv[3]), 32)
+hits = c.get(region, [b"k/0", b"k/1"])
+slots, versions = c._call("lease", region.layout.region, 3)  # leases it will never commit
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_client_killed_holding_pins_and_leases_leaks_no_slot(daemon, client):
+    region = client.region(IDENTITY, PAGE, 32)
+    data = pages(2, 9)
+    assert all(client.set(region, keys("k", 2), data))
+    free_before = client.stats()["slots_free"]
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, daemon.config.socket_path, IDENTITY, str(PAGE)],
+                         stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert p.stdout.readline().strip() == "held"
+        st = client.stats()
+        assert st["slots_pinned"] == 2 and st["slots_leased"] == 3
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        p.kill()
+    wait_for(lambda: client.stats()["clients"] == 1)
+    st = client.stats()
+    assert st["slots_pinned"] == 0 and st["slots_leased"] == 0 and st["slots_free"] == free_before
+    assert st["reclaimed_pins"] == 2 and st["reclaimed_leases"] == 3
+    outs = [np.zeros(PAGE, np.uint8) for _ in range(2)]
+    assert client.get_into(region, keys("k", 2), outs) == [True, True]  # the stored pages are intact
+    assert all(np.array_equal(o, d) for o, d in zip(outs, data))
+
+
+def test_a_daemon_restart_loses_l2_and_clients_reconnect(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 8 << 20, hugepages=False)).start()
+    c = DaemonClient(sock)
+    region = c.region(IDENTITY, PAGE, 8)
+    assert all(c.set(region, [b"r/0"], pages(1, 10)))
+    d.stop()
+    with pytest.raises(DaemonUnavailable):
+        c.stats()
+    with pytest.raises(DaemonUnavailable, match="no daemon answers"):
+        c.reconnect()
+    d = Daemon(DaemonConfig(sock, 8 << 20, hugepages=False)).start()
+    try:
+        c.reconnect()
+        region = c.region(IDENTITY, PAGE, 8)
+        assert c.get_into(region, [b"r/0"], [np.zeros(PAGE, np.uint8)]) == [False]  # L2 is lost by design
+        assert all(c.set(region, [b"r/0"], pages(1, 11)))
+    finally:
+        c.close()
+        d.stop()
+
+
+def test_refusals_name_what_is_wrong(client, daemon, tmp_path):
+    region = client.region(IDENTITY, PAGE, 8)
+    with pytest.raises(ValueError, match=r"pages\[0\] has 65537 bytes"):
+        client.set(region, [b"big"], [np.zeros(PAGE + 1, np.uint8)])
+    with pytest.raises(DaemonError, match="region 7 does not exist"):
+        client._call("get", 7, [b"k"])
+    with pytest.raises(DaemonError, match="unknown op 'nope'"):
+        client._call("nope")
+    with pytest.raises(DaemonError, match="not enough for one slot"):
+        client.region("other/1/0", 64 << 20, 4)
+    assert client._call("commit", region.layout.region, [0], [b"k"], [1], [0]) == [[1]]  # not this client's lease
+    with pytest.raises(DaemonUnavailable, match="no daemon answers"):
+        DaemonClient(str(tmp_path / "none.sock"))
+    with pytest.raises(ValueError, match="l2_bytes"):
+        DaemonConfig(str(tmp_path / "x.sock"), 1024).validate()
+
+
+def test_kvcodec_daemon_and_statctl(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    p = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", "8M",
+                          "--no-hugepages"], stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert "serving" in p.stderr.readline()
+        with DaemonClient(sock) as c:
+            region = c.region(IDENTITY, PAGE, 8)
+            assert all(c.set(region, [b"s/0"], pages(1, 12)))
+            c.get_into(region, [b"s/0"], [np.zeros(PAGE, np.uint8)])
+        out = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "statctl", "--socket", sock, "--json"],
+                             capture_output=True, text=True, timeout=30, cwd="/")
+        assert out.returncode == 0, out.stderr
+        stats = json.loads(out.stdout)
+        assert stats["sets"] == 1 and stats["hits"] == 1 and stats["regions"] == 1
+        text = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "statctl", "--socket", sock],
+                              capture_output=True, text=True, timeout=30, cwd="/").stdout
+        assert "hits" in text and "slots_free" in text
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert not os.path.exists(sock)
+    finally:
+        p.kill()
+    gone = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "statctl", "--socket", sock],
+                          capture_output=True, text=True, timeout=30, cwd="/")
+    assert gone.returncode == 1 and "no daemon answers" in gone.stderr
+
+
+def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
+    out = tmp_path / "daemon.json"
+    r = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "bench", "daemon", "--pages", "16", "--rounds", "20",
+                        "--json", str(out)], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert "lookup round trip p50" in r.stdout
+    report = json.loads(out.read_text())
+    assert report["rtt_p50_us"] > 0 and report["rtt_p99_us"] >= report["rtt_p50_us"]
+    assert report["daemon"]["sets"] == 16 and report["daemon"]["hits"] >= 16 * 5
+    assert report["socket_bytes_per_page"] < report["page_bytes"] / 100  # pages never cross the socket
