@@ -20,16 +20,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import _native
+from ..disk import crc32c as _crc
 from . import protocol
 from .arena import Arena, RegionLayout, key_digest
 from .protocol import DaemonError, DaemonUnavailable
 
 __all__ = ["DaemonClient", "Hit", "RegionHandle"]
-
-
-def _crc(data: Any) -> int:
-    return int(_native.disk.crc32c(data, 0))
 
 
 @dataclass(frozen=True)

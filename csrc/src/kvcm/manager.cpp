@@ -268,27 +268,28 @@ void KvCacheManager::allocate(
     waitAll(events, stream);
 }
 
+void KvCacheManager::checkKey(std::string const& key, std::string const& what, std::optional<uint32_t> self) const
+{
+    if (key.size() > 254)
+    {
+        throw std::invalid_argument(
+            what + " is " + std::to_string(key.size()) + " bytes; content keys are 1..254 bytes");
+    }
+    auto const owner = key.empty() ? std::nullopt : keys_.owner(key);
+    if (owner && owner != self)
+    {
+        throw std::invalid_argument(what + " is already the content key of live page " + hexId(pages_.id(*owner))
+            + "; keys are unique among live pages");
+    }
+}
+
 void KvCacheManager::checkNewKeys(std::string const* keys, size_t count) const
 {
     std::unordered_set<std::string_view> seen;
     for (size_t i = 0; i < count; ++i)
     {
-        std::string const& key = keys[i];
-        if (key.size() > 254)
-        {
-            throw std::invalid_argument("keys[" + std::to_string(i) + "] is " + std::to_string(key.size())
-                + " bytes; content keys are 1..254 bytes");
-        }
-        if (key.empty())
-        {
-            continue;
-        }
-        if (auto const owner = keys_.owner(key))
-        {
-            throw std::invalid_argument("keys[" + std::to_string(i) + "] is already the content key of live page "
-                + hexId(pages_.id(*owner)) + "; keys are unique among live pages");
-        }
-        if (!seen.insert(key).second)
+        checkKey(keys[i], "keys[" + std::to_string(i) + "]", std::nullopt);
+        if (!keys[i].empty() && !seen.insert(keys[i]).second)
         {
             throw std::invalid_argument(
                 "keys[" + std::to_string(i) + "] appears twice; keys are unique among live pages");
@@ -333,25 +334,13 @@ void KvCacheManager::setKey(PageId id, std::string const& key)
     CallGuard guard(*this, "setKey");
     waitForPages(&id, 1); // A page being written keeps its key until the write landed.
     uint32_t const index = pages_.resolve(id, 0);
-    if (key.size() > 254)
-    {
-        throw std::invalid_argument("key is " + std::to_string(key.size()) + " bytes; content keys are 1..254 bytes");
-    }
     auto const level = CacheLevel(pages_[index].level);
     if (ColdLevel const* cold = storage_->coldLevel(level); cold != nullptr && cold->keepsKeys())
     {
         throw std::invalid_argument("page " + hexId(id) + " is at the " + levelName(level) + " level, written under "
             + "its key; set the key before the page goes to " + levelName(level));
     }
-    if (!key.empty())
-    {
-        auto const owner = keys_.owner(key);
-        if (owner && *owner != index)
-        {
-            throw std::invalid_argument("key is already the content key of live page " + hexId(pages_.id(*owner))
-                + "; keys are unique among live pages");
-        }
-    }
+    checkKey(key, "key", index);
     keys_.set(index, key);
 }
 

@@ -364,6 +364,9 @@ public:
     }
 
 private:
+    // A key for page `self` (none: a new page): at most 254 bytes, not another live page's (throws,
+    // naming it `what`).
+    void checkKey(std::string const& key, std::string const& what, std::optional<uint32_t> self) const;
     // allocate()'s keys: each 0..254 bytes, unique, none the key of a live page (throws).
     void checkNewKeys(std::string const* keys, size_t count) const;
     // findRemote()'s offers that no page claimed (see RemoteColdLevel::withdraw()).
