@@ -59,6 +59,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|os|pathlib|enum|typing|collections\.abc|faulthandler|abc|subprocess)(\..*)?"),
     (r"py:class", r".*\._\w+"),
+    (r"py:class", r"pybind11_builtins\..*"),  # the base of the compiled module's classes
     (r"py:class", r"(kvcodec_sdk\.testing\.clauses\.F|NativeCodec|kvcodec_sdk\.testing\.harness\.ColdBuffer)"),
 ]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -16,7 +18,16 @@ import time
 import numpy as np
 import pytest
 
-from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig, DaemonError, DaemonUnavailable
+from kvcodec_sdk.daemon import (
+    Daemon,
+    DaemonClient,
+    DaemonConfig,
+    DaemonError,
+    DaemonUnavailable,
+    RegionHandle,
+    RegionLayout,
+)
+from kvcodec_sdk.daemon.protocol import MAX_FRAME, MISS
 
 PAGE = 64 << 10
 IDENTITY = "concat/1/00112233aabbccdd"
@@ -65,6 +76,32 @@ def test_set_then_get_is_byte_exact_and_read_in_place(client):
     client.release(region, hits)
     st = client.stats()
     assert st["sets"] == 8 and st["hits"] == 9 and st["misses"] == 1 and st["slots_pinned"] == 0
+
+
+def test_a_batch_lookup_answers_arrays_and_releases_every_pin(client):
+    region = client.region(IDENTITY, PAGE, 16)
+    data = pages(4, 13)
+    assert client.set(region, keys("l", 4), data) == [True] * 4
+    found = client.lookup(region, [b"l/2", b"none", b"l/0"])
+    assert found.found.tolist() == [True, False, True]
+    assert found.slots[1] == MISS and found.lengths.tolist()[0] == PAGE
+    assert client.stats()["slots_pinned"] == 2
+    client.release(region, found)  # the miss is skipped
+    wait_for(lambda: client.stats()["slots_pinned"] == 0)
+    view = client.slot_view(region, int(found.slots[0]), PAGE)
+    assert bytes(view) == data[2].tobytes()
+
+
+def test_frames_that_break_the_protocol_cost_only_their_own_connection(daemon, client):
+    region = client.region(IDENTITY, PAGE, 8)
+    assert all(client.set(region, [b"g/0"], pages(1, 14)))
+    for frame in (struct.pack("<I", MAX_FRAME + 1), struct.pack("<I", 0)):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as rogue:
+            rogue.settimeout(10)
+            rogue.connect(daemon.config.socket_path)
+            rogue.sendall(frame + b"x" * 64)
+            assert rogue.recv(16) == b""  # dropped by the daemon
+    assert client.get_into(region, [b"g/0"], [np.zeros(PAGE, np.uint8)]) == [True]
 
 
 READER = """
@@ -129,7 +166,7 @@ def test_bytes_written_outside_a_lease_fail_the_checksum(client, daemon):
     client.release(region, [hit])
     # A misbehaving client scribbles over another's slot in its own mapping of the arena.
     with DaemonClient(daemon.config.socket_path) as rogue:
-        rogue.arena.data(region.layout, hit.slot)[:8] = b"garbage!"
+        rogue.slot_view(region, hit.slot)[:8] = b"garbage!"
     assert client.get_into(region, [b"c/0"], [np.zeros(PAGE, np.uint8)]) == [False]
 
 
@@ -139,7 +176,7 @@ from kvcodec_sdk.daemon import DaemonClient
 c = DaemonClient(sys.argv[1])
 region = c.region(sys.argv[2], int(sys.argv[3]), 32)
 hits = c.get(region, [b"k/0", b"k/1"])
-slots, versions = c._call("lease", region.layout.region, 3)  # leases it will never commit
+slots = c.lease(region, 3)  # leases it will never commit
 print("held", flush=True)
 time.sleep(600)
 """
@@ -195,17 +232,64 @@ def test_refusals_name_what_is_wrong(client, daemon, tmp_path):
     region = client.region(IDENTITY, PAGE, 8)
     with pytest.raises(ValueError, match=r"pages\[0\] has 65537 bytes"):
         client.set(region, [b"big"], [np.zeros(PAGE + 1, np.uint8)])
+    layout = region.layout
+    elsewhere = RegionHandle(IDENTITY, RegionLayout(7, layout.table, layout.data, layout.stride, layout.slots,
+                                                    layout.page_bytes))
     with pytest.raises(DaemonError, match="region 7 does not exist"):
-        client._call("get", 7, [b"k"])
-    with pytest.raises(DaemonError, match="unknown op 'nope'"):
-        client._call("nope")
+        client.lookup(elsewhere, [b"k"])
+    reply = client.raw_call(bytes([99]))  # an op this protocol does not have
+    assert reply[0] == 1 and b"unknown op 99" in reply
+    assert client.raw_call(bytes([6]) + (0).to_bytes(4, "little"))[0] == 1  # a get cut short is refused
+    assert client.stats()["requests_refused"] >= 2  # and the connection still serves
     with pytest.raises(DaemonError, match="not enough for one slot"):
         client.region("other/1/0", 64 << 20, 4)
-    assert client._call("commit", region.layout.region, [0], [b"k"], [1], [0]) == [[1]]  # not this client's lease
+    assert client.commit(region, [0], [b"k"], [1]) == [1]  # not this client's lease
     with pytest.raises(DaemonUnavailable, match="no daemon answers"):
         DaemonClient(str(tmp_path / "none.sock"))
     with pytest.raises(ValueError, match="l2_bytes"):
         DaemonConfig(str(tmp_path / "x.sock"), 1024).validate()
+
+
+WORKER = """
+import sys, time, numpy as np
+from kvcodec_sdk.daemon import DaemonClient
+sock, identity, page, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(seed)
+def content(key):  # every writer of a key writes the same bytes, so any hit can be checked
+    return np.random.default_rng(abs(hash(key)) % (1 << 32)).integers(0, 256, page, dtype=np.uint8)
+wrong = hits = 0
+with DaemonClient(sock) as c:
+    region = c.region(identity, page, 24)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        ks = [b"w/%d" % k for k in rng.integers(0, 64, int(rng.integers(1, 9)))]
+        if rng.random() < 0.5:
+            c.set(region, ks, [content(k) for k in ks])
+        else:
+            outs = [np.zeros(page, np.uint8) for _ in ks]
+            for k, ok, out in zip(ks, c.get_into(region, ks, outs), outs):
+                hits += ok
+                wrong += ok and not np.array_equal(out, content(k))
+print(wrong, hits)
+"""
+
+
+def test_clients_in_many_processes_never_read_a_wrong_page(daemon, tmp_path):
+    # 4 processes set and read 64 keys through a region of 24 slots: constant eviction and reuse.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, daemon.config.socket_path, IDENTITY, str(PAGE // 4),
+                               str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/", env=env)
+             for i in range(4)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        results.append(tuple(map(int, out.split())))
+    assert sum(w for w, _ in results) == 0
+    assert sum(h for _, h in results) > 0
+    wait_for(lambda: daemon.stats()["clients"] == 0)  # every connection's end has been handled
+    st = daemon.stats()
+    assert st["evictions"] > 0 and st["slots_pinned"] == 0 and st["slots_leased"] == 0
 
 
 def test_kvcodec_daemon_and_statctl(tmp_path):

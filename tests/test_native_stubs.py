@@ -13,7 +13,7 @@ import pytest
 import kvcodec_sdk
 
 STUBS = Path(kvcodec_sdk.__file__).resolve().parent / "_native"
-MODULES = ("__init__", "kvcm", "kvcm_testing", "disk")
+MODULES = ("__init__", "kvcm", "kvcm_testing", "disk", "daemon")
 
 
 def test_stubs_are_installed_beside_the_module():
@@ -29,4 +29,4 @@ def test_stubtest_finds_no_difference(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mypy.stubtest", "kvcodec_sdk._native"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Success: no issues found in 4 modules" in result.stdout
+    assert "Success: no issues found in 5 modules" in result.stdout

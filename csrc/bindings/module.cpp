@@ -24,6 +24,7 @@ void bindConformanceTesting(py::module_& m); // testing.cpp
 void bindKvcm(py::module_& m);               // bindings/kvcm.cpp
 void bindDisk(py::module_& m);               // bindings/disk.cpp
 void bindLog(py::module_& m);                // bindings/log.cpp
+void bindDaemon(py::module_& m);             // bindings/daemon.cpp
 
 namespace {
 
@@ -272,6 +273,7 @@ PYBIND11_MODULE(_native, m)
     bindDisk(m); // before kvcm: its DiskTierConfig holds disk.FaultRule values
     bindKvcm(m);
     bindLog(m); // after kvcm: its test hook joins kvcm_testing
+    bindDaemon(m);
 
     // The submodules import by their dotted names too (type checkers and stubtest do so).
     py::dict modules = py::module_::import("sys").attr("modules");

@@ -4,6 +4,7 @@ import typing
 
 import typing_extensions
 
+from . import daemon as daemon
 from . import disk as disk
 from . import kvcm as kvcm
 from . import kvcm_testing as kvcm_testing

@@ -3,8 +3,9 @@
 A daemon is started as its own process (``kvcodec daemon``), optionally next to ``--load`` busy
 processes (a loaded machine). The client stores ``--pages`` KV-like pages, then measures:
 
-- the round trip of a lookup of ``--batch`` keys (``get`` and its ``release``), p50 and p99 over
-  ``--rounds`` requests, against the targets 20 µs and 100 µs;
+- the round trip of a lookup of ``--batch`` keys (``lookup`` and its ``release``), p50 and p99
+  over ``--rounds`` requests, against the targets 20 µs and 100 µs (the client polls
+  ``--busy-poll-us`` for a reply before sleeping, the daemon ``--daemon-busy-poll-us`` for a request);
 - a hit read out of L2 (``get_into``: in place, checked, copied into the caller's buffer) against
   copying the same pages from this process's own memory (the baseline of a host tier inside one
   process), in GB/s of page bytes;
@@ -36,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_f
     p.add_argument("--batch", type=count(1, 4096), default=64, help="keys per lookup (default 64)")
     p.add_argument("--rounds", type=count(10, 1 << 20), default=2000, help="lookups timed (default 2000)")
     p.add_argument("--load", type=count(0, 64), default=0, help="busy processes running meanwhile (default 0)")
+    p.add_argument("--busy-poll-us", type=float, default=None, metavar="US",
+                   help="microseconds the client polls for a reply before sleeping (default: the client's default)")
+    p.add_argument("--daemon-busy-poll-us", type=float, default=0.0, metavar="US",
+                   help="microseconds the daemon polls for a request before sleeping (default 0)")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
 
 
@@ -49,21 +54,24 @@ def kv_page(rng: np.random.Generator, page_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(raw[:page_bytes])
 
 
-def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0) -> dict:
+def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0,
+        busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0) -> dict:
     """Measures the daemon (see the module docstring); returns the report."""
     from ..daemon import DaemonClient
+    from ..daemon.client import DEFAULT_BUSY_POLL_US
 
+    poll = DEFAULT_BUSY_POLL_US if busy_poll_us is None else busy_poll_us
     folder = tempfile.mkdtemp(prefix="kvcodec-bench-daemon-")
     sock = os.path.join(folder, "l2.sock")
     l2 = max(64 << 20, 2 * pages * (page_bytes + 4096))
     daemon = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", str(l2),
-                               "--no-hugepages"], stderr=subprocess.PIPE, text=True)
+                               "--no-hugepages", "--busy-poll-us", str(daemon_busy_poll_us)], stderr=subprocess.PIPE, text=True)
     busy = []
     try:
         if "serving" not in (daemon.stderr.readline() if daemon.stderr else ""):
             raise RuntimeError("the daemon did not start")
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
-        with DaemonClient(sock) as client:
+        with DaemonClient(sock, busy_poll_us=poll) as client:
             region = client.region("bench/1/0", page_bytes, pages)
             data = [kv_page(np.random.default_rng(i), page_bytes) for i in range(pages)]
             keys = [f"bench/{i}".encode() for i in range(pages)]
@@ -73,7 +81,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
             lookup = [keys[i % pages] for i in range(batch)]
 
             def round_trip():
-                client.release(region, client.get(region, lookup))
+                client.release(region, client.lookup(region, lookup))
 
             lat = np.array(wall_times(round_trip, rounds, warmup=50)) * 1e6
             outs = [np.empty(page_bytes, np.uint8) for _ in range(pages)]
@@ -100,6 +108,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
             daemon.kill()
     hit_gbps, base_gbps = moved / min(hit) / 1e9, moved / min(base) / 1e9
     return {"pages": pages, "page_bytes": page_bytes, "batch": batch, "rounds": rounds, "load": load,
+            "busy_poll_us": poll, "daemon_busy_poll_us": daemon_busy_poll_us,
             "cpus": os.cpu_count(), "rtt_p50_us": float(np.percentile(lat, 50)),
             "rtt_p99_us": float(np.percentile(lat, 99)), "target_p50_us": TARGET_P50_US,
             "target_p99_us": TARGET_P99_US, "l2_hit_gbps": hit_gbps, "local_copy_gbps": base_gbps,
@@ -109,7 +118,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 
 def table(r: dict) -> Table:
     title = [f"kvcodec daemon from one client: {r['pages']} KV-like pages of {r['page_bytes'] >> 10} KiB, lookups "
-             f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs"]
+             f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs, client polls {r['busy_poll_us']:g} us, daemon {r['daemon_busy_poll_us']:g} us"]
     t = Table(title, [Column("figure", 34, "<"), Column("measured", 12), Column("target / baseline", 20, "<", "  ")])
     t.rows = [
         ["lookup round trip p50 (us)", f"{r['rtt_p50_us']:.1f}", f"<= {r['target_p50_us']:.0f}"],
@@ -122,5 +131,6 @@ def table(r: dict) -> Table:
 
 
 def main_with(args: argparse.Namespace) -> int:
-    report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load)
+    report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
+                 args.daemon_busy_poll_us)
     return emit(table(report), args.json, report)

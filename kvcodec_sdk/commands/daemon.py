@@ -7,6 +7,7 @@ It serves until SIGINT or SIGTERM, then removes its socket. Clients connect with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 
@@ -22,12 +23,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes of the shared RAM arena, e.g. 64G (default 1G); each tier below should be at least "
                         "this large")
     p.add_argument("--no-hugepages", action="store_true", help="back the arena with ordinary pages only")
+    p.add_argument("--busy-poll-us", type=float, default=None, metavar="US",
+                   help="microseconds to poll for the next request before sleeping (default 0: sleep at once; "
+                        "polling takes CPU from the engines on a loaded machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon, DaemonConfig
 
-    daemon = Daemon(DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages))
+    config = DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages)
+    if args.busy_poll_us is not None:
+        config = dataclasses.replace(config, busy_poll_us=args.busy_poll_us)
+    daemon = Daemon(config)
 
     def stop(signum, frame):  # noqa: ARG001 - the signal module's signature
         daemon.stop()

@@ -1,145 +1,72 @@
-"""The daemon's wire protocol (version 1): length-prefixed msgpack frames on a Unix stream socket.
+"""The daemon's wire protocol (version 2): length-prefixed binary frames on a Unix stream socket.
 
-A frame is a 4-byte little-endian payload length, then the payload: a msgpack array. A request is
-``[op, *args]``; every request but ``release`` gets one reply, ``[status, *values]`` (status 0:
-done; otherwise ``[status, message]``). Page bytes never cross the socket: they live in the shared
-arena, whose descriptor the daemon passes once, at the handshake, with ``SCM_RIGHTS``.
+The daemon and its client are native (``kvcodec_sdk._native.daemon``); this module names what
+they speak. A frame is a u32 little-endian payload length, then the payload. A request's payload
+starts with its op (u8); every request but ``release`` gets one reply, whose payload starts with a
+status (u8: 0 done, then the values; 1 refused, then a message). Integers are little-endian; a list
+is a u32 count then its items; a *str* is a u32 byte count then the bytes. Page bytes never cross
+the socket: they live in the shared arena, whose descriptor the daemon passes once, with the
+``hello`` reply (``SCM_RIGHTS``).
 
-========  ==============================================  =============================================
-op        arguments                                       reply values
-========  ==============================================  =============================================
-hello     protocol version, client pid                    protocol version, arena bytes, client id
-                                                          (and the arena's descriptor, SCM_RIGHTS)
-region    identity (str), page bytes, slots wanted        region id, table offset, data offset, slot
-                                                          stride, slots
-lease     region id, count                                slot ids, versions (odd: being written)
-commit    region id, slots, keys, lengths, checksums,     one status per slot (0 stored, else why)
-          ephemeral flag
-abort     region id, slots                                (none)
-get       region id, keys                                 per key: ``[slot, version, length, crc]`` or
-                                                          None (a miss); each hit is pinned
-release   region id, slots (no reply)                     —
-stats     —                                               a map of counters
-========  ==============================================  =============================================
+==  ========  ==========================================  ===============================================
+op  name      arguments                                   reply values
+==  ========  ==========================================  ===============================================
+1   hello     u32 version, u32 pid                        u32 version, u64 arena bytes, u32 client id,
+                                                          u8 huge pages (and the arena's descriptor)
+2   region    u64 page bytes, u32 slots wanted,           u32 region, u64 table offset, u64 data offset,
+              str identity                                u64 slot stride, u32 slots
+3   lease     u32 region, u32 count                       u32 n, n × u32 slot, n × u64 version (odd)
+4   commit    u32 region, u8 ephemeral, u32 n,            u32 n, n × u8 status (0 stored, 1 not this
+              n × (u32 slot, u32 length, u32 crc),        client's lease, 2 a bad length)
+              n × str key
+5   abort     u32 region, u32 n, n × u32 slot             (none)
+6   get       u32 region, u32 n, n × str key              u32 n, n × (u32 slot or ``MISS``, u32 length,
+                                                          u32 crc, u32 zero, u64 version); hits are pinned
+7   release   u32 region, u32 n, n × u32 slot             no reply
+8   stats     (none)                                      str: a JSON object of counters
+==  ========  ==========================================  ===============================================
+
+A slot header in the arena (64 bytes, little-endian): u64 version (even: stable, odd: being
+written, bumped on every reuse), u64 length, u32 CRC-32C of the bytes, u32 region id, 16 bytes of
+the key's digest (:func:`key_digest`), 24 reserved. The daemon alone writes headers.
 """
 
 from __future__ import annotations
 
-import socket
-import struct
-from typing import Any
+from .._native import daemon as _daemon
 
-import msgpack
-
-__all__ = ["PROTOCOL_VERSION", "DaemonError", "DaemonUnavailable", "FrameReader", "SocketReader", "pack", "recv_frame",
-           "send_frame"]
+__all__ = ["MAX_FRAME", "MISS", "PROTOCOL_VERSION", "DaemonError", "DaemonUnavailable", "Op", "key_digest"]
 
 #: The protocol version this SDK speaks; a daemon refuses another at the handshake.
-PROTOCOL_VERSION = 1
-#: The largest frame either side accepts (a batch of a few thousand keys fits many times over).
-MAX_FRAME = 16 << 20
-_LEN = struct.Struct("<I")
+PROTOCOL_VERSION: int = _daemon.PROTOCOL_VERSION
+#: The largest frame either side accepts (a batch of many thousand keys fits).
+MAX_FRAME: int = _daemon.MAX_FRAME
+#: The slot a ``get`` answers for a key that is not in L2.
+MISS: int = _daemon.MISS
 
-#: Reply statuses.
-OK = 0
-ERROR = 1
-
-
-class DaemonError(RuntimeError):
-    """The daemon refused a request; the message says why."""
-
-
-class DaemonUnavailable(DaemonError):
-    """The daemon is not reachable (not started, restarted, or the socket closed)."""
+# The exceptions are raised by the compiled client; they are documented and named here.
+DaemonError = _daemon.DaemonError
+DaemonError.__doc__ = "The daemon refused a request; the message says why."
+DaemonUnavailable = _daemon.DaemonUnavailable
+DaemonUnavailable.__doc__ = ("The daemon is not reachable: not started, restarted, not answering within the client's "
+                             "timeout, or the socket closed.")
+for _cls in (DaemonError, DaemonUnavailable):
+    _cls.__module__ = __name__
 
 
-def pack(message: Any) -> bytes:
-    """One frame: length prefix and msgpack payload."""
-    payload = msgpack.packb(message, use_bin_type=True)
-    return _LEN.pack(len(payload)) + payload
+def key_digest(key: bytes) -> bytes:
+    """The 16-byte digest of a content key kept in its slot's header."""
+    return _daemon.key_digest(key)
 
 
-def send_frame(sock: socket.socket, message: Any, fds: list[int] | None = None) -> int:
-    """Sends one frame (with ``fds`` passed by SCM_RIGHTS); returns the bytes sent."""
-    data = pack(message)
-    if fds:
-        sent = socket.send_fds(sock, [data], fds)
-        if sent < len(data):
-            sock.sendall(data[sent:])
-    else:
-        sock.sendall(data)
-    return len(data)
+class Op:
+    """Request op codes."""
 
-
-def recv_exact(sock: socket.socket, n: int, fds: list[int] | None = None) -> bytes:
-    """``n`` bytes from a blocking socket; descriptors that come with them are appended to ``fds``."""
-    chunks, got = [], 0
-    while got < n:
-        if fds is not None:
-            data, received, _flags, _addr = socket.recv_fds(sock, n - got, 4)
-            fds.extend(received)
-        else:
-            data = sock.recv(n - got)
-        if not data:
-            raise DaemonUnavailable("the daemon closed the connection")
-        chunks.append(data)
-        got += len(data)
-    return b"".join(chunks)
-
-
-def recv_frame(sock: socket.socket, fds: list[int] | None = None) -> tuple[Any, int]:
-    """One frame from a blocking socket: (the message, the bytes received)."""
-    (n,) = _LEN.unpack(recv_exact(sock, 4, fds))
-    if n > MAX_FRAME:
-        raise DaemonError(f"a frame of {n} bytes exceeds the protocol's {MAX_FRAME}")
-    return msgpack.unpackb(recv_exact(sock, n, fds), raw=False), 4 + n
-
-
-class SocketReader:
-    """Frames from a blocking socket, reading as much as is there in one call (a reply usually
-    arrives whole: one system call instead of two)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._buf = bytearray()
-
-    def frame(self) -> tuple[Any, int]:
-        """The next message and its bytes on the wire."""
-        while True:
-            if len(self._buf) >= 4:
-                (n,) = _LEN.unpack_from(self._buf)
-                if n > MAX_FRAME:
-                    raise DaemonError(f"a frame of {n} bytes exceeds the protocol's {MAX_FRAME}")
-                if len(self._buf) >= 4 + n:
-                    message = msgpack.unpackb(bytes(self._buf[4:4 + n]), raw=False)
-                    del self._buf[:4 + n]
-                    return message, 4 + n
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise DaemonUnavailable("the daemon closed the connection")
-            self._buf += data
-
-
-class FrameReader:
-    """Frames out of a non-blocking byte stream (the daemon's side)."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[Any]:
-        """Appends received bytes; returns the complete messages (raises DaemonError on a frame
-        over :data:`MAX_FRAME` or a payload that is not msgpack)."""
-        self._buf += data
-        out = []
-        while len(self._buf) >= 4:
-            (n,) = _LEN.unpack_from(self._buf)
-            if n > MAX_FRAME:
-                raise DaemonError(f"a frame of {n} bytes exceeds the protocol's {MAX_FRAME}")
-            if len(self._buf) < 4 + n:
-                break
-            try:
-                out.append(msgpack.unpackb(bytes(self._buf[4:4 + n]), raw=False))
-            except (ValueError, msgpack.ExtraData) as exc:
-                raise DaemonError(f"a frame is not msgpack: {exc}") from None
-            del self._buf[:4 + n]
-        return out
+    HELLO = 1
+    REGION = 2
+    LEASE = 3
+    COMMIT = 4
+    ABORT = 5
+    GET = 6
+    RELEASE = 7
+    STATS = 8

@@ -346,7 +346,11 @@ inline bool hardwareAvailable() noexcept
 #endif
 
 #if defined(KVCODEC_CRC32C_TARGET)
-KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t bytes, uint32_t state) noexcept
+/// The CRC of `bytes` at `p`; with kCopy, the bytes are also stored to `dst` in the same pass
+/// (each word is loaded once: a checked copy costs about what the slower of the two costs).
+template <bool kCopy>
+KVCODEC_CRC32C_TARGET inline uint32_t hardwarePass(
+    unsigned char const* p, unsigned char* dst, size_t bytes, uint32_t state) noexcept
 {
     uint64_t c0 = state;
     // Three independent chains hide the instruction's latency (3 cycles, 1 per cycle issue).
@@ -362,11 +366,18 @@ KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t by
             c0 = hw64(c0, w0);
             c1 = hw64(c1, w1);
             c2 = hw64(c2, w2);
+            if constexpr (kCopy)
+            {
+                std::memcpy(dst + i, &w0, 8);
+                std::memcpy(dst + kBlock + i, &w1, 8);
+                std::memcpy(dst + 2 * kBlock + i, &w2, 8);
+            }
         }
         // state(A||B||C) = shift(state(A), 2 blocks) ^ shift(state(B), 1 block) ^ state(C),
         // where B and C start from a zero state (raw, un-inverted CRCs are linear).
         c0 = crcMulMod(kDoubleBlockShift, uint32_t(c0)) ^ crcMulMod(kBlockShift, uint32_t(c1)) ^ uint32_t(c2);
         p += 3 * kBlock;
+        dst += kCopy ? 3 * kBlock : 0;
         bytes -= 3 * kBlock;
     }
     while (bytes >= 8)
@@ -374,15 +385,29 @@ KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t by
         uint64_t w;
         std::memcpy(&w, p, 8);
         c0 = hw64(c0, w);
+        if constexpr (kCopy)
+        {
+            std::memcpy(dst, &w, 8);
+            dst += 8;
+        }
         p += 8;
         bytes -= 8;
     }
     auto c32 = uint32_t(c0);
     while (bytes--)
     {
+        if constexpr (kCopy)
+        {
+            *dst++ = *p;
+        }
         c32 = hw8(c32, *p++);
     }
     return c32;
+}
+
+KVCODEC_CRC32C_TARGET inline uint32_t hardware(unsigned char const* p, size_t bytes, uint32_t state) noexcept
+{
+    return hardwarePass<false>(p, nullptr, bytes, state);
 }
 #endif
 
@@ -421,6 +446,22 @@ inline uint32_t crc32cHardware(void const* data, size_t bytes, uint32_t crc = 0)
 #else
     return ~crc32c_detail::slicing8(p, bytes, ~crc);
 #endif
+}
+
+/// Copies `bytes` from `src` to `dst` (not overlapping) and returns their CRC-32C, in one pass
+/// over the bytes where the CPU has a CRC instruction (else a copy, then slicing-by-8).
+inline uint32_t crc32cCopy(void* dst, void const* src, size_t bytes, uint32_t crc = 0) noexcept
+{
+    auto const* p = static_cast<unsigned char const*>(src);
+    auto* d = static_cast<unsigned char*>(dst);
+#if defined(KVCODEC_CRC32C_TARGET)
+    if (crc32c_detail::hardwareAvailable())
+    {
+        return ~crc32c_detail::hardwarePass<true>(p, d, bytes, ~crc);
+    }
+#endif
+    std::memcpy(d, p, bytes);
+    return ~crc32c_detail::slicing8(d, bytes, ~crc);
 }
 
 /// CRC-32C with the CPU's CRC instruction when it has one, else slicing-by-8.

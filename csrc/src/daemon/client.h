@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// A client of the per-host daemon: pages written into and read from the shared L2 arena in place.
+//
+// The client maps the arena whose descriptor the daemon passed at the handshake. Writing leases
+// slots, fills them in the arena and commits them under their keys; reading asks where each key's
+// slot is and reads it in place: no page byte crosses the socket. A read is accepted only when the
+// slot's header still shows the version the daemon answered (a slot reused meanwhile is detected),
+// the region and the key's digest, and the bytes' CRC-32C matches (bytes another client wrote
+// where it should not are detected); anything else is a miss, never wrong data.
+//
+// Calls are serialised by a mutex (one request in flight per connection).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "daemon/l2_index.h"
+
+namespace kvcodec::daemon {
+
+/// The daemon refused a request; the message says why.
+class DaemonRefused : public std::runtime_error
+{
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The daemon is not reachable (not started, restarted, stopped answering, or the socket closed).
+class DaemonGone : public DaemonRefused
+{
+public:
+    using DaemonRefused::DaemonRefused;
+};
+
+/// A destination of a checked read: `bytes` writable bytes at `data`.
+struct OutBuffer
+{
+    void* data;
+    size_t bytes;
+};
+
+class Client
+{
+public:
+    /// Connects at once (DaemonGone when no daemon answers within `timeoutS`). A reply is polled
+    /// for `busyPollUs` microseconds before the thread sleeps on the socket (0: sleep at once).
+    Client(std::string socketPath, double timeoutS, double busyPollUs = 0);
+    ~Client();
+    Client(Client const&) = delete;
+    Client& operator=(Client const&) = delete;
+
+    /// Connects again (after the daemon restarted: L2 starts empty, regions are asked for anew).
+    void reconnect();
+    /// Disconnects (the daemon releases whatever this client still pinned). Idempotent.
+    void close();
+
+    RegionLayout region(std::string_view identity, uint64_t pageBytes, uint32_t slots);
+    /// Up to `count` slots to write (fewer when L2 has no more that nobody pinned).
+    std::vector<uint32_t> lease(RegionLayout const& r, uint32_t count);
+    /// Commits leased slots holding `lengths[i]` bytes under `keys[i]`; the CRC-32C of each is
+    /// computed here from the arena. Per slot: 0 stored, 1 not this client's lease, 2 a bad length.
+    std::vector<uint8_t> commit(RegionLayout const& r, std::vector<uint32_t> const& slots,
+        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral);
+    void abort(RegionLayout const& r, std::vector<uint32_t> const& slots);
+    /// Leases, copies `pages` in and commits them: per page, true when stored.
+    std::vector<bool> set(RegionLayout const& r, std::vector<std::string_view> const& keys,
+        std::vector<std::pair<void const*, size_t>> const& pages, bool ephemeral);
+    /// Where each key's page is (pinned until released), or a miss (slot Found::kMissSlot). Every
+    /// answer lies inside the region (a reference outside it raises DaemonRefused).
+    std::vector<Found> get(RegionLayout const& r, std::vector<std::string_view> const& keys);
+    /// Drops one pin per slot (Found::kMissSlot entries are skipped); no reply is awaited.
+    void release(RegionLayout const& r, std::vector<uint32_t> const& slots);
+    /// True when the slot still holds what the daemon answered for `key` (header and, with
+    /// `checkCrc`, the bytes' CRC-32C).
+    bool valid(RegionLayout const& r, std::string_view key, Found const& f, bool checkCrc) const;
+    /// Copies each key's page into outs[i] when it is in L2 and valid (checked after the copy, on
+    /// the copied bytes); the pins are released before returning.
+    std::vector<bool> getInto(
+        RegionLayout const& r, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs);
+    /// The daemon's counters as a JSON object.
+    std::string stats();
+    /// Sends one raw request payload and returns the reply's payload (for protocol tests).
+    std::string rawCall(std::string const& payload);
+
+    [[nodiscard]] std::shared_ptr<Mapping> arena() const;
+    [[nodiscard]] uint32_t clientId() const noexcept
+    {
+        return clientId_;
+    }
+    [[nodiscard]] uint64_t socketBytes() const noexcept
+    {
+        return socketBytes_;
+    }
+    [[nodiscard]] std::string const& socketPath() const noexcept
+    {
+        return path_;
+    }
+
+private:
+    void connect();
+    void disconnect() noexcept;
+    void sendAll(std::string const& frame);
+    std::string call(std::string const& frame); // the reply's payload after an Ok status
+    std::string readFrame();
+    std::vector<Found> getLocked(RegionLayout const& r, std::vector<std::string_view> const& keys);
+    void releaseLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
+    std::vector<uint8_t> commitLocked(RegionLayout const& r, std::vector<uint32_t> const& slots,
+        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral);
+    void abortLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
+    std::vector<uint32_t> leaseLocked(RegionLayout const& r, uint32_t count);
+
+    std::string path_;
+    double timeoutS_;
+    int64_t spinNs_;
+    mutable std::mutex mutex_;
+    int fd_ = -1;
+    std::shared_ptr<Mapping> arena_;
+    uint32_t clientId_ = 0;
+    uint64_t socketBytes_ = 0;
+    std::string in_;
+};
+
+} // namespace kvcodec::daemon

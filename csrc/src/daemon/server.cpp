@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "daemon/server.h"
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <type_traits>
+#include <unistd.h>
+
+#include "daemon/wire.h"
+
+namespace kvcodec::daemon {
+namespace {
+
+/// Reply bytes a client may leave unread before the daemon drops it.
+constexpr size_t kMaxPendingOut = 64u << 20;
+constexpr uint64_t kListenerTag = 0, kStopTag = 1; // epoll tags below the first client id (2 and up)
+
+std::runtime_error sysError(std::string const& what)
+{
+    return std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+} // namespace
+
+Server::Server(ServerConfig config)
+    : config_(std::move(config))
+    , arena_([&] {
+        if (config_.socketPath.empty())
+            throw std::invalid_argument("socket_path is empty; give the path of the Unix socket to serve");
+        if (config_.socketPath.size() >= sizeof(sockaddr_un::sun_path))
+            throw std::invalid_argument("socket_path is " + std::to_string(config_.socketPath.size())
+                + " bytes long; a Unix socket path has at most " + std::to_string(sizeof(sockaddr_un::sun_path) - 1));
+        if (!(config_.busyPollUs >= 0) || config_.busyPollUs > 1e6)
+            throw std::invalid_argument("busy_poll_us is " + std::to_string(config_.busyPollUs)
+                + "; give 0 (sleep at once) to 1000000 microseconds");
+        if (config_.l2Bytes < (1ULL << 20))
+            throw std::invalid_argument(
+                "l2_bytes is " + std::to_string(config_.l2Bytes) + "; the arena needs at least 1 MiB");
+        return Mapping::create(config_.l2Bytes, config_.hugepages);
+    }())
+    , index_(arena_)
+    , pollNs_(int64_t(config_.busyPollUs * 1e3))
+    , started_(std::chrono::steady_clock::now())
+{
+    struct stat st;
+    if (lstat(config_.socketPath.c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
+        unlink(config_.socketPath.c_str()); // a stale socket of a daemon that died
+    listener_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listener_ < 0)
+        throw sysError("socket");
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, config_.socketPath.data(), config_.socketPath.size());
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    {
+        auto e = sysError("bind " + config_.socketPath);
+        close(listener_);
+        throw e;
+    }
+    if (listen(listener_, 128) != 0 || (epoll_ = epoll_create1(EPOLL_CLOEXEC)) < 0
+        || (stopFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    {
+        auto e = sysError("listen/epoll/eventfd");
+        shutdown();
+        throw e;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenerTag;
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_, &ev);
+    ev.data.u64 = kStopTag;
+    epoll_ctl(epoll_, EPOLL_CTL_ADD, stopFd_, &ev);
+}
+
+Server::~Server()
+{
+    shutdown();
+}
+
+void Server::stop() noexcept
+{
+    if (stopFd_ >= 0)
+    {
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(stopFd_, &one, sizeof one);
+    }
+}
+
+void Server::serve()
+{
+    if (served_)
+        throw std::logic_error("this server has served already; create another");
+    served_ = true;
+    epoll_event events[64];
+    for (;;)
+    {
+        int n = 0;
+        if (pollNs_ > 0)
+        {
+            // After a batch another request usually follows within microseconds: poll for it a
+            // while before sleeping (a sleeping thread's wake-up costs more than the answer).
+            auto const until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(pollNs_);
+            while ((n = epoll_wait(epoll_, events, 64, 0)) == 0 && std::chrono::steady_clock::now() < until)
+            {
+            }
+        }
+        if (n == 0)
+            n = epoll_wait(epoll_, events, 64, -1);
+        if (n < 0)
+        {
+            if (errno == EINTR)
+                continue;
+            auto e = sysError("epoll_wait");
+            shutdown();
+            throw e;
+        }
+        std::lock_guard lock(mutex_);
+        for (int i = 0; i < n; ++i)
+        {
+            uint64_t const tag = events[i].data.u64;
+            if (tag == kStopTag)
+            {
+                shutdown();
+                return;
+            }
+            if (tag == kListenerTag)
+            {
+                accept();
+                continue;
+            }
+            auto const it = clients_.find(uint32_t(tag));
+            if (it != clients_.end())
+                service(*it->second, events[i].events);
+        }
+    }
+}
+
+void Server::accept()
+{
+    for (;;)
+    {
+        int const fd = accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; // EAGAIN, or a connection that went away before it was taken
+        auto c = std::make_unique<Client>();
+        c->fd = fd;
+        c->id = ++nextClient_; // ids start at 2: 0 and 1 tag the listener and the stop event
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = c->id;
+        if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &ev) != 0)
+        {
+            close(fd);
+            continue;
+        }
+        clients_.emplace(c->id, std::move(c));
+    }
+}
+
+void Server::service(Client& c, uint32_t events)
+{
+    uint32_t const id = c.id;
+    if (events & EPOLLOUT)
+    {
+        flush(c);
+        if (clients_.find(id) == clients_.end())
+            return; // the send failed: the client is gone
+    }
+    if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        return;
+    char buf[1 << 16];
+    for (;;)
+    {
+        ssize_t const got = recv(c.fd, buf, sizeof buf, 0);
+        if (got > 0)
+        {
+            c.in.append(buf, size_t(got));
+            c.bytesIn += uint64_t(got);
+            if (size_t(got) < sizeof buf)
+                break;
+            continue;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EINTR))
+            break;
+        drop(c); // the connection ended (or failed): its pins and leases go
+        return;
+    }
+    size_t pos = 0;
+    while (c.in.size() - pos >= 4)
+    {
+        uint32_t n;
+        std::memcpy(&n, c.in.data() + pos, 4);
+        if (n > kMaxFrame || n == 0)
+        {
+            drop(c); // not our protocol: the connection goes
+            return;
+        }
+        if (c.in.size() - pos - 4 < n)
+            break;
+        handle(c, c.in.data() + pos + 4, n);
+        if (clients_.find(id) == clients_.end())
+            return;
+        pos += 4 + n;
+    }
+    c.in.erase(0, pos);
+    flush(c);
+}
+
+void Server::refuse(Client& c, std::string const& message)
+{
+    ++refused_;
+    FrameWriter w(c.out);
+    w.put(uint8_t(Status::Refused)).str(message);
+    w.finish();
+}
+
+void Server::handle(Client& c, char const* p, size_t n)
+{
+    FrameReader in(p, n);
+    auto const op = Op(in.get<uint8_t>());
+    if (!c.hello && op != Op::Hello)
+        return refuse(c, "a request before 'hello': the handshake comes first");
+    std::string& out = c.out;
+    size_t const mark = out.size();
+    try
+    {
+        switch (op)
+        {
+        case Op::Hello:
+        {
+            uint32_t const version = in.get<uint32_t>();
+            uint32_t const pid = in.get<uint32_t>();
+            return hello(c, version, pid);
+        }
+        case Op::Region:
+        {
+            uint64_t const pageBytes = in.get<uint64_t>();
+            uint32_t const slots = in.get<uint32_t>();
+            std::string_view const identity = in.str();
+            RegionLayout const& r = index_.region(identity, pageBytes, slots);
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(r.region).put(r.table).put(r.data).put(r.stride).put(r.slots);
+            return w.finish();
+        }
+        case Op::Lease:
+        {
+            uint32_t const region = in.get<uint32_t>();
+            uint32_t const count = in.get<uint32_t>();
+            std::vector<uint64_t> versions;
+            std::vector<uint32_t> const slots = index_.lease(c.id, region, count, versions);
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(uint32_t(slots.size()));
+            for (uint32_t s : slots)
+                w.put(s);
+            for (uint64_t v : versions)
+                w.put(v);
+            return w.finish();
+        }
+        case Op::Commit:
+        {
+            uint32_t const region = in.get<uint32_t>();
+            index_.checkRegion(region);
+            bool const ephemeral = in.get<uint8_t>() != 0;
+            uint32_t const count = in.count(12);
+            std::vector<uint32_t> fields(3 * size_t(count));
+            for (auto& f : fields)
+                f = in.get<uint32_t>();
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(count);
+            for (uint32_t i = 0; i < count; ++i)
+            {
+                std::string_view const key = in.str();
+                if (key.empty())
+                    throw std::invalid_argument("keys[" + std::to_string(i) + "] is empty");
+                auto const st
+                    = index_.commit(c.id, region, fields[3 * i], key, fields[3 * i + 1], fields[3 * i + 2], ephemeral);
+                setRefused_ += st == kStored ? 0 : 1;
+                w.put(uint8_t(st));
+            }
+            return w.finish();
+        }
+        case Op::Abort:
+        case Op::Release:
+        {
+            uint32_t const region = in.get<uint32_t>();
+            index_.checkRegion(region);
+            uint32_t const count = in.count(4);
+            for (uint32_t i = 0; i < count; ++i)
+            {
+                uint32_t const s = in.get<uint32_t>();
+                op == Op::Abort ? index_.abort(c.id, region, s) : index_.release(c.id, region, s);
+            }
+            if (op == Op::Release)
+                return; // no reply: a bad release changes nothing
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok));
+            return w.finish();
+        }
+        case Op::Get:
+        {
+            uint32_t const region = in.get<uint32_t>();
+            index_.checkRegion(region);
+            uint32_t const count = in.count(4);
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(count);
+            size_t const at = w.reserve(size_t(count) * 24);
+            for (uint32_t i = 0; i < count; ++i)
+            {
+                Found const f = index_.get(c.id, region, in.str());
+                char* dst = out.data() + at + size_t(i) * 24;
+                uint32_t const zero = 0;
+                std::memcpy(dst, &f.slot, 4);
+                std::memcpy(dst + 4, &f.length, 4);
+                std::memcpy(dst + 8, &f.crc, 4);
+                std::memcpy(dst + 12, &zero, 4);
+                std::memcpy(dst + 16, &f.version, 8);
+            }
+            return w.finish();
+        }
+        case Op::Stats:
+        {
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).str(statsLocked());
+            return w.finish();
+        }
+        }
+        refuse(c, "unknown op " + std::to_string(unsigned(op)));
+    }
+    catch (std::exception const& e)
+    {
+        // A malformed request must not end the daemon for everyone: the client gets the reason
+        // (in place of whatever part of the reply was written before the failure).
+        out.resize(mark);
+        refuse(c, e.what());
+    }
+}
+
+void Server::hello(Client& c, uint32_t version, uint32_t pid)
+{
+    if (version != kProtocolVersion)
+        return refuse(c,
+            "protocol version " + std::to_string(version) + " is not served; this daemon speaks "
+                + std::to_string(kProtocolVersion));
+    c.hello = true;
+    c.pid = pid;
+    std::string reply;
+    FrameWriter w(reply);
+    w.put(uint8_t(Status::Ok)).put(kProtocolVersion).put(arena_->size()).put(c.id).put(uint8_t(arena_->hugepages()));
+    w.finish();
+    // The descriptor goes with the reply's bytes (SCM_RIGHTS); a fresh connection's buffer takes
+    // a reply this small at once, so a short send means the client is gone.
+    iovec iov{reply.data(), reply.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    int const fd = arena_->fd();
+    std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    uint32_t const id = c.id;
+    flush(c); // replies to requests refused before the handshake go first
+    if (clients_.find(id) == clients_.end())
+        return;
+    if (!c.out.empty() || sendmsg(c.fd, &msg, MSG_NOSIGNAL) != ssize_t(reply.size()))
+        return drop(c);
+    c.bytesOut += reply.size();
+}
+
+void Server::flush(Client& c)
+{
+    while (c.outSent < c.out.size())
+    {
+        ssize_t const n = send(c.fd, c.out.data() + c.outSent, c.out.size() - c.outSent, MSG_NOSIGNAL);
+        if (n > 0)
+        {
+            c.outSent += size_t(n);
+            c.bytesOut += uint64_t(n);
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            break;
+        return drop(c);
+    }
+    if (c.outSent == c.out.size())
+    {
+        c.out.clear();
+        c.outSent = 0;
+    }
+    else if (c.out.size() - c.outSent > kMaxPendingOut)
+        return drop(c); // a client that does not read its replies is cut off, not buffered for
+    bool const waiting = !c.out.empty();
+    if (waiting != c.writing) // only a change costs a system call
+    {
+        c.writing = waiting;
+        epoll_event ev{};
+        ev.events = EPOLLIN | (waiting ? EPOLLOUT : 0u);
+        ev.data.u64 = c.id;
+        epoll_ctl(epoll_, EPOLL_CTL_MOD, c.fd, &ev);
+    }
+}
+
+void Server::drop(Client& c)
+{
+    index_.dropClient(c.id);
+    closedClients_ += 1;
+    closedBytesIn_ += c.bytesIn;
+    closedBytesOut_ += c.bytesOut;
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, c.fd, nullptr);
+    close(c.fd);
+    clients_.erase(c.id); // c is gone from here on
+}
+
+void Server::shutdown()
+{
+    if (closed_)
+        return;
+    closed_ = true;
+    while (!clients_.empty())
+        drop(*clients_.begin()->second);
+    if (listener_ >= 0)
+    {
+        close(listener_);
+        unlink(config_.socketPath.c_str());
+    }
+    for (int fd : {epoll_, stopFd_})
+        if (fd >= 0)
+            close(fd);
+    listener_ = epoll_ = stopFd_ = -1;
+}
+
+std::string Server::statsJson()
+{
+    std::lock_guard lock(mutex_);
+    return statsLocked();
+}
+
+std::string Server::statsLocked() const
+{
+    Counters const& k = index_.counters();
+    auto const o = index_.occupancy();
+    uint64_t in = closedBytesIn_, out = closedBytesOut_;
+    for (auto const& [id, c] : clients_)
+    {
+        in += c->bytesIn;
+        out += c->bytesOut;
+    }
+    double const uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    std::string s = "{";
+    auto add = [&s](char const* name, auto v) {
+        if (s.size() > 1)
+            s += ", ";
+        s += '"';
+        s += name;
+        s += "\": ";
+        if constexpr (std::is_same_v<decltype(v), bool>)
+            s += v ? "true" : "false";
+        else
+            s += std::to_string(v);
+    };
+    add("sets", k.sets);
+    add("set_bytes", k.setBytes);
+    add("set_refused", setRefused_);
+    add("requests_refused", refused_);
+    add("gets", k.gets);
+    add("hits", k.hits);
+    add("misses", k.misses);
+    add("hit_bytes", k.hitBytes);
+    add("evictions", k.evictions);
+    add("ephemeral", k.ephemeral);
+    add("leases", k.leases);
+    add("aborted", k.aborted);
+    add("reclaimed_pins", k.reclaimedPins);
+    add("reclaimed_leases", k.reclaimedLeases);
+    add("regions", o.regions);
+    add("arena_bytes", arena_->size());
+    add("arena_used", o.arenaUsed);
+    add("hugepages", arena_->hugepages());
+    add("slots", o.slots);
+    add("slots_free", o.free);
+    add("slots_stored", o.stored);
+    add("slots_leased", o.leased);
+    add("slots_pinned", o.pinned);
+    add("clients", uint64_t(clients_.size()));
+    add("clients_closed", closedClients_);
+    add("uptime_s", uptime);
+    add("socket_bytes_in", in);
+    add("socket_bytes_out", out);
+    add("protocol", kProtocolVersion);
+    add("pid", int64_t(getpid()));
+    return s + "}";
+}
+
+} // namespace kvcodec::daemon
