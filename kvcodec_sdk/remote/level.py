@@ -17,9 +17,11 @@ refuses a value of another identity anyway.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
@@ -64,6 +66,21 @@ class RemoteLevelStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+# Workers whose manager was not closed are stopped at interpreter exit: a daemon thread that
+# returns from a native call while the interpreter finalizes is ended by a forced unwind, which
+# aborts the process (SIGABRT) when it crosses the binding's GIL guard.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    for worker in list(_LIVE):
+        try:
+            worker.stop()
+        except Exception:  # exiting anyway: one worker must not keep the others running
+            log.exception("remote tier: stopping a worker at exit failed")
+
+
 class RemoteLevelWorker:
     """Runs the store I/O of one manager's remote level on a thread of its own.
 
@@ -81,6 +98,7 @@ class RemoteLevelWorker:
         self.stats = RemoteLevelStats()
         self._thread = threading.Thread(target=self._run, name="kvcodec-remote", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def key(self, name: bytes) -> bytes:
         """The store key of the native level's blob name ``name``."""
