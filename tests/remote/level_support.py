@@ -17,6 +17,10 @@ def backend_factory(args: dict[str, Any]):
         from kvcodec_sdk.remote.valkey import ValkeyBackend
 
         return lambda identity: ValkeyBackend("127.0.0.1", args["port"], identity=identity, timeout_s=5.0)
+    if args["kind"] == "daemon":
+        from kvcodec_sdk.remote.daemon import DaemonBackend
+
+        return lambda identity: DaemonBackend(args["socket"], identity, value_bytes=256 << 10)
     import conftest
 
     conftest._load_mooncake()

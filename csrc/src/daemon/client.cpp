@@ -259,8 +259,8 @@ RegionLayout Client::region(std::string_view identity, uint64_t pageBytes, uint3
     l.data = r.get<uint64_t>();
     l.stride = r.get<uint64_t>();
     l.slots = r.get<uint32_t>();
-    l.pageBytes = pageBytes;
-    if (l.end() > arena_->size() || l.stride < pageBytes || l.data < l.table + uint64_t(l.slots) * kHeaderBytes)
+    l.pageBytes = r.get<uint64_t>();
+    if (l.end() > arena_->size() || l.stride < l.pageBytes || l.data < l.table + uint64_t(l.slots) * kHeaderBytes)
         throw DaemonRefused("the daemon answered a region outside its arena");
     return l;
 }
@@ -457,6 +457,21 @@ std::vector<bool> Client::getInto(
         throw std::invalid_argument("outs[" + std::to_string(tooSmall) + "] has " + std::to_string(outs[tooSmall].bytes)
             + " bytes; the page stored under its key has " + std::to_string(found[tooSmall].length));
     return ok;
+}
+
+std::vector<bool> Client::erase(RegionLayout const& l, std::vector<std::string_view> const& keys)
+{
+    std::lock_guard lock(mutex_);
+    std::string const reply = call(frameOf(Op::Erase, [&](FrameWriter& w) {
+        w.put(l.region).put(uint32_t(keys.size()));
+        for (auto const& k : keys)
+            w.str(k);
+    }));
+    FrameReader r(reply.data(), reply.size());
+    std::vector<bool> out(r.count(1));
+    for (size_t i = 0; i < out.size(); ++i)
+        out[i] = r.get<uint8_t>() != 0;
+    return out;
 }
 
 std::string Client::stats()

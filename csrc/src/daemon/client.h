@@ -83,6 +83,8 @@ public:
     /// the copied bytes); the pins are released before returning.
     std::vector<bool> getInto(
         RegionLayout const& r, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs);
+    /// Removes each key from L2: per key, true when it was stored.
+    std::vector<bool> erase(RegionLayout const& r, std::vector<std::string_view> const& keys);
     /// The daemon's counters as a JSON object.
     std::string stats();
     /// Sends one raw request payload and returns the reply's payload (for protocol tests).

@@ -16,6 +16,14 @@ uint64_t roundUp(uint64_t n, uint64_t to) noexcept
 
 RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageBytes, uint32_t slots)
 {
+    if (pageBytes == 0 && slots == 0)
+    {
+        // Find only: the region of this identity created first, whatever its page size.
+        auto const it = byIdentity_.lower_bound({std::string(identity), 0});
+        if (it == byIdentity_.end() || it->first.first != identity)
+            throw std::invalid_argument("region '" + std::string(identity) + "' does not exist");
+        return regions_[it->second]->layout;
+    }
     if (pageBytes == 0 || slots == 0)
         throw std::invalid_argument(
             "page bytes " + std::to_string(pageBytes) + " and slots " + std::to_string(slots) + " must be positive");
@@ -178,6 +186,18 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
     counters_.hits += 1;
     counters_.hitBytes += r.length[s];
     return Found{s, r.length[s], r.crc[s], r.versions[s]};
+}
+
+bool L2Index::erase(uint32_t region, std::string_view key)
+{
+    Region& r = at(region);
+    scratch_.assign(key.data(), key.size());
+    auto const it = r.keys.find(scratch_);
+    if (it == r.keys.end())
+        return false;
+    unstore(r, it->second);
+    counters_.erased += 1;
+    return true;
 }
 
 void L2Index::release(uint32_t client, uint32_t region, uint32_t s)

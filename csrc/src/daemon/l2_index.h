@@ -25,7 +25,7 @@ namespace kvcodec::daemon {
 struct Counters
 {
     uint64_t sets = 0, setBytes = 0, gets = 0, hits = 0, misses = 0, hitBytes = 0, evictions = 0, ephemeral = 0,
-             leases = 0, aborted = 0, reclaimedPins = 0, reclaimedLeases = 0;
+             leases = 0, aborted = 0, reclaimedPins = 0, reclaimedLeases = 0, erased = 0;
 };
 
 /// One region's answer to a key of `get`.
@@ -55,7 +55,9 @@ public:
     }
 
     /// The region of (identity, page bytes), created with up to `slots` slots (what is left of the
-    /// arena, at least one) the first time it is asked for. Throws std::invalid_argument.
+    /// arena, at least one) the first time it is asked for. With `pageBytes` and `slots` both 0,
+    /// finds the identity's region of the lowest page size without creating one. Throws
+    /// std::invalid_argument.
     RegionLayout const& region(std::string_view identity, uint64_t pageBytes, uint32_t slots);
 
     /// Up to `count` slots for `client` to write, evicting least recently used stored slots that
@@ -68,6 +70,8 @@ public:
     void abort(uint32_t client, uint32_t region, uint32_t slot);
     /// Where `key` is stored (the slot pinned for `client`), or a miss.
     Found get(uint32_t client, uint32_t region, std::string_view key);
+    /// Removes `key` from the region (its slot freed, or retired while pinned); true if it was there.
+    bool erase(uint32_t region, std::string_view key);
     /// Drops one pin of `client` on `slot` (an unknown one is ignored).
     void release(uint32_t client, uint32_t region, uint32_t slot);
     /// A client went away (closed or killed): its pins are released and its leases freed.

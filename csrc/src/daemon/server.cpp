@@ -245,7 +245,13 @@ void Server::handle(Client& c, char const* p, size_t n)
             std::string_view const identity = in.str();
             RegionLayout const& r = index_.region(identity, pageBytes, slots);
             FrameWriter w(out);
-            w.put(uint8_t(Status::Ok)).put(r.region).put(r.table).put(r.data).put(r.stride).put(r.slots);
+            w.put(uint8_t(Status::Ok))
+                .put(r.region)
+                .put(r.table)
+                .put(r.data)
+                .put(r.stride)
+                .put(r.slots)
+                .put(r.pageBytes);
             return w.finish();
         }
         case Op::Lease:
@@ -321,6 +327,17 @@ void Server::handle(Client& c, char const* p, size_t n)
                 std::memcpy(dst + 12, &zero, 4);
                 std::memcpy(dst + 16, &f.version, 8);
             }
+            return w.finish();
+        }
+        case Op::Erase:
+        {
+            uint32_t const region = in.get<uint32_t>();
+            index_.checkRegion(region);
+            uint32_t const count = in.count(4);
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(count);
+            for (uint32_t i = 0; i < count; ++i)
+                w.put(uint8_t(index_.erase(region, in.str())));
             return w.finish();
         }
         case Op::Stats:
@@ -480,6 +497,7 @@ std::string Server::statsLocked() const
     add("ephemeral", k.ephemeral);
     add("leases", k.leases);
     add("aborted", k.aborted);
+    add("erased", k.erased);
     add("reclaimed_pins", k.reclaimedPins);
     add("reclaimed_leases", k.reclaimedLeases);
     add("regions", o.regions);

@@ -12,7 +12,7 @@
 //   1   hello    u32 version, u32 pid                           u32 version, u64 arena bytes, u32 client id,
 //                                                               u8 huge pages (and the arena descriptor)
 //   2   region   u64 page bytes, u32 slots wanted, str identity u32 region, u64 table, u64 data, u64 stride,
-//                                                               u32 slots
+//                (page bytes and slots 0: find, never create)   u32 slots, u64 page bytes
 //   3   lease    u32 region, u32 count                          u32 n, n x u32 slot, n x u64 version (odd)
 //   4   commit   u32 region, u8 ephemeral, u32 n,               u32 n, n x u8 status (0 stored, 1 not this
 //                n x {u32 slot, u32 length, u32 crc}, n x str   client's lease, 2 a bad length)
@@ -21,6 +21,8 @@
 //                                                               u32 crc, u32 zero, u64 version}; hits pinned
 //   7   release  u32 region, u32 n, n x u32 slot (no reply)     -
 //   8   stats    -                                              str: a JSON object of counters
+//   9   erase    u32 region, u32 n, n x str key                 u32 n, n x u8 (1: the key was stored; its slot
+//                                                               is freed, or at its last unpin)
 //
 // A str is a u32 byte count then the bytes.
 #pragma once
@@ -48,6 +50,7 @@ enum class Op : uint8_t
     Get = 6,
     Release = 7,
     Stats = 8,
+    Erase = 9,
 };
 
 enum class Status : uint8_t
