@@ -67,6 +67,16 @@ Keys keysOf(py::handle keys)
     return k;
 }
 
+IdentityHash identityOf(py::bytes const& identity)
+{
+    std::string_view const s = identity;
+    IdentityHash id{};
+    if (s.size() != id.size())
+        throw py::value_error("identity is " + std::to_string(s.size()) + " bytes; give the 16-byte identity hash");
+    std::copy(s.begin(), s.end(), id.begin());
+    return id;
+}
+
 template <class T>
 py::array_t<T> column(std::vector<Found> const& found, T Found::* field)
 {
@@ -230,6 +240,37 @@ void bindDaemon(py::module_& parent)
                 return c.getInto(r, k.views, dst);
             },
             "region"_a, "keys"_a, "outs"_a)
+        .def(
+            "put_values",
+            [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& payloads,
+                py::bytes const& identity) {
+                Keys const k = keysOf(keys);
+                std::vector<std::pair<void const*, size_t>> views;
+                views.reserve(payloads.size());
+                for (size_t i = 0; i < payloads.size(); ++i)
+                    views.push_back(bytesOf(payloads[i], false, "values[" + std::to_string(i) + "]"));
+                IdentityHash const id = identityOf(identity);
+                py::gil_scoped_release nogil;
+                return c.putValues(r, k.views, views, id);
+            },
+            "region"_a, "keys"_a, "payloads"_a, "identity"_a)
+        .def(
+            "get_values",
+            [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& outs,
+                py::bytes const& identity) {
+                Keys const k = keysOf(keys);
+                std::vector<OutBuffer> dst;
+                dst.reserve(outs.size());
+                for (size_t i = 0; i < outs.size(); ++i)
+                {
+                    auto const [p, n] = bytesOf(outs[i], true, "out_buffers[" + std::to_string(i) + "]");
+                    dst.push_back({p, n});
+                }
+                IdentityHash const id = identityOf(identity);
+                py::gil_scoped_release nogil;
+                return c.getValues(r, k.views, dst, id);
+            },
+            "region"_a, "keys"_a, "outs"_a, "identity"_a)
         .def(
             "erase",
             [](Client& c, RegionLayout const& r, py::handle keys) {

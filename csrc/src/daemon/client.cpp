@@ -291,7 +291,8 @@ std::vector<uint8_t> Client::commit(RegionLayout const& r, std::vector<uint32_t>
 }
 
 std::vector<uint8_t> Client::commitLocked(RegionLayout const& l, std::vector<uint32_t> const& slots,
-    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral)
+    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
+    uint32_t const* crcs)
 {
     checkLengths(keys.size(), slots.size(), "slots");
     checkLengths(keys.size(), lengths.size(), "lengths");
@@ -302,7 +303,7 @@ std::vector<uint8_t> Client::commitLocked(RegionLayout const& l, std::vector<uin
         for (size_t i = 0; i < slots.size(); ++i)
         {
             bool const inside = slots[i] < l.slots && lengths[i] <= l.pageBytes;
-            uint32_t const crc = inside ? crc32cFast(arena_->data(l, slots[i]), lengths[i]) : 0;
+            uint32_t const crc = crcs ? crcs[i] : inside ? crc32cFast(arena_->data(l, slots[i]), lengths[i]) : 0;
             w.put(slots[i]).put(lengths[i]).put(crc);
         }
         for (auto const& k : keys)
@@ -457,6 +458,72 @@ std::vector<bool> Client::getInto(
         throw std::invalid_argument("outs[" + std::to_string(tooSmall) + "] has " + std::to_string(outs[tooSmall].bytes)
             + " bytes; the page stored under its key has " + std::to_string(found[tooSmall].length));
     return ok;
+}
+
+std::vector<uint8_t> Client::putValues(RegionLayout const& l, std::vector<std::string_view> const& keys,
+    std::vector<std::pair<void const*, size_t>> const& payloads, IdentityHash const& identity)
+{
+    checkLengths(keys.size(), payloads.size(), "payloads");
+    std::vector<uint8_t> statuses(keys.size(), 2);
+    std::vector<size_t> fits;
+    for (size_t i = 0; i < keys.size(); ++i)
+        if (kValueHeaderBytes + payloads[i].second <= l.pageBytes)
+            fits.push_back(i);
+    std::lock_guard lock(mutex_);
+    std::vector<uint32_t> const slots = leaseLocked(l, uint32_t(fits.size()));
+    std::vector<std::string_view> leasedKeys(slots.size());
+    std::vector<uint32_t> lengths(slots.size()), crcs(slots.size());
+    for (size_t j = 0; j < slots.size(); ++j)
+    {
+        size_t const i = fits[j];
+        uint8_t* dst = arena_->data(l, slots[j]);
+        auto const [src, bytes] = payloads[i];
+        uint32_t const payloadCrc = crc32cCopy(dst + kValueHeaderBytes, src, bytes);
+        packValueHeader(dst, keys[i], bytes, payloadCrc, identity);
+        // The slot's CRC covers header and payload: joined from their two CRCs, no second pass.
+        crcs[j] = crcCombine(crc32cFast(dst, kValueHeaderBytes), payloadCrc, bytes, crc32c_detail::kPowers.x);
+        lengths[j] = uint32_t(kValueHeaderBytes + bytes);
+        leasedKeys[j] = keys[i];
+    }
+    std::vector<uint8_t> const st = commitLocked(l, slots, leasedKeys, lengths, false, crcs.data());
+    for (size_t j = 0; j < fits.size(); ++j)
+        statuses[fits[j]] = j < st.size() && st[j] == kStored ? 0 : 1;
+    return statuses;
+}
+
+std::vector<int64_t> Client::getValues(RegionLayout const& l, std::vector<std::string_view> const& keys,
+    std::vector<OutBuffer> const& outs, IdentityHash const& identity)
+{
+    checkLengths(keys.size(), outs.size(), "output buffers");
+    std::lock_guard lock(mutex_);
+    std::vector<Found> const found = getLocked(l, keys);
+    std::vector<int64_t> codes(keys.size(), kValueMiss);
+    std::vector<uint32_t> pinned;
+    pinned.reserve(found.size());
+    for (size_t i = 0; i < found.size(); ++i)
+    {
+        Found const& f = found[i];
+        if (f.slot == Found::kMissSlot)
+            continue;
+        pinned.push_back(f.slot);
+        uint8_t const* value = arena_->data(l, f.slot);
+        uint32_t payloadCrc = 0;
+        int64_t const n = checkValueHeader(value, f.length, keys[i], identity, &payloadCrc);
+        if (n < 0 || uint64_t(n) > outs[i].bytes)
+        {
+            codes[i] = n < 0 ? n : kValueTooSmall;
+            continue;
+        }
+        uint32_t const crc = crc32cCopy(outs[i].data, value + kValueHeaderBytes, size_t(n));
+        // The slot still holds what was answered (a pinned slot is never reused: this is the
+        // check that it was not), and the copy is the payload the header describes.
+        SlotHeader const h = arena_->readHeader(l, f.slot);
+        bool const same
+            = h.version == f.version && h.length == f.length && h.region == l.region && h.key == keyDigest(keys[i]);
+        codes[i] = !same ? kValueMiss : crc != payloadCrc ? kValueCorrupt : n;
+    }
+    releaseLocked(l, pinned);
+    return codes;
 }
 
 std::vector<bool> Client::erase(RegionLayout const& l, std::vector<std::string_view> const& keys)

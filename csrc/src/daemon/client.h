@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "daemon/l2_index.h"
+#include "daemon/values.h"
 
 namespace kvcodec::daemon {
 
@@ -83,6 +84,16 @@ public:
     /// the copied bytes); the pins are released before returning.
     std::vector<bool> getInto(
         RegionLayout const& r, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs);
+    /// The remote tier's values (its header, then the payload) of `identity` into leased slots,
+    /// each payload copied and checksummed in one pass. Per key: 0 stored, 1 no slot (every one
+    /// pinned by readers or being written), 2 larger than the region's slots.
+    std::vector<uint8_t> putValues(RegionLayout const& r, std::vector<std::string_view> const& keys,
+        std::vector<std::pair<void const*, size_t>> const& payloads, IdentityHash const& identity);
+    /// The payloads of the remote tier's values stored under `keys` into `outs`, each header
+    /// checked (ValueCode otherwise), each payload copied and checksummed in one pass and the slot
+    /// confirmed unchanged after the copy. Per key: payload bytes read, or a negative ValueCode.
+    std::vector<int64_t> getValues(RegionLayout const& r, std::vector<std::string_view> const& keys,
+        std::vector<OutBuffer> const& outs, IdentityHash const& identity);
     /// Removes each key from L2: per key, true when it was stored.
     std::vector<bool> erase(RegionLayout const& r, std::vector<std::string_view> const& keys);
     /// The daemon's counters as a JSON object.
@@ -113,7 +124,8 @@ private:
     std::vector<Found> getLocked(RegionLayout const& r, std::vector<std::string_view> const& keys);
     void releaseLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
     std::vector<uint8_t> commitLocked(RegionLayout const& r, std::vector<uint32_t> const& slots,
-        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral);
+        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
+        uint32_t const* crcs = nullptr);
     void abortLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
     std::vector<uint32_t> leaseLocked(RegionLayout const& r, uint32_t count);
 
