@@ -126,13 +126,16 @@ def _prometheus() -> Any:
 
 
 class _Families:
-    """The families of one scrape, created on first use, yielded in :data:`METRICS` order."""
+    """The families of one scrape, created on first use, yielded in the order of ``specs``
+    (default :data:`METRICS`)."""
 
-    def __init__(self, samples: bool = True):
+    def __init__(self, samples: bool = True, specs: tuple[MetricSpec, ...] | None = None):
         self._core = _prometheus()
         self._out: dict[str, Any] = {}
+        self._order = METRICS if specs is None else specs
+        self._specs = _SPECS if specs is None else {m.name: m for m in specs}
         if not samples:
-            for spec in METRICS:
+            for spec in self._order:
                 self._family(spec)
 
     def _family(self, spec: MetricSpec) -> Any:
@@ -146,10 +149,10 @@ class _Families:
         return fam
 
     def add(self, name: str, labels: Iterable[Any], value: float) -> None:
-        self._family(_SPECS[name]).add_metric([str(v) for v in labels], float(value))
+        self._family(self._specs[name]).add_metric([str(v) for v in labels], float(value))
 
     def __iter__(self) -> Iterator[Any]:
-        return (self._out[m.name] for m in METRICS if m.name in self._out)
+        return (self._out[m.name] for m in self._order if m.name in self._out)
 
 
 class KVCacheCollector:

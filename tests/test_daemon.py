@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -333,3 +336,50 @@ def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
     manager = report["manager"]  # through the manager: the daemon as its remote level, and its host tier
     assert manager["daemon"]["onboard_gbps"] > 0 and manager["host"]["onboard_gbps"] > 0
     assert "manager onboard, daemon L2" in r.stdout
+
+
+def test_the_documented_metrics_table_is_the_collectors():
+    from kvcodec_sdk.daemon.metrics import DAEMON_METRICS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
+    rows = re.findall(r"^\| `(kvcodec_daemon_\w+)` \| ([\w ()]+) \| ([^|]*) \| (.*) \|$", text, re.M)
+    documented = [(name, kind, tuple(re.findall(r"`(\w+)`", labels)), help) for name, kind, labels, help in rows]
+    assert documented == [(m.name, "gauge (info)" if m.kind == "info" else m.kind, m.labels, m.help)
+                          for m in DAEMON_METRICS]
+
+
+def test_prometheus_scrapes_the_daemon_over_http_and_statctl_prints_the_same(tmp_path):
+    pytest.importorskip("prometheus_client", reason="the metrics extra: pip install kvcodec-sdk[metrics]")
+    sock = str(tmp_path / "kvd.sock")
+    p = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", "8M",
+                          "--no-hugepages", "--metrics-port", "0"], stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        line = p.stderr.readline()
+        url = re.search(r"metrics on (http://\S+/metrics)", line)
+        assert url, line
+        with DaemonClient(sock) as c:
+            region = c.region(IDENTITY, PAGE, 8)
+            assert all(c.set(region, [b"m/0", b"m/1"], pages(2, 15)))
+            assert c.get_into(region, [b"m/0", b"none"], [np.zeros(PAGE, np.uint8)] * 2) == [True, False]
+        with urllib.request.urlopen(url.group(1), timeout=10) as response:
+            text = response.read().decode()
+        label = f'{{daemon="{sock}"}}'
+        for line in (f"kvcodec_daemon_up{label} 1.0", f"kvcodec_daemon_sets_total{label} 2.0",
+                     f"kvcodec_daemon_hits_total{label} 1.0", f"kvcodec_daemon_misses_total{label} 1.0",
+                     f'kvcodec_daemon_slots{{daemon="{sock}",state="stored"}} 2.0'):
+            assert line in text, line
+        printed = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "statctl", "--socket", sock, "--prometheus"],
+                                 capture_output=True, text=True, timeout=30, cwd="/")
+        assert printed.returncode == 0, printed.stderr
+        assert f"kvcodec_daemon_hits_total{label} 1.0" in printed.stdout
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvcodec_sdk.daemon.metrics import DaemonCollector
+
+    registry = CollectorRegistry()
+    registry.register(DaemonCollector(sock))  # the daemon is gone: up 0, and nothing else
+    text = generate_latest(registry).decode()
+    assert f'kvcodec_daemon_up{{daemon="{sock}"}} 0.0' in text and "kvcodec_daemon_sets_total{" not in text

@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-poll-us", type=float, default=None, metavar="US",
                    help="microseconds to poll for the next request before sleeping (default 0: sleep at once; "
                         "polling takes CPU from the engines on a loaded machine)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve the counters for Prometheus on http://ADDR:PORT/metrics (needs the metrics extra; "
+                        "0 picks a free port)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR",
+                   help="the address the metrics server binds (default 127.0.0.1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,9 +46,22 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    metrics = ""
+    server = None
+    if args.metrics_port is not None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from ..daemon.metrics import DaemonCollector
+
+        registry = CollectorRegistry()
+        registry.register(DaemonCollector(daemon.stats, name=args.socket))
+        server, _thread = start_http_server(args.metrics_port, addr=args.metrics_addr, registry=registry)
+        metrics = f", metrics on http://{args.metrics_addr}:{server.server_port}/metrics"
     print(f"kvcodec daemon: serving {args.socket} with a {daemon.arena.size / 2**20:.0f} MiB L2 arena"
-          f"{' on huge pages' if daemon.arena.hugepages else ''} (pid {daemon.stats()['pid']})", file=sys.stderr,
-          flush=True)
+          f"{' on huge pages' if daemon.arena.hugepages else ''} (pid {daemon.stats()['pid']}){metrics}",
+          file=sys.stderr, flush=True)
     daemon.serve_forever()
+    if server is not None:
+        server.shutdown()
     print("kvcodec daemon: stopped", file=sys.stderr)
     return 0

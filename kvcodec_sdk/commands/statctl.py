@@ -15,7 +15,11 @@ HELP = "print the cache daemon's counters"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", required=True, help="the daemon's Unix socket")
-    p.add_argument("--json", action="store_true", help="one JSON object")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one JSON object")
+    out.add_argument("--prometheus", action="store_true",
+                     help="Prometheus' text exposition format (the metrics extra), as `kvcodec daemon --metrics-port` "
+                          "serves it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +32,15 @@ def run(args: argparse.Namespace) -> int:
         raise RuntimeError(str(exc)) from None
     if args.json:
         print(json.dumps(stats, sort_keys=True))
+        return 0
+    if args.prometheus:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from ..daemon.metrics import DaemonCollector
+
+        registry = CollectorRegistry()
+        registry.register(DaemonCollector(lambda: stats, name=args.socket))
+        print(generate_latest(registry).decode(), end="")
         return 0
     width = max(len(k) for k in stats)
     for key in sorted(stats):
