@@ -68,6 +68,8 @@ Server::Server(ServerConfig config)
     {
         auto e = sysError("listen/epoll/eventfd");
         shutdown();
+        if (stopFd_ >= 0)
+            close(stopFd_);
         throw e;
     }
     epoll_event ev{};
@@ -81,11 +83,13 @@ Server::Server(ServerConfig config)
 Server::~Server()
 {
     shutdown();
+    if (stopFd_ >= 0)
+        close(stopFd_);
 }
 
 void Server::stop() noexcept
 {
-    if (stopFd_ >= 0)
+    if (stopFd_ >= 0) // set once by the constructor, closed only by the destructor
     {
         uint64_t one = 1;
         [[maybe_unused]] ssize_t n = write(stopFd_, &one, sizeof one);
@@ -450,10 +454,11 @@ void Server::shutdown()
         close(listener_);
         unlink(config_.socketPath.c_str());
     }
-    for (int fd : {epoll_, stopFd_})
-        if (fd >= 0)
-            close(fd);
-    listener_ = epoll_ = stopFd_ = -1;
+    if (epoll_ >= 0)
+        close(epoll_);
+    listener_ = epoll_ = -1;
+    // stopFd_ stays open until the destructor: stop() may write to it from any thread, at any
+    // time, and must never write to a descriptor that was closed (and perhaps reused).
 }
 
 std::string Server::statsJson()

@@ -1,0 +1,50 @@
+"""The daemon's native server and client under AddressSanitizer with UndefinedBehaviorSanitizer, and
+under ThreadSanitizer: tests/native/daemon_stress.cpp built against csrc/src/daemon/ and run (four
+client threads against one server, random operations, every page read checked)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [ROOT / "tests" / "native" / "daemon_stress.cpp",
+           *(ROOT / "csrc" / "src" / "daemon" / f"{n}.cpp" for n in ("arena", "l2_index", "server", "client", "values"))]
+SANITIZERS = {"address,undefined": {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"},
+              "thread": {"TSAN_OPTIONS": "halt_on_error=1"}}
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    """Both builds, compiled side by side."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    out = tmp_path_factory.mktemp("daemon-sanitizers")
+    builds = {}
+    for sanitizer in SANITIZERS:
+        exe = out / f"daemon_stress_{sanitizer.split(',')[0]}"
+        cmd = [cxx, "-std=c++17", "-O1", "-g", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
+               f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'src'}", *map(str, SOURCES), "-o", str(exe),
+               "-lpthread"]
+        builds[sanitizer] = (exe, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    done = {}
+    for sanitizer, (exe, proc) in builds.items():
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, log
+        done[sanitizer] = exe
+    return done
+
+
+@pytest.mark.parametrize("sanitizer", list(SANITIZERS))
+def test_the_daemon_under_a_sanitizer(binaries, sanitizer, tmp_path):
+    env = {**os.environ, **SANITIZERS[sanitizer]}
+    r = subprocess.run([str(binaries[sanitizer]), str(tmp_path / "kvd.sock"), "3"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    assert "Sanitizer" not in r.stderr, r.stderr[-6000:]
+    assert "wrong 0" in r.stdout
