@@ -383,3 +383,19 @@ def test_prometheus_scrapes_the_daemon_over_http_and_statctl_prints_the_same(tmp
     registry.register(DaemonCollector(sock))  # the daemon is gone: up 0, and nothing else
     text = generate_latest(registry).decode()
     assert f'kvcodec_daemon_up{{daemon="{sock}"}} 0.0' in text and "kvcodec_daemon_sets_total{" not in text
+
+
+def test_start_warnings_name_the_sizing_problem_and_the_remedy(tmp_path):
+    from kvcodec_sdk.daemon.server import start_warnings
+
+    gib = 1 << 30
+    config = DaemonConfig(str(tmp_path / "s.sock"), 8 * gib, hugepages=True)
+    assert start_warnings(config, True, {"MemTotal": 64 * gib, "MemAvailable": 32 * gib}) == []
+    (over,) = start_warnings(config, True, {"MemTotal": 4 * gib, "MemAvailable": 2 * gib})
+    assert "larger than this host's memory (4.0 GiB)" in over and "--l2-bytes" in over
+    (busy,) = start_warnings(config, True, {"MemTotal": 64 * gib, "MemAvailable": 6 * gib})
+    assert "available now (6.0 GiB)" in busy
+    (huge,) = start_warnings(config, False, {"MemTotal": 64 * gib, "MemAvailable": 32 * gib})
+    assert "sysctl vm.nr_hugepages=4096" in huge
+    assert start_warnings(DaemonConfig(str(tmp_path / "s.sock"), 8 * gib, hugepages=False), False,
+                          {"MemTotal": 64 * gib}) == []

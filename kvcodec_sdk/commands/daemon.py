@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon, DaemonConfig
+    from ..daemon.server import start_warnings
 
     config = DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages)
     if args.busy_poll_us is not None:
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"kvcodec daemon: serving {args.socket} with a {daemon.arena.size / 2**20:.0f} MiB L2 arena"
           f"{' on huge pages' if daemon.arena.hugepages else ''} (pid {daemon.stats()['pid']}){metrics}",
           file=sys.stderr, flush=True)
+    for warning in start_warnings(config, daemon.arena.hugepages):
+        print(f"kvcodec daemon: warning: {warning}", file=sys.stderr, flush=True)
     daemon.serve_forever()
     if server is not None:
         server.shutdown()

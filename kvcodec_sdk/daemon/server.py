@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .._native import daemon as _daemon
 
-__all__ = ["Daemon", "DaemonConfig"]
+__all__ = ["Daemon", "DaemonConfig", "start_warnings"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,40 @@ class Daemon:
     def stats(self) -> dict:
         """The daemon's counters (what ``kvcodec statctl`` prints)."""
         return json.loads(self._server.stats_json())
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (empty where there is none)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[name] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    except OSError:
+        pass
+    return out
+
+
+def start_warnings(config: DaemonConfig, arena_hugepages: bool, meminfo: dict[str, int] | None = None) -> list[str]:
+    """What an operator should hear at start about sizing: an arena larger than the memory the
+    host has (it is allocated as pages are written, so the shortfall shows later, as swapping or
+    the daemon killed), and huge pages asked for but not reserved."""
+    info = _meminfo() if meminfo is None else meminfo
+    out = []
+    total, available = info.get("MemTotal"), info.get("MemAvailable")
+    gib = 1 << 30
+    if total and config.l2_bytes > total:
+        out.append(f"the L2 arena ({config.l2_bytes / gib:.1f} GiB) is larger than this host's memory "
+                   f"({total / gib:.1f} GiB): lower --l2-bytes")
+    elif available and config.l2_bytes > available:
+        out.append(f"the L2 arena ({config.l2_bytes / gib:.1f} GiB) is larger than the memory available now "
+                   f"({available / gib:.1f} GiB): once it fills, the host swaps or ends a process; lower --l2-bytes "
+                   "or free memory")
+    if config.hugepages and not arena_hugepages:
+        pages = -(-config.l2_bytes // (2 << 20))
+        out.append(f"huge pages were asked for but none are reserved, so the arena is on ordinary pages; reserve "
+                   f"them with: sysctl vm.nr_hugepages={pages} (or start with --no-hugepages)")
+    return out
