@@ -67,6 +67,40 @@ Keys keysOf(py::handle keys)
     return k;
 }
 
+using Slots = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+
+/// Read-only views of `bufs`; a buffer that is not C-contiguous is named as field[i].
+std::vector<std::pair<void const*, size_t>> sourcesOf(std::vector<py::buffer> const& bufs, char const* field)
+{
+    std::vector<std::pair<void const*, size_t>> out;
+    out.reserve(bufs.size());
+    for (size_t i = 0; i < bufs.size(); ++i)
+        out.push_back(bytesOf(bufs[i], false, std::string(field) + "[" + std::to_string(i) + "]"));
+    return out;
+}
+
+/// Writable destinations of `bufs`, named as field[i] in errors.
+std::vector<OutBuffer> destinationsOf(std::vector<py::buffer> const& bufs, char const* field)
+{
+    std::vector<OutBuffer> out;
+    out.reserve(bufs.size());
+    for (size_t i = 0; i < bufs.size(); ++i)
+    {
+        auto const [p, n] = bytesOf(bufs[i], true, std::string(field) + "[" + std::to_string(i) + "]");
+        out.push_back({p, n});
+    }
+    return out;
+}
+
+/// A client call taking a region and slots, run without the GIL (abort, release).
+template <void (Client::*Call)(RegionLayout const&, std::vector<uint32_t> const&)>
+void withSlots(Client& c, RegionLayout const& r, Slots const& slots)
+{
+    std::vector<uint32_t> const s = slotsOf(slots);
+    py::gil_scoped_release nogil;
+    (c.*Call)(r, s);
+}
+
 IdentityHash identityOf(py::bytes const& identity)
 {
     std::string_view const s = identity;
@@ -172,24 +206,13 @@ void bindDaemon(py::module_& parent)
                 return c.commit(r, s, k.views, lengths, ephemeral);
             },
             "region"_a, "slots"_a, "keys"_a, "lengths"_a, "ephemeral"_a)
-        .def(
-            "abort",
-            [](Client& c, RegionLayout const& r,
-                py::array_t<uint32_t, py::array::c_style | py::array::forcecast> const& slots) {
-                std::vector<uint32_t> const s = slotsOf(slots);
-                py::gil_scoped_release nogil;
-                c.abort(r, s);
-            },
-            "region"_a, "slots"_a)
+        .def("abort", &withSlots<&Client::abort>, "region"_a, "slots"_a)
         .def(
             "set",
             [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& pages,
                 bool ephemeral) {
                 Keys const k = keysOf(keys);
-                std::vector<std::pair<void const*, size_t>> views;
-                views.reserve(pages.size());
-                for (size_t i = 0; i < pages.size(); ++i)
-                    views.push_back(bytesOf(pages[i], false, "pages[" + std::to_string(i) + "]"));
+                auto const views = sourcesOf(pages, "pages");
                 py::gil_scoped_release nogil;
                 return c.set(r, k.views, views, ephemeral);
             },
@@ -207,15 +230,7 @@ void bindDaemon(py::module_& parent)
                     column(found, &Found::length), column(found, &Found::crc));
             },
             "region"_a, "keys"_a, "(slots, versions, lengths, crcs) as arrays; a miss has slot MISS")
-        .def(
-            "release",
-            [](Client& c, RegionLayout const& r,
-                py::array_t<uint32_t, py::array::c_style | py::array::forcecast> const& slots) {
-                std::vector<uint32_t> const s = slotsOf(slots);
-                py::gil_scoped_release nogil;
-                c.release(r, s);
-            },
-            "region"_a, "slots"_a)
+        .def("release", &withSlots<&Client::release>, "region"_a, "slots"_a)
         .def(
             "valid",
             [](Client const& c, RegionLayout const& r, py::bytes const& key, uint32_t slot, uint64_t version,
@@ -229,13 +244,7 @@ void bindDaemon(py::module_& parent)
             "get_into",
             [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& outs) {
                 Keys const k = keysOf(keys);
-                std::vector<OutBuffer> dst;
-                dst.reserve(outs.size());
-                for (size_t i = 0; i < outs.size(); ++i)
-                {
-                    auto const [p, n] = bytesOf(outs[i], true, "outs[" + std::to_string(i) + "]");
-                    dst.push_back({p, n});
-                }
+                auto const dst = destinationsOf(outs, "outs");
                 py::gil_scoped_release nogil;
                 return c.getInto(r, k.views, dst);
             },
@@ -245,10 +254,7 @@ void bindDaemon(py::module_& parent)
             [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& payloads,
                 py::bytes const& identity) {
                 Keys const k = keysOf(keys);
-                std::vector<std::pair<void const*, size_t>> views;
-                views.reserve(payloads.size());
-                for (size_t i = 0; i < payloads.size(); ++i)
-                    views.push_back(bytesOf(payloads[i], false, "values[" + std::to_string(i) + "]"));
+                auto const views = sourcesOf(payloads, "values");
                 IdentityHash const id = identityOf(identity);
                 py::gil_scoped_release nogil;
                 return c.putValues(r, k.views, views, id);
@@ -259,13 +265,7 @@ void bindDaemon(py::module_& parent)
             [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& outs,
                 py::bytes const& identity) {
                 Keys const k = keysOf(keys);
-                std::vector<OutBuffer> dst;
-                dst.reserve(outs.size());
-                for (size_t i = 0; i < outs.size(); ++i)
-                {
-                    auto const [p, n] = bytesOf(outs[i], true, "out_buffers[" + std::to_string(i) + "]");
-                    dst.push_back({p, n});
-                }
+                auto const dst = destinationsOf(outs, "out_buffers");
                 IdentityHash const id = identityOf(identity);
                 py::gil_scoped_release nogil;
                 return c.getValues(r, k.views, dst, id);
