@@ -6,6 +6,11 @@ the host tier, bring them back and verify them. Runs on the CPU backend and on a
     python examples/engine_demo.py --device cuda:0                   # torch with CUDA
     python examples/engine_demo.py --disk /tmp/kv                    # through a disk tier, off the caller's thread
     python examples/engine_demo.py --metrics-port 9400 --serve 60    # Prometheus metrics (the metrics extra)
+
+Two engine processes sharing pages through the per-host cache daemon (``kvcodec daemon --socket S``):
+
+    python examples/engine_demo.py --daemon S --share store    # evicts its pages, under content keys, into L2
+    python examples/engine_demo.py --daemon S --share load     # another process finds and onboards them
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kvcodec_sdk import (
     KVCacheConfig,
     KVCacheManager,
     LayerGroupConfig,
+    RemoteTierConfig,
     Role,
 )
 
@@ -55,6 +61,13 @@ def equal(framework, a, b) -> bool:
     return bool(np.array_equal(a, b))
 
 
+def shared_l2(socket: str, pages: int) -> RemoteTierConfig:
+    """The cache daemon's arena as the manager's remote level (built with the manager's codec identity)."""
+    from kvcodec_sdk.remote.daemon import DaemonBackend
+
+    return RemoteTierConfig(lambda identity: DaemonBackend(socket, identity), max_pages=2 * pages)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
@@ -67,14 +80,21 @@ def main() -> None:
                         "on 127.0.0.1:PORT/metrics (0: any free port; needs the metrics extra)")
     parser.add_argument("--serve", type=float, default=0, metavar="SECONDS",
                         help="with --metrics-port: keep serving this long after the round trip, pages still held")
+    parser.add_argument("--daemon", metavar="SOCKET", help="share pages through the cache daemon at SOCKET "
+                        "(its L2 arena as the manager's remote level); with --share")
+    parser.add_argument("--share", choices=("store", "load"), help="with --daemon: store this process's pages "
+                        "under content keys, or load the pages another process stored (the same values: same seed)")
     args = parser.parse_args()
+    if bool(args.daemon) != bool(args.share):
+        parser.error("--daemon and --share go together")
 
     config = KVCacheConfig(
         # Two layer groups (e.g. full attention and sliding window) with identical page layouts:
         # they share one hot pool group; the host tier holds their cold pages.
         layer_groups=[LayerGroupConfig(kv_buffers(range(0, LAYERS))), LayerGroupConfig(kv_buffers(range(LAYERS, 2 * LAYERS)))],
         gpu_quota=256 << 20, host_quota=512 << 20, pool_ratio=[3, 1], device=args.device,
-        disk=DiskTierConfig(args.disk, max_bytes=1 << 30) if args.disk else None)
+        disk=DiskTierConfig(args.disk, max_bytes=1 << 30) if args.disk else None,
+        remote=shared_l2(args.daemon, args.pages) if args.daemon else None)
     manager = KVCacheManager(config)  # the default lossless concat codec
     print(manager)
     if args.metrics_port is not None:
@@ -94,11 +114,29 @@ def main() -> None:
     if framework == "torch":
         import torch
 
+        torch.manual_seed(0)  # the same values in every run: a loading process checks what a storing one wrote
         stream = torch.cuda.Stream() if device != "cpu" else None
         on_stream = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
     else:
         stream, on_stream = None, contextlib.nullcontext()
     rng = np.random.default_rng(0)
+
+    keys = [b"engine-demo/prefix/%d" % i for i in range(args.pages)]  # content keys: what other processes look up
+    if args.share == "load":
+        pages = [p for p in manager.find_remote(keys) if p is not None]  # claimed at the remote level
+        if len(pages) != args.pages:
+            raise SystemExit(f"the daemon holds {len(pages)} of the {args.pages} pages; run --share store first")
+        manager.onboard(pages, source=CacheLevel.REMOTE, stream=stream)  # L2 -> hot, decoded
+        manager.synchronize()
+        with on_stream:
+            for page in pages:
+                shapes = [tuple(v.shape) for v in manager.buffer_views(page, framework=framework)]
+                values = [random_kv(framework, s, device, rng) for s in shapes]  # what the storing process wrote
+                for v, x in zip(manager.buffer_views(page, framework=framework), values):
+                    assert equal(framework, v, x), f"page {page.id:#x} differs from what the other process stored"
+        print(f"{len(pages)} pages loaded from the daemon's L2 byte-exact on {manager.device} ({framework})", flush=True)
+        manager.close()
+        return
 
     pages = manager.allocate(0, args.pages, stream=stream)
     expected = []
@@ -109,6 +147,13 @@ def main() -> None:
             for v, x in zip(views, values):
                 v[...] = x  # what an attention kernel would write
             expected.append(values)
+
+    if args.share == "store":
+        manager.set_keys(pages, keys)
+        manager.evict(pages, stream=stream, level=CacheLevel.REMOTE)  # encode, then written into the arena
+        print(f"{len(pages)} pages stored in the daemon's L2 from {manager.device} ({framework})", flush=True)
+        manager.close()
+        return
 
     if args.disk:
         t0 = time.perf_counter()

@@ -36,6 +36,26 @@ def test_engine_demo_through_a_disk_tier(tmp_path):
     assert "prefetched 16 pages to the host" in out and "16 pages evicted and onboarded byte-exact" in out
 
 
+def test_two_engine_processes_share_pages_through_the_daemon():
+    """One demo process stores its pages in the cache daemon's L2 and exits; another finds them by
+    their content keys and onboards them byte-exact; the daemon's sockets carried no page."""
+    from kvcodec_sdk.daemon import DaemonClient
+    from kvcodec_sdk.remote.servers import DaemonProcess
+
+    daemon = DaemonProcess()
+    daemon.start()
+    try:
+        share = ("--framework", "numpy", "--daemon", daemon.socket_path, "--share")
+        assert "16 pages stored in the daemon's L2" in run_demo("cpu", *share, "store")
+        assert "16 pages loaded from the daemon's L2 byte-exact on cpu (numpy)" in run_demo("cpu", *share, "load")
+        with DaemonClient(daemon.socket_path) as client:
+            st = client.stats()
+        assert st["sets"] == 16 and st["hits"] >= 16 and st["slots_pinned"] == 0
+        assert st["socket_bytes_in"] + st["socket_bytes_out"] < st["set_bytes"] / 100
+    finally:
+        daemon.stop()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(_native.driver_info()["device_count"] == 0, reason="needs a CUDA device")
 def test_engine_demo_on_the_gpu():

@@ -47,7 +47,8 @@ class DaemonBackend(RemoteBackend):
         stores, rounded up to 4 KiB. None sizes it by the first call's values (a manager's are all
         one size: its cold page bytes); every process sharing pages must end up with the same.
     :param slots: Slots asked for when the region is created (the daemon gives what its arena
-        has room for; the first process to ask sets the region's size).
+        has room for; the first process to ask sets the region's size). None asks for half of the
+        arena's room that is left, so regions of other value sizes still fit.
     :param timeout_s: Bound of each call to the daemon.
     :param busy_poll_us: How long a call polls for the daemon's reply before sleeping.
     """
@@ -55,14 +56,14 @@ class DaemonBackend(RemoteBackend):
     name = "daemon"
 
     def __init__(self, socket_path: str, identity: Any, timeout_s: float = 5.0, value_bytes: int | None = None,
-                 slots: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> None:
+                 slots: int | None = None, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> None:
         super().__init__(identity, timeout_s)
         if value_bytes is not None and (not isinstance(value_bytes, int) or isinstance(value_bytes, bool)
                                         or value_bytes <= HEADER_BYTES):
             raise ValueError(f"value_bytes: {value_bytes!r} is not valid: give more than {HEADER_BYTES} bytes, "
                              "or None to size by the first values")
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
-            raise ValueError(f"slots: {slots!r} is not valid: give a positive number of slots")
+        if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0):
+            raise ValueError(f"slots: {slots!r} is not valid: give a positive number of slots, or None")
         self.socket_path = socket_path
         self.value_bytes = None if value_bytes is None else -(-value_bytes // 4096) * 4096
         self.slots = slots
@@ -116,7 +117,11 @@ class DaemonBackend(RemoteBackend):
                 return self._region
             if self.value_bytes is None:
                 self.value_bytes = -(-max(size or 0, HEADER_BYTES + 1) // 4096) * 4096
-            self._region = client.region(REGION_NAME, self.value_bytes, self.slots)
+            slots = self.slots
+            if slots is None:  # half of what is left (a region that exists already is returned as it is)
+                st = client.stats()
+                slots = max(1, (st["arena_bytes"] - st["arena_used"]) // 2 // (self.value_bytes + 64))
+            self._region = client.region(REGION_NAME, self.value_bytes, slots)
         return self._region
 
     # -- the backend interface ---------------------------------------------------------------
