@@ -35,6 +35,19 @@ std::runtime_error sysError(std::string const& what)
     return std::runtime_error(what + ": " + std::strerror(errno));
 }
 
+/// `fd` mapped shared and read-write; on failure `fd` is closed and the error names `what`.
+uint8_t* mapShared(int fd, uint64_t bytes, char const* what)
+{
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+    {
+        auto e = sysError(std::string("mmap of ") + what + " (" + std::to_string(bytes) + " bytes)");
+        close(fd);
+        throw e;
+    }
+    return static_cast<uint8_t*>(p);
+}
+
 } // namespace
 
 KeyDigest keyDigest(std::string_view key) noexcept
@@ -96,26 +109,12 @@ std::shared_ptr<Mapping> Mapping::create(uint64_t bytes, bool hugepages)
         close(fd);
         throw e;
     }
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-    {
-        auto e = sysError("mmap of the L2 arena (" + std::to_string(size) + " bytes)");
-        close(fd);
-        throw e;
-    }
-    return std::shared_ptr<Mapping>(new Mapping(fd, size, false, static_cast<uint8_t*>(p)));
+    return std::shared_ptr<Mapping>(new Mapping(fd, size, false, mapShared(fd, size, "the L2 arena")));
 }
 
 std::shared_ptr<Mapping> Mapping::attach(int fd, uint64_t bytes)
 {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-    {
-        auto e = sysError("mmap of the daemon's arena (" + std::to_string(bytes) + " bytes)");
-        close(fd);
-        throw e;
-    }
-    return std::shared_ptr<Mapping>(new Mapping(fd, bytes, false, static_cast<uint8_t*>(p)));
+    return std::shared_ptr<Mapping>(new Mapping(fd, bytes, false, mapShared(fd, bytes, "the daemon's arena")));
 }
 
 Mapping::~Mapping()

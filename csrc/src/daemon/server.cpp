@@ -224,6 +224,19 @@ void Server::refuse(Client& c, std::string const& message)
     w.finish();
 }
 
+template <class Answer>
+void Server::perKey(FrameReader& in, std::string& out, Answer&& answer)
+{
+    uint32_t const region = in.get<uint32_t>();
+    index_.checkRegion(region);
+    uint32_t const count = in.count(4);
+    FrameWriter w(out);
+    w.put(uint8_t(Status::Ok)).put(count);
+    for (uint32_t i = 0; i < count; ++i)
+        answer(w, region, in.str());
+    w.finish();
+}
+
 void Server::handle(Client& c, char const* p, size_t n)
 {
     FrameReader in(p, n);
@@ -313,37 +326,14 @@ void Server::handle(Client& c, char const* p, size_t n)
             return w.finish();
         }
         case Op::Get:
-        {
-            uint32_t const region = in.get<uint32_t>();
-            index_.checkRegion(region);
-            uint32_t const count = in.count(4);
-            FrameWriter w(out);
-            w.put(uint8_t(Status::Ok)).put(count);
-            size_t const at = w.reserve(size_t(count) * 24);
-            for (uint32_t i = 0; i < count; ++i)
-            {
-                Found const f = index_.get(c.id, region, in.str());
-                char* dst = out.data() + at + size_t(i) * 24;
-                uint32_t const zero = 0;
-                std::memcpy(dst, &f.slot, 4);
-                std::memcpy(dst + 4, &f.length, 4);
-                std::memcpy(dst + 8, &f.crc, 4);
-                std::memcpy(dst + 12, &zero, 4);
-                std::memcpy(dst + 16, &f.version, 8);
-            }
-            return w.finish();
-        }
+            return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
+                Found const f = index_.get(c.id, region, key);
+                w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
+            });
         case Op::Erase:
-        {
-            uint32_t const region = in.get<uint32_t>();
-            index_.checkRegion(region);
-            uint32_t const count = in.count(4);
-            FrameWriter w(out);
-            w.put(uint8_t(Status::Ok)).put(count);
-            for (uint32_t i = 0; i < count; ++i)
-                w.put(uint8_t(index_.erase(region, in.str())));
-            return w.finish();
-        }
+            return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
+                w.put(uint8_t(index_.erase(region, key)));
+            });
         case Op::Stats:
         {
             FrameWriter w(out);

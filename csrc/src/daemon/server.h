@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "daemon/l2_index.h"
+#include "daemon/wire.h"
 
 namespace kvcodec::daemon {
 
@@ -69,6 +70,10 @@ private:
     void handle(Client& c, char const* p, size_t n);
     void refuse(Client& c, std::string const& message);
     void hello(Client& c, uint32_t version, uint32_t pid);
+    /// The reply to a request of a region and keys (get, erase): `answer(writer, region, key)`
+    /// writes each key's part after the count.
+    template <class Answer>
+    void perKey(FrameReader& in, std::string& out, Answer&& answer);
     void flush(Client& c);
     void drop(Client& c);
     void shutdown();
