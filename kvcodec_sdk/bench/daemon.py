@@ -59,13 +59,6 @@ def kv_page(rng: np.random.Generator, page_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(raw[:page_bytes])
 
 
-def host_view(m: Any, page: Any) -> np.ndarray:
-    """A CPU manager's one-pool page as a numpy array (page_view hands out torch tensors when torch
-    is there; a CPU tensor's ``numpy()`` shares its memory)."""
-    (view,) = m.page_view(page)
-    return view.numpy() if hasattr(view, "numpy") else np.asarray(view)
-
-
 def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> dict:
     """Evict and onboard ``pages`` KV-like pages through a CPU manager, once with a host tier and
     once with the daemon as its remote level: GB/s of page bytes per direction (best of
@@ -87,7 +80,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> 
             model = []
             for i, p in enumerate(ps):
                 raw = kv_page(np.random.default_rng(1000 + i), 2 * half)
-                host_view(m, p)[:] = raw  # one pool: the page's K and V side by side
+                m.page_view(p, framework="numpy")[0][:] = raw  # one pool: the page's K and V side by side
                 model.append(raw)
             m.set_keys(ps, [f"bench-manager/{i}".encode() for i in range(pages)])
             evict, onboard = [], []
@@ -102,7 +95,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> 
                 evict.append(t1 - t0)
                 onboard.append(t2 - t1)
             for p, raw in zip(ps, model):
-                if not np.array_equal(host_view(m, p), raw):
+                if not np.array_equal(m.page_view(p, framework="numpy")[0], raw):
                     raise RuntimeError(f"a page onboarded from the {name} level differs from the page evicted")
         finally:
             m.close()
