@@ -425,26 +425,36 @@ bool Client::valid(RegionLayout const& l, std::string_view key, Found const& f, 
     return !checkCrc || crc32cFast(a->data(l, f.slot), f.length) == f.crc;
 }
 
-std::vector<bool> Client::getInto(
-    RegionLayout const& l, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs)
+template <class Read>
+std::vector<Found> Client::readPinned(
+    RegionLayout const& l, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs, Read&& read)
 {
     checkLengths(keys.size(), outs.size(), "output buffers");
     std::lock_guard lock(mutex_);
-    std::vector<Found> const found = getLocked(l, keys);
-    std::vector<bool> ok(keys.size(), false);
+    std::vector<Found> found = getLocked(l, keys);
     std::vector<uint32_t> pinned;
     pinned.reserve(found.size());
-    size_t tooSmall = keys.size();
     for (size_t i = 0; i < found.size(); ++i)
     {
-        Found const& f = found[i];
-        if (f.slot == Found::kMissSlot)
+        if (found[i].slot == Found::kMissSlot)
             continue;
-        pinned.push_back(f.slot);
+        pinned.push_back(found[i].slot);
+        read(i, found[i]);
+    }
+    releaseLocked(l, pinned);
+    return found;
+}
+
+std::vector<bool> Client::getInto(
+    RegionLayout const& l, std::vector<std::string_view> const& keys, std::vector<OutBuffer> const& outs)
+{
+    std::vector<bool> ok(keys.size(), false);
+    size_t tooSmall = keys.size();
+    std::vector<Found> const found = readPinned(l, keys, outs, [&](size_t i, Found const& f) {
         if (outs[i].bytes < f.length)
         {
             tooSmall = std::min(tooSmall, i);
-            continue;
+            return;
         }
         uint32_t const crc = crc32cCopy(outs[i].data, arena_->data(l, f.slot), f.length);
         // Checked after the copy, on the bytes copied (their CRC was taken in the same pass): the
@@ -452,8 +462,7 @@ std::vector<bool> Client::getInto(
         SlotHeader const h = arena_->readHeader(l, f.slot);
         ok[i] = crc == f.crc && h.version == f.version && h.length == f.length && h.crc == f.crc && h.region == l.region
             && h.key == keyDigest(keys[i]);
-    }
-    releaseLocked(l, pinned);
+    });
     if (tooSmall < keys.size())
         throw std::invalid_argument("outs[" + std::to_string(tooSmall) + "] has " + std::to_string(outs[tooSmall].bytes)
             + " bytes; the page stored under its key has " + std::to_string(found[tooSmall].length));
@@ -494,25 +503,15 @@ std::vector<uint8_t> Client::putValues(RegionLayout const& l, std::vector<std::s
 std::vector<int64_t> Client::getValues(RegionLayout const& l, std::vector<std::string_view> const& keys,
     std::vector<OutBuffer> const& outs, IdentityHash const& identity)
 {
-    checkLengths(keys.size(), outs.size(), "output buffers");
-    std::lock_guard lock(mutex_);
-    std::vector<Found> const found = getLocked(l, keys);
     std::vector<int64_t> codes(keys.size(), kValueMiss);
-    std::vector<uint32_t> pinned;
-    pinned.reserve(found.size());
-    for (size_t i = 0; i < found.size(); ++i)
-    {
-        Found const& f = found[i];
-        if (f.slot == Found::kMissSlot)
-            continue;
-        pinned.push_back(f.slot);
+    readPinned(l, keys, outs, [&](size_t i, Found const& f) {
         uint8_t const* value = arena_->data(l, f.slot);
         uint32_t payloadCrc = 0;
         int64_t const n = checkValueHeader(value, f.length, keys[i], identity, &payloadCrc);
         if (n < 0 || uint64_t(n) > outs[i].bytes)
         {
             codes[i] = n < 0 ? n : kValueTooSmall;
-            continue;
+            return;
         }
         uint32_t const crc = crc32cCopy(outs[i].data, value + kValueHeaderBytes, size_t(n));
         // The slot still holds what was answered (a pinned slot is never reused: this is the
@@ -521,8 +520,7 @@ std::vector<int64_t> Client::getValues(RegionLayout const& l, std::vector<std::s
         bool const same
             = h.version == f.version && h.length == f.length && h.region == l.region && h.key == keyDigest(keys[i]);
         codes[i] = !same ? kValueMiss : crc != payloadCrc ? kValueCorrupt : n;
-    }
-    releaseLocked(l, pinned);
+    });
     return codes;
 }
 

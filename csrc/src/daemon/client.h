@@ -128,6 +128,11 @@ private:
         uint32_t const* crcs = nullptr);
     void abortLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
     std::vector<uint32_t> leaseLocked(RegionLayout const& r, uint32_t count);
+    /// Checked reads (getInto, getValues): looks the keys up and calls `read(i, found)` for each
+    /// key found, its slot pinned, then releases the pins; returns what the daemon answered.
+    template <class Read>
+    std::vector<Found> readPinned(RegionLayout const& r, std::vector<std::string_view> const& keys,
+        std::vector<OutBuffer> const& outs, Read&& read);
 
     std::string path_;
     double timeoutS_;
