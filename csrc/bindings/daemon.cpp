@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -109,6 +110,28 @@ IdentityHash identityOf(py::bytes const& identity)
         throw py::value_error("identity is " + std::to_string(s.size()) + " bytes; give the 16-byte identity hash");
     std::copy(s.begin(), s.end(), id.begin());
     return id;
+}
+
+/// A remote-tier values call (putValues reads its buffers, getValues writes them): the keys, one
+/// buffer per key (named as field[i] in errors) and the identity hash are converted in that order
+/// with the GIL held; the call runs without it.
+template <class R, class View>
+auto valuesCall(R (Client::*call)(RegionLayout const&, std::vector<std::string_view> const&, std::vector<View> const&,
+                    IdentityHash const&),
+    char const* field)
+{
+    return [call, field](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& bufs,
+               py::bytes const& identity) {
+        Keys const k = keysOf(keys);
+        std::vector<View> views;
+        if constexpr (std::is_same_v<View, OutBuffer>)
+            views = destinationsOf(bufs, field);
+        else
+            views = sourcesOf(bufs, field);
+        IdentityHash const id = identityOf(identity);
+        py::gil_scoped_release nogil;
+        return (c.*call)(r, k.views, views, id);
+    };
 }
 
 template <class T>
@@ -249,28 +272,8 @@ void bindDaemon(py::module_& parent)
                 return c.getInto(r, k.views, dst);
             },
             "region"_a, "keys"_a, "outs"_a)
-        .def(
-            "put_values",
-            [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& payloads,
-                py::bytes const& identity) {
-                Keys const k = keysOf(keys);
-                auto const views = sourcesOf(payloads, "values");
-                IdentityHash const id = identityOf(identity);
-                py::gil_scoped_release nogil;
-                return c.putValues(r, k.views, views, id);
-            },
-            "region"_a, "keys"_a, "payloads"_a, "identity"_a)
-        .def(
-            "get_values",
-            [](Client& c, RegionLayout const& r, py::handle keys, std::vector<py::buffer> const& outs,
-                py::bytes const& identity) {
-                Keys const k = keysOf(keys);
-                auto const dst = destinationsOf(outs, "out_buffers");
-                IdentityHash const id = identityOf(identity);
-                py::gil_scoped_release nogil;
-                return c.getValues(r, k.views, dst, id);
-            },
-            "region"_a, "keys"_a, "outs"_a, "identity"_a)
+        .def("put_values", valuesCall(&Client::putValues, "values"), "region"_a, "keys"_a, "payloads"_a, "identity"_a)
+        .def("get_values", valuesCall(&Client::getValues, "out_buffers"), "region"_a, "keys"_a, "outs"_a, "identity"_a)
         .def(
             "erase",
             [](Client& c, RegionLayout const& r, py::handle keys) {
