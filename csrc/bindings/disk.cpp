@@ -39,6 +39,14 @@ std::pair<void*, size_t> bufferOf(py::buffer const& b, bool writable, char const
     return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
 }
 
+/// The CRC-32C of a buffer by one of the implementations bound below.
+template <uint32_t (*Crc)(void const*, size_t, uint32_t) noexcept>
+uint32_t crcOfBuffer(py::buffer const& b, uint32_t crc)
+{
+    auto [p, n] = bufferOf(b, false, "data");
+    return Crc(p, n, crc);
+}
+
 /// Messages as str; bytes from a damaged file that are not UTF-8 appear as backslash escapes.
 py::list textList(std::vector<std::string> const& messages)
 {
@@ -99,27 +107,16 @@ void bindDisk(py::module_& parent)
         .def_readwrite("count", &FaultRule::count)
         .def_readwrite("delay_us", &FaultRule::delayUs);
 
-    m.def(
-        "crc32c",
-        [](py::buffer b, uint32_t crc) {
-            auto [p, n] = bufferOf(b, false, "data");
-            return crc32cFast(p, n, crc);
-        },
-        py::arg("data"), py::arg("crc") = 0, "CRC-32C, hardware-accelerated where the CPU allows.");
-    m.def(
-        "crc32c_slicing8",
-        [](py::buffer b, uint32_t crc) {
-            auto [p, n] = bufferOf(b, false, "data");
-            return crc32cSlicing8(p, n, crc);
-        },
-        py::arg("data"), py::arg("crc") = 0, "CRC-32C, portable slicing-by-8.");
+    m.def("crc32c", &crcOfBuffer<crc32cFast>, py::arg("data"), py::arg("crc") = 0,
+        "CRC-32C, hardware-accelerated where the CPU allows.");
+    m.def("crc32c_slicing8", &crcOfBuffer<crc32cSlicing8>, py::arg("data"), py::arg("crc") = 0,
+        "CRC-32C, portable slicing-by-8.");
     m.def(
         "crc32c_hardware",
-        [](py::buffer b, uint32_t crc) {
+        [](py::buffer const& b, uint32_t crc) {
             if (!crc32cHardwareAvailable())
                 throw std::runtime_error("this CPU has no SSE4.2 crc32 instruction");
-            auto [p, n] = bufferOf(b, false, "data");
-            return crc32cHardware(p, n, crc);
+            return crcOfBuffer<crc32cHardware>(b, crc);
         },
         py::arg("data"), py::arg("crc") = 0, "CRC-32C with SSE4.2 (raises without it).");
     m.def("crc32c_hardware_available", &crc32cHardwareAvailable);
