@@ -271,6 +271,17 @@ void checkKey(std::string const& key)
 }
 } // namespace
 
+std::unique_lock<std::mutex> DiskRegion::lockToSubmit(char const* readOnlyRefusal)
+{
+    std::unique_lock<std::mutex> lock(mu_);
+    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
+    if (closed_ || stopping_)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    if (readOnlyRefusal != nullptr && cfg_.readOnly)
+        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; " + readOnlyRefusal);
+    return lock;
+}
+
 Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t bytes, uint32_t tag)
 {
     checkKey(key);
@@ -280,12 +291,7 @@ Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t b
         throw std::invalid_argument("page is " + std::to_string(bytes) + " bytes; disk region " + quoted(dir_)
             + " holds pages of exactly slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes"
             + (bytes > cfg_.slotBytes ? " (too large for its slots)" : ""));
-    std::unique_lock<std::mutex> lock(mu_);
-    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
-    if (closed_ || stopping_)
-        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
-    if (cfg_.readOnly)
-        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; writes are refused");
+    std::unique_lock<std::mutex> lock = lockToSubmit("writes are refused");
     Ticket t = newTicketLocked();
     if (failed_)
     {
@@ -350,10 +356,7 @@ Ticket DiskRegion::submitRead(std::string const& key, void* dst, size_t bytes)
     if (bytes < cfg_.slotBytes)
         throw std::invalid_argument("destination is " + std::to_string(bytes) + " bytes; a page of disk region "
             + quoted(dir_) + " needs slot_bytes = " + std::to_string(cfg_.slotBytes) + " bytes");
-    std::unique_lock<std::mutex> lock(mu_);
-    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
-    if (closed_ || stopping_)
-        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
+    std::unique_lock<std::mutex> lock = lockToSubmit(nullptr);
     Ticket t = newTicketLocked();
     ++st_.reads;
     auto it = index_.find(key);
@@ -375,12 +378,7 @@ Ticket DiskRegion::submitRead(std::string const& key, void* dst, size_t bytes)
 Ticket DiskRegion::submitErase(std::string const& key)
 {
     checkKey(key);
-    std::unique_lock<std::mutex> lock(mu_);
-    exclusiveCv_.wait(lock, [&] { return !exclusive_; }); // A resize or defragmentation runs.
-    if (closed_ || stopping_)
-        throw std::runtime_error("disk region " + quoted(dir_) + " is closed");
-    if (cfg_.readOnly)
-        throw std::runtime_error("disk region " + quoted(dir_) + " is open read-only; erase is refused");
+    std::unique_lock<std::mutex> lock = lockToSubmit("erase is refused");
     Ticket t = newTicketLocked();
     auto it = index_.find(key);
     if (it == index_.end())

@@ -397,6 +397,9 @@ private:
     void applyRecord(JournalRecord&& r);
     void freeSlotLocked(uint32_t slot);
     void maybeReleaseLocked(uint32_t slot);
+    /// mu_ for a submission, taken once no resize or defragmentation runs; throws when the region
+    /// is closed and, given `readOnlyRefusal` (the message's end), when it is open read-only.
+    std::unique_lock<std::mutex> lockToSubmit(char const* readOnlyRefusal);
     Ticket newTicketLocked();
     void completeLocked(Ticket t, Status s);
     void enqueueTask(Task t);
