@@ -43,8 +43,11 @@ Format parseFormat(std::string const& name)
     throw py::value_error("format is '" + name + "'; valid values are 'e4m3', 'e5m2'");
 }
 
+template <typename In>
+using Array = py::array_t<In, py::array::c_style | py::array::forcecast>;
+
 template <typename In, typename Out, typename F>
-py::array_t<Out> mapArray(py::array_t<In, py::array::c_style | py::array::forcecast> const& in, F&& f)
+py::array_t<Out> mapArray(Array<In> const& in, F&& f)
 {
     py::array_t<Out> out(in.size());
     In const* src = in.data();
@@ -54,6 +57,21 @@ py::array_t<Out> mapArray(py::array_t<In, py::array::c_style | py::array::forcec
         dst[i] = f(src[i]);
     }
     return out;
+}
+
+/// A scalar conversion of the blob format under the fp8 format named `format`, over an array.
+template <typename In, typename Out, Out (*Convert)(In, Format)>
+py::array_t<Out> convertFp8(Array<In> const& in, std::string const& format)
+{
+    Format const f = parseFormat(format);
+    return mapArray<In, Out>(in, [f](In v) { return Convert(v, f); });
+}
+
+/// A scalar rounding of fp32 to a hot dtype's bits, over an array.
+template <uint16_t (*Round)(float)>
+py::array_t<uint16_t> roundFp32(Array<float> const& x)
+{
+    return mapArray<float, uint16_t>(x, Round);
 }
 
 cpu::Simd parseSimd(std::string const& name)
@@ -199,13 +217,7 @@ PYBIND11_MODULE(_testing, m)
         "codec_factory",
         [] { return py::capsule(const_cast<KvcodecCodecFactory*>(codecFactory()), KVCODEC_FACTORY_CAPSULE_NAME); },
         "PyCapsule carrying this module's copy of the fp8 codec's factory (CPU only; its codecs follow set_cpu_simd).");
-    m.def(
-        "fp32_to_fp8",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> const& x, std::string const& format) {
-            Format const f = parseFormat(format);
-            return mapArray<float, uint8_t>(x, [f](float v) { return fp32ToFp8Sat(v, f); });
-        },
-        py::arg("x"), py::arg("format"),
+    m.def("fp32_to_fp8", &convertFp8<float, uint8_t, fp32ToFp8Sat>, py::arg("x"), py::arg("format"),
         "The CPU reference's fp32 -> fp8 conversion (round to nearest even, saturating).");
     m.def(
         "fp32_to_fp8_cuda_header",
@@ -216,25 +228,12 @@ PYBIND11_MODULE(_testing, m)
         },
         py::arg("x"), py::arg("format"),
         "__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...) as cuda_fp8.h computes it on the host.");
+    m.def("fp8_to_fp32", &convertFp8<uint8_t, float, fp8ToFp32>, py::arg("codes"), py::arg("format"),
+        "Exact fp32 value of fp8 codes.");
     m.def(
-        "fp8_to_fp32",
-        [](py::array_t<uint8_t, py::array::c_style | py::array::forcecast> const& c, std::string const& format) {
-            Format const f = parseFormat(format);
-            return mapArray<uint8_t, float>(c, [f](uint8_t v) { return fp8ToFp32(v, f); });
-        },
-        py::arg("codes"), py::arg("format"), "Exact fp32 value of fp8 codes.");
+        "fp32_to_bf16", &roundFp32<fp32ToBf16>, "fp32 -> bf16 bits, round to nearest even (decode's output rounding).");
     m.def(
-        "fp32_to_bf16",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> const& x) {
-            return mapArray<float, uint16_t>(x, [](float v) { return fp32ToBf16(v); });
-        },
-        "fp32 -> bf16 bits, round to nearest even (decode's output rounding).");
-    m.def(
-        "fp32_to_fp16",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> const& x) {
-            return mapArray<float, uint16_t>(x, [](float v) { return fp32ToFp16(v); });
-        },
-        "fp32 -> fp16 bits, round to nearest even (decode's output rounding).");
+        "fp32_to_fp16", &roundFp32<fp32ToFp16>, "fp32 -> fp16 bits, round to nearest even (decode's output rounding).");
     m.def(
         "block_scale",
         [](float amax, std::string const& format) {
