@@ -112,70 +112,44 @@ KVFP8_CPU_INLINE uint16_t fp32ToFp16Select(float x)
 // integers they order like the values), the magnitude of infinity (at or above: non-finite),
 // and the conversions from and to fp32.
 
-struct HotBf16
+template <class B, uint32_t AbsMask, uint32_t Inf, uint32_t SignShift, float (*Magnitude)(uint32_t), B (*Round)(float),
+    B (*Nan)(uint32_t)>
+struct HotDtype
 {
-    using Bits = uint16_t;
-    static constexpr uint32_t kAbsMask = 0x7FFFu;
-    static constexpr uint32_t kInf = 0x7F80u;
-    static constexpr uint32_t kSignShift = 8; ///< Moves the sign bit to 0x80.
+    using Bits = B;
+    static constexpr uint32_t kAbsMask = AbsMask;
+    static constexpr uint32_t kInf = Inf;
+    static constexpr uint32_t kSignShift = SignShift; ///< Moves the sign bit to 0x80.
 
     static KVFP8_CPU_INLINE float magnitude(uint32_t a)
     {
-        return bitsFloat(a << 16);
+        return Magnitude(a);
     }
     static KVFP8_CPU_INLINE Bits round(float y)
     {
-        return fp32ToBf16(y);
+        return Round(y);
     }
     static KVFP8_CPU_INLINE Bits nan(uint32_t negative)
     {
-        return bf16Nan(negative);
+        return Nan(negative);
     }
 };
 
-struct HotFp16
+KVFP8_CPU_INLINE float bf16Magnitude(uint32_t a)
 {
-    using Bits = uint16_t;
-    static constexpr uint32_t kAbsMask = 0x7FFFu;
-    static constexpr uint32_t kInf = 0x7C00u;
-    static constexpr uint32_t kSignShift = 8;
+    return bitsFloat(a << 16);
+}
 
-    /// fp16ToFp32 of a finite magnitude: moved into fp32's bit positions it is the value times
-    /// 2^-112 (an fp32 subnormal for fp16 subnormals), so one exact multiplication gives it.
-    static KVFP8_CPU_INLINE float magnitude(uint32_t a)
-    {
-        return bitsFloat(a << 13) * bitsFloat((127u + 112u) << 23);
-    }
-    static KVFP8_CPU_INLINE Bits round(float y)
-    {
-        return fp32ToFp16Select(y);
-    }
-    static KVFP8_CPU_INLINE Bits nan(uint32_t negative)
-    {
-        return fp16Nan(negative);
-    }
-};
-
-struct HotFp32
+/// fp16ToFp32 of a finite magnitude: moved into fp32's bit positions it is the value times
+/// 2^-112 (an fp32 subnormal for fp16 subnormals), so one exact multiplication gives it.
+KVFP8_CPU_INLINE float fp16Magnitude(uint32_t a)
 {
-    using Bits = uint32_t;
-    static constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
-    static constexpr uint32_t kInf = 0x7F800000u;
-    static constexpr uint32_t kSignShift = 24;
+    return bitsFloat(a << 13) * bitsFloat((127u + 112u) << 23);
+}
 
-    static KVFP8_CPU_INLINE float magnitude(uint32_t a)
-    {
-        return bitsFloat(a);
-    }
-    static KVFP8_CPU_INLINE Bits round(float y)
-    {
-        return floatBits(y);
-    }
-    static KVFP8_CPU_INLINE Bits nan(uint32_t negative)
-    {
-        return fp32Nan(negative);
-    }
-};
+using HotBf16 = HotDtype<uint16_t, 0x7FFFu, 0x7F80u, 8, bf16Magnitude, fp32ToBf16, bf16Nan>;
+using HotFp16 = HotDtype<uint16_t, 0x7FFFu, 0x7C00u, 8, fp16Magnitude, fp32ToFp16Select, fp16Nan>;
+using HotFp32 = HotDtype<uint32_t, 0x7FFFFFFFu, 0x7F800000u, 24, bitsFloat, floatBits, fp32Nan>;
 
 template <class H>
 KVFP8_CPU_INLINE typename H::Bits loadHot(char const* p, uint64_t i)
