@@ -430,6 +430,7 @@ private:
     bool copyHotToHot(Transfer& t);
     bool encodeToAddressable(Transfer& t);
     bool decodeFromAddressable(Transfer& t);
+    bool transcodeAddressable(Transfer& t, bool encode);
     bool copyAddressable(Transfer& t);
     bool encodeToStaged(Transfer& t);
     // encodeToStaged's stage when the ring is held by jobs in flight: free host-tier slots of the

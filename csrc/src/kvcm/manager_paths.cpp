@@ -235,18 +235,25 @@ bool KvCacheManager::copyHotToHot(Transfer& t)
     return storage_->copyHot(t.key.srcGroup, detail::scratch().pairs.data(), t.count, t.stream, t.error);
 }
 
-bool KvCacheManager::encodeToAddressable(Transfer& t)
+// Hot <-> an addressable cold level: the codec reads or writes the cold slots in place (the
+// destination's when encoding, the source's when decoding).
+bool KvCacheManager::transcodeAddressable(Transfer& t, bool encode)
 {
     waitForSlots(t);
-    ColdLevel* cold = storage_->coldLevel(t.key.dst);
-    std::byte* coldBase = cold->accessibleBase(t.key.dstGroup);
+    ColdLevel* cold = storage_->coldLevel(encode ? t.key.dst : t.key.src);
+    std::byte* coldBase = cold->accessibleBase(encode ? t.key.dstGroup : t.key.srcGroup);
     if (coldBase == nullptr)
     {
         t.error = std::string("the ") + levelName(cold->level()) + " level is not GPU-accessible; the codec cannot "
             + "address it without a staging hop";
         return false;
     }
-    return transcode(t, true, coldBase, detail::scratch().pairs.data(), t.status);
+    return transcode(t, encode, coldBase, detail::scratch().pairs.data(), t.status);
+}
+
+bool KvCacheManager::encodeToAddressable(Transfer& t)
+{
+    return transcodeAddressable(t, true);
 }
 
 // Without a checked decode, a declared envelope is checked on the host before decoding: a blob
@@ -293,16 +300,7 @@ bool KvCacheManager::decodeFromAddressable(Transfer& t)
     {
         return true; // Every page was dropped.
     }
-    waitForSlots(t);
-    ColdLevel* cold = storage_->coldLevel(t.key.src);
-    std::byte* coldBase = cold->accessibleBase(t.key.srcGroup);
-    if (coldBase == nullptr)
-    {
-        t.error = std::string("the ") + levelName(cold->level()) + " level is not GPU-accessible; the codec cannot "
-            + "address it without a staging hop";
-        return false;
-    }
-    return transcode(t, false, coldBase, detail::scratch().pairs.data(), t.status);
+    return transcodeAddressable(t, false);
 }
 
 bool KvCacheManager::copyAddressable(Transfer& t)
