@@ -447,6 +447,8 @@ private:
     void harvestGpuTimes() const noexcept;
     void commit(Transfer& t, uint64_t calls, EventPtr const& finish);
     void fillJob(Transfer& t, Job& job);
+    template <class SlotOf>
+    bool queueJob(Transfer& t, std::unique_ptr<Job> job, std::byte* base, uint64_t pageBytes, SlotOf const& slotOf);
     void commitPages(Job& job, size_t count, EventPtr const& finish);
 
     // --- manager_async.cpp: staged transfers on the I/O thread --------------------------------

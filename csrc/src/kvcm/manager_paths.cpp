@@ -359,6 +359,22 @@ void KvCacheManager::useSlice(Job& job, StagingBuffer lease)
     job.lease = std::move(lease);
 }
 
+// Queues a staged job whose blob i lies at base + slotOf(i) * pageBytes (the sources of a
+// write, the destinations of a read); its pages are in flight until it commits.
+template <class SlotOf>
+bool KvCacheManager::queueJob(
+    Transfer& t, std::unique_ptr<Job> job, std::byte* base, uint64_t pageBytes, SlotOf const& slotOf)
+{
+    job->blobs.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        job->blobs[i] = base + uint64_t(slotOf(i)) * pageBytes;
+    }
+    fillJob(t, *job);
+    enqueue(std::move(job));
+    return true;
+}
+
 // Staged -> addressable: a job reads the blobs straight into the destination slots; the
 // destination slots' earlier transfers are host-waited for by the I/O thread (the host writes them).
 bool KvCacheManager::readToAddressable(Transfer& t)
@@ -366,7 +382,6 @@ bool KvCacheManager::readToAddressable(Transfer& t)
     uint64_t const pageBytes = storage_->pageBytes(t.key.src, t.key.srcGroup);
     std::byte* base = storage_->coldLevel(t.key.dst)->accessibleBase(t.key.dstGroup);
     auto job = std::make_unique<Job>();
-    job->blobs.resize(t.count);
     job->srcSlots.resize(t.count);
     job->status.assign(t.count, BlobStatus::kFailed);
     runtime::Event* last = nullptr;
@@ -377,12 +392,10 @@ bool KvCacheManager::readToAddressable(Transfer& t)
             job->waits.push_back(e);
             last = e.get();
         }
-        job->blobs[i] = base + uint64_t(t.dstSlots[i]) * pageBytes;
         job->srcSlots[i] = pages_[t.pages[i]].slot;
     }
-    fillJob(t, *job);
-    enqueue(std::move(job));
-    return true;
+    int32_t const* dstSlots = t.dstSlots;
+    return queueJob(t, std::move(job), base, pageBytes, [dstSlots](size_t i) { return dstSlots[i]; });
 }
 
 bool KvCacheManager::encodeToStaged(Transfer& t)
@@ -420,16 +433,10 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
         return false;
     }
     std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
-    job->blobs.resize(t.count);
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        job->blobs[i] = t.lease->data() + i * pageBytes;
-    }
+    std::byte* const slice = t.lease->data();
     job->lease = std::move(t.lease);
     t.lease.reset();
-    fillJob(t, *job);
-    enqueue(std::move(job));
-    return true;
+    return queueJob(t, std::move(job), slice, pageBytes, [](size_t i) { return i; });
 }
 
 bool KvCacheManager::encodeToHostSlots(Transfer& t)
@@ -474,14 +481,8 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
     std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
     job->hostGroup = g;
     job->hostSlots = std::move(slots);
-    job->blobs.resize(t.count);
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        job->blobs[i] = base + uint64_t(job->hostSlots[i]) * pageBytes;
-    }
-    fillJob(t, *job);
-    enqueue(std::move(job));
-    return true;
+    int32_t const* hostSlots = job->hostSlots.data();
+    return queueJob(t, std::move(job), base, pageBytes, [hostSlots](size_t i) { return hostSlots[i]; });
 }
 
 bool KvCacheManager::writeToStaged(Transfer& t)
@@ -499,14 +500,7 @@ bool KvCacheManager::writeToStaged(Transfer& t)
     }
     std::unique_ptr<Job> job = writeJob(t, 0);
     uint64_t const stride = src->pageBytes(t.key.srcGroup);
-    job->blobs.resize(t.count);
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        job->blobs[i] = base + uint64_t(s.pairs[i].src) * stride;
-    }
-    fillJob(t, *job);
-    enqueue(std::move(job));
-    return true;
+    return queueJob(t, std::move(job), base, stride, [&s](size_t i) { return s.pairs[i].src; });
 }
 
 // Staged -> hot, once the blobs are read: the stream waits for the destination slots' earlier
