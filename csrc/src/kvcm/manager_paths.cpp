@@ -659,32 +659,21 @@ void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
     uint64_t const dstPageBytes = storage_->pageBytes(key.dst, key.dstGroup);
     auto& srcStats = stats_[size_t(key.src)][size_t(key.srcGroup)];
     auto& dstStats = stats_[size_t(key.dst)][size_t(key.dstGroup)];
-    if (fromHot && !toHot)
+    if (fromHot != toHot)
     {
-        uint64_t const hotBytes = storage_->pageBytes(key.src, key.srcGroup);
+        // A codec transfer: an encode (offload, hot -> cold) or a decode (onboard, cold -> hot).
+        uint64_t const srcPageBytes = storage_->pageBytes(key.src, key.srcGroup);
+        uint64_t const coldBytes = fromHot ? dstPageBytes : srcPageBytes;
+        uint64_t const hotBytes = fromHot ? srcPageBytes : dstPageBytes;
         for (auto* st : {&srcStats, &dstStats})
         {
-            st->pagesOffloaded += count;
-            st->bytesOffloaded += count * dstPageBytes;
-            st->hotBytesOffloaded += count * hotBytes;
+            (fromHot ? st->pagesOffloaded : st->pagesOnboarded) += count;
+            (fromHot ? st->bytesOffloaded : st->bytesOnboarded) += count * coldBytes;
+            (fromHot ? st->hotBytesOffloaded : st->hotBytesOnboarded) += count * hotBytes;
             st->codecCalls += calls;
             st->codecSeconds += t.seconds;
-            st->encodeCalls += calls;
-            st->encodeSeconds += t.seconds;
-        }
-    }
-    else if (!fromHot && toHot)
-    {
-        uint64_t const coldBytes = storage_->pageBytes(key.src, key.srcGroup);
-        for (auto* st : {&srcStats, &dstStats})
-        {
-            st->pagesOnboarded += count;
-            st->bytesOnboarded += count * coldBytes;
-            st->hotBytesOnboarded += count * dstPageBytes;
-            st->codecCalls += calls;
-            st->codecSeconds += t.seconds;
-            st->decodeCalls += calls;
-            st->decodeSeconds += t.seconds;
+            (fromHot ? st->encodeCalls : st->decodeCalls) += calls;
+            (fromHot ? st->encodeSeconds : st->decodeSeconds) += t.seconds;
         }
     }
     else
