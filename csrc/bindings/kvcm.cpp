@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -108,6 +109,67 @@ private:
 std::optional<CacheLevel> optionalLevel(std::optional<int32_t> level)
 {
     return level ? std::optional<CacheLevel>(CacheLevel(*level)) : std::nullopt;
+}
+
+using PageIds = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+/// A manager method bound as it is (arguments `A...` from Python), called under PyGuard; `what`
+/// names the call in its errors.
+template <class... A, class Method>
+auto guarded(char const* what, Method method)
+{
+    return [what, method](kvcm::KvCacheManager& m, A... a) {
+        PyGuard guard(m, what);
+        return std::invoke(method, m, a...);
+    };
+}
+
+/// A manager method without arguments that may wait (for transfers or the remote worker):
+/// called under PyGuard and without the GIL.
+template <class Method>
+auto guardedWithoutGil(char const* what, Method method)
+{
+    return [what, method](kvcm::KvCacheManager& m) {
+        PyGuard guard(m, what);
+        py::gil_scoped_release release;
+        return std::invoke(method, m);
+    };
+}
+
+/// What a ring of the manager is now, described by `describe`; nullopt (None) without one.
+template <class Ring, class Describe>
+auto describeRing(Ring const* ring, Describe describe) -> std::optional<decltype(describe(*ring))>
+{
+    if (ring == nullptr)
+    {
+        return std::nullopt;
+    }
+    return describe(*ring);
+}
+
+/// A manager method on an array of page ids (then `A...`), called under PyGuard.
+template <class... A, class Method>
+auto onPages(char const* what, Method method)
+{
+    return [what, method](kvcm::KvCacheManager& m, PageIds const& ids, A... a) {
+        PyGuard guard(m, what);
+        auto [p, n] = pageIds(ids);
+        return std::invoke(method, m, p, n, a...);
+    };
+}
+
+/// migrate and submit: page ids to a level on a stream, from `required_source` only when given;
+/// called under PyGuard and without the GIL.
+template <class Method>
+auto migration(char const* what, Method method)
+{
+    return [what, method](kvcm::KvCacheManager& m, PageIds const& ids, int32_t level, uintptr_t stream,
+               std::optional<int32_t> requiredSource) {
+        PyGuard guard(m, what);
+        auto [p, n] = pageIds(ids);
+        py::gil_scoped_release release;
+        return std::invoke(method, m, p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
+    };
 }
 
 // Deletes a manager from Python's deallocation (GIL held): its transfers in flight are waited
@@ -247,31 +309,10 @@ void bindKvcm(py::module_& m)
                 py::gil_scoped_release release; // May wait for a staged transfer (remote worker).
                 m.free(p, n);
             })
-        .def(
-            "migrate",
-            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
-                int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
-                PyGuard guard(m, "migrate");
-                auto [p, n] = pageIds(ids);
-                kvcm::MigrationResult r;
-                {
-                    py::gil_scoped_release release;
-                    r = m.migrate(p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
-                }
-                return r;
-            },
-            py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none())
-        .def(
-            "submit",
-            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
-                int32_t level, uintptr_t stream, std::optional<int32_t> requiredSource) {
-                PyGuard guard(m, "submit");
-                auto [p, n] = pageIds(ids);
-                py::gil_scoped_release release;
-                return m.submit(p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
-            },
-            py::arg("pages"), py::arg("level"), py::arg("stream"), py::arg("required_source").none(true) = py::none(),
-            py::keep_alive<0, 1>())
+        .def("migrate", migration("migrate", &kvcm::KvCacheManager::migrate), py::arg("pages"), py::arg("level"),
+            py::arg("stream"), py::arg("required_source").none(true) = py::none())
+        .def("submit", migration("submit", &kvcm::KvCacheManager::submit), py::arg("pages"), py::arg("level"),
+            py::arg("stream"), py::arg("required_source").none(true) = py::none(), py::keep_alive<0, 1>())
         .def(
             "prefetch",
             [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
@@ -282,26 +323,10 @@ void bindKvcm(py::module_& m)
                 return m.prefetch(p, n, maxBytes);
             },
             py::arg("pages"), py::arg("max_bytes"), py::keep_alive<0, 1>())
-        .def("prefetch_stats",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "prefetch_stats");
-                return m.prefetchStats();
-            })
-        .def("in_flight_transfers",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "in_flight_transfers");
-                return m.inFlightTransfers();
-            })
-        .def("info",
-            [](kvcm::KvCacheManager& m, uint64_t id) {
-                PyGuard guard(m, "info");
-                return m.info(id);
-            })
-        .def("is_live",
-            [](kvcm::KvCacheManager& m, uint64_t id) {
-                PyGuard guard(m, "is_live");
-                return m.isLive(id);
-            })
+        .def("prefetch_stats", guarded("prefetch_stats", &kvcm::KvCacheManager::prefetchStats))
+        .def("in_flight_transfers", guarded("in_flight_transfers", &kvcm::KvCacheManager::inFlightTransfers))
+        .def("info", guarded<uint64_t>("info", &kvcm::KvCacheManager::info))
+        .def("is_live", guarded<uint64_t>("is_live", &kvcm::KvCacheManager::isLive))
         .def("num_lifecycles", [](kvcm::KvCacheManager& m) { return m.storage().numLifeCycles(); })
         .def("has_level", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().hasLevel(CacheLevel(l)); })
         .def("mapping", [](kvcm::KvCacheManager& m, int32_t l) { return m.storage().mapping(levelArg(l)); })
@@ -373,36 +398,11 @@ void bindKvcm(py::module_& m)
                 }
                 return out;
             })
-        .def("set_codec_gpu_timing",
-            [](kvcm::KvCacheManager& m, bool on) {
-                PyGuard guard(m, "set_codec_gpu_timing");
-                return m.setCodecGpuTiming(on);
-            })
-        .def("touch",
-            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids) {
-                PyGuard guard(m, "touch");
-                auto [p, n] = pageIds(ids);
-                m.touch(p, n);
-            })
-        .def("pin",
-            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
-                bool pinned) {
-                PyGuard guard(m, "pin");
-                auto [p, n] = pageIds(ids);
-                m.pin(p, n, pinned);
-            })
-        .def("set_priority",
-            [](kvcm::KvCacheManager& m, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids,
-                int32_t priority) {
-                PyGuard guard(m, "set_priority");
-                auto [p, n] = pageIds(ids);
-                m.setPriority(p, n, priority);
-            })
-        .def("pins",
-            [](kvcm::KvCacheManager& m, uint64_t id) {
-                PyGuard guard(m, "pins");
-                return m.pins(id);
-            })
+        .def("set_codec_gpu_timing", guarded<bool>("set_codec_gpu_timing", &kvcm::KvCacheManager::setCodecGpuTiming))
+        .def("touch", onPages("touch", &kvcm::KvCacheManager::touch))
+        .def("pin", onPages<bool>("pin", &kvcm::KvCacheManager::pin))
+        .def("set_priority", onPages<int32_t>("set_priority", &kvcm::KvCacheManager::setPriority))
+        .def("pins", guarded<uint64_t>("pins", &kvcm::KvCacheManager::pins))
         .def("peak",
             [](kvcm::KvCacheManager& m, int32_t l, int32_t g) {
                 PyGuard guard(m, "peak");
@@ -523,28 +523,16 @@ void bindKvcm(py::module_& m)
                     }
                 });
             })
-        .def("remove_observer",
-            [](kvcm::KvCacheManager& m, int64_t id) {
-                PyGuard guard(m, "remove_observer");
-                return m.removeObserver(id);
-            })
+        .def("remove_observer", guarded<int64_t>("remove_observer", &kvcm::KvCacheManager::removeObserver))
         .def("index_ring",
-            [](kvcm::KvCacheManager& m) -> std::optional<IndexRingInfo> {
-                PyGuard guard(m, "index_ring");
-                auto const* ring = m.storage().indexRing();
-                if (ring == nullptr)
-                {
-                    return std::nullopt;
-                }
-                return IndexRingInfo{
-                    ring->capacity(), reinterpret_cast<uintptr_t>(ring->base()), ring->cursor(), ring->liveLeases()};
-            })
-        .def("synchronize",
             [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "synchronize");
-                py::gil_scoped_release release;
-                m.synchronize();
+                PyGuard guard(m, "index_ring");
+                return describeRing(m.storage().indexRing(), [](auto const& ring) {
+                    return IndexRingInfo{
+                        ring.capacity(), reinterpret_cast<uintptr_t>(ring.base()), ring.cursor(), ring.liveLeases()};
+                });
             })
+        .def("synchronize", guardedWithoutGil("synchronize", &kvcm::KvCacheManager::synchronize))
         .def("set_key",
             [](kvcm::KvCacheManager& m, uint64_t id, py::bytes key) {
                 PyGuard guard(m, "set_key");
@@ -566,24 +554,14 @@ void bindKvcm(py::module_& m)
                 return out;
             })
         .def("forget_unclaimed_on_disk",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "forget_unclaimed_on_disk");
-                return m.forgetUnclaimedOnDisk();
-            })
-        .def("unclaimed_on_disk",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "unclaimed_on_disk");
-                return m.unclaimedOnDisk();
-            })
+            guarded("forget_unclaimed_on_disk", &kvcm::KvCacheManager::forgetUnclaimedOnDisk))
+        .def("unclaimed_on_disk", guarded("unclaimed_on_disk", &kvcm::KvCacheManager::unclaimedOnDisk))
         .def("page_ring",
-            [](kvcm::KvCacheManager& m) -> std::optional<PageRingInfo> {
+            [](kvcm::KvCacheManager& m) {
                 PyGuard guard(m, "page_ring");
-                auto const* ring = m.storage().pageRing();
-                if (ring == nullptr)
-                {
-                    return std::nullopt;
-                }
-                return PageRingInfo{ring->capacity(), int32_t(ring->kind()), ring->liveLeases()};
+                return describeRing(m.storage().pageRing(), [](auto const& ring) {
+                    return PageRingInfo{ring.capacity(), int32_t(ring.kind()), ring.liveLeases()};
+                });
             })
         .def("disk_region_stats",
             [](kvcm::KvCacheManager& m, int32_t g) {
@@ -605,18 +583,9 @@ void bindKvcm(py::module_& m)
                     "created"_a = rec.created, "invalidated"_a = rec.invalidated, "warnings"_a = rec.warnings);
                 return d;
             })
-        .def("close_disk",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "close_disk");
-                py::gil_scoped_release release;
-                m.closeDisk();
-            })
-        .def("close_tiers",
-            [](kvcm::KvCacheManager& m) {
-                PyGuard guard(m, "close");
-                py::gil_scoped_release release; // The remote worker finishes its jobs meanwhile.
-                m.closeTiers();
-            })
+        .def("close_disk", guardedWithoutGil("close_disk", &kvcm::KvCacheManager::closeDisk))
+        // Without the GIL, the remote worker finishes its jobs meanwhile.
+        .def("close_tiers", guardedWithoutGil("close", &kvcm::KvCacheManager::closeTiers))
         .def("remote_offers", &kvcm::KvCacheManager::remoteOffers,
             "Remote offers neither claimed nor withdrawn (0 between find_remote calls).")
         .def(
