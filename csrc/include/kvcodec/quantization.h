@@ -12,19 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "kvcodec/crc32c.h" // KVCODEC_HD, KVCODEC_FORCEINLINE
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
-
-#if defined(__CUDACC__)
-#define KVCODEC_HD __host__ __device__ __forceinline__
-#else
-#define KVCODEC_HD inline
-#endif
 
 namespace kvcodec {
 
 /// The bits of an fp32 value.
-KVCODEC_HD uint32_t floatBits(float f)
+KVCODEC_HD KVCODEC_FORCEINLINE uint32_t floatBits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof(u));
@@ -32,7 +27,7 @@ KVCODEC_HD uint32_t floatBits(float f)
 }
 
 /// The fp32 value of `u`'s bits.
-KVCODEC_HD float bitsFloat(uint32_t u)
+KVCODEC_HD KVCODEC_FORCEINLINE float bitsFloat(uint32_t u)
 {
     float f;
     memcpy(&f, &u, sizeof(f));
