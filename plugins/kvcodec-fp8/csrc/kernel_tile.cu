@@ -23,27 +23,6 @@ namespace {
 // Chunks of 16 code pieces a decoding thread loads before its first store.
 constexpr int kTileDecodeBatch = 4;
 
-// 16 bytes global -> shared without passing through registers (sm_80 and later), so a thread
-// keeps many loads in flight; completed by copyAsyncWait.
-__device__ __forceinline__ void copyAsync16(void* dst, void const* src)
-{
-#if __CUDA_ARCH__ >= 800
-    uint32_t const d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    uint64_t g;
-    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(src));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(g) : "memory");
-#else
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<uint4 const*>(src);
-#endif
-}
-
-__device__ __forceinline__ void copyAsyncWait()
-{
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // Largest power of two (<= 32) dividing n: groups of that many consecutive lanes, starting at a
 // multiple of 32, never straddle a multiple of n.
 __device__ __forceinline__ uint32_t alignedLanes(uint32_t n)
@@ -107,14 +86,14 @@ __device__ void encodeTileCta(BufferPlan const& b, char const* hot, char* cold, 
     for (uint32_t q = tid; q < chunks; q += kThreads)
     {
         uint32_t const row = q / segChunks;
-        copyAsync16(smem + 16ull * q, src + (uint64_t(row) * b.rowStride) * E + 16ull * (q - row * segChunks));
+        kvcodec::copyAsync16(smem + 16ull * q, src + (uint64_t(row) * b.rowStride) * E + 16ull * (q - row * segChunks));
     }
     for (uint32_t j = tid; j < nb; j += kThreads)
     {
         amax[j] = 0;
         flag[j] = 0;
     }
-    copyAsyncWait();
+    kvcodec::copyAsyncWaitAll();
     __syncthreads();
 
     // Block amax, block by block (q runs over each block's chunks in turn) so that aligned
