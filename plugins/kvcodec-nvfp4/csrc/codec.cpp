@@ -57,6 +57,15 @@ private:
             {
                 return false;
             }
+            if (!isCpu() && plan.staged.hotBytes > 0)
+            {
+                plan.staged.stages = stagedStages();
+                if (!cudaCheck(stagedOccupancy(plan.staged.sharedBytes(), plan.stagedBlocksPerSm),
+                        "sizing the nvfp4 staged encoder"))
+                {
+                    return false;
+                }
+            }
             plans_[lc.id] = std::move(plan);
         }
         return isCpu() || cudaCheck(preloadKernel(), "loading the nvfp4 kernel");
@@ -98,6 +107,8 @@ private:
         args.numPairs = call.numPages;
         args.blob = call.coldBase;
         args.pairs = call.pages;
+        args.staged = plan.staged;
+        args.stagedBlocksPerSm = plan.stagedBlocksPerSm;
         return cudaCheck(launchKernel(args, numSms_, call.stream), "nvfp4 kernel launch");
     }
 

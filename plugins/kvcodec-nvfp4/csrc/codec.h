@@ -47,6 +47,21 @@ inline constexpr uint64_t kCopyChunkBytes = 8192;
 /// The most fp32 scales per page a quantized buffer may have for the kernel's whole-buffer path.
 inline constexpr uint32_t kMaxWholeBufferGroups = 256;
 
+/// The largest whole buffer the kernel's staged path takes (its hot bytes, staged twice in
+/// shared memory): larger whole buffers take the register path (kernel.cu).
+inline constexpr uint64_t kMaxStagedBytes = 64 * 1024;
+
+/// Division of a 31-bit numerator by a fixed divisor d, as one multiply-high and a shift: mul =
+/// ceil(2^(32 + shift) / d) with shift = floor(log2 d), or mul 0 and a plain shift when d is a
+/// power of two. Exact for numerators below 2^31 (the kernel's block indices; plan.cpp).
+struct FastDiv
+{
+    uint32_t mul = 0;
+    uint32_t shift = 0;
+};
+
+FastDiv fastDiv(uint32_t d);
+
 enum class Granularity : uint32_t
 {
     kPageHead = 0, ///< One fp32 scale per head of the page.
@@ -73,6 +88,9 @@ struct BufferPlan
     uint32_t rowCodeBytes; ///< ceil(headDim / 2).
     uint32_t groups;       ///< fp32 scales per page: heads (page_head) or 1 (page).
     uint32_t wholeBuffer;  ///< Quantized: 1 when one work item takes the whole buffer (see plan.cpp).
+    uint32_t staged;       ///< Whole buffers of at most kMaxStagedBytes: the staged path's.
+    FastDiv rowDiv;        ///< Division by blocksPerRow.
+    FastDiv headDiv;       ///< Division by heads.
     uintptr_t poolBase;
     uint64_t slotBytes;
     uint64_t hotOffset;  ///< Byte offset of the buffer in a slot.
@@ -87,12 +105,28 @@ struct BufferPlan
     uint64_t blocksPerGroup; ///< Quantized: blocks under one fp32 scale.
 };
 
+/// Dynamic shared memory of the staged encoder for one lifecycle (zero sizes: the register
+/// path): two stages of hot bytes and the blob regions being built.
+struct StagedShape
+{
+    uint32_t hotBytes = 0;    ///< The largest staged buffer's hot bytes.
+    uint32_t regionBytes = 0; ///< The largest staged buffer's blob regions.
+    uint32_t stages = 2;      ///< Hot buffers held at once (kernel.cu's kStages).
+
+    uint32_t sharedBytes() const
+    {
+        return stages * hotBytes + regionBytes;
+    }
+};
+
 /// The plan of one lifecycle: its buffers and the blob size.
 struct LifeCyclePlan
 {
     std::vector<BufferPlan> buffers;
     uint64_t coldPageBytes = 0;
     uint64_t itemsPerPage = 0;
+    StagedShape staged;        ///< Set when every whole buffer is staged (else all zero).
+    int stagedBlocksPerSm = 0; ///< Resident thread blocks of the staged encoder (0: not used).
 };
 
 /// True when the codec quantizes `b` under `p` (see the blob format above).
@@ -120,16 +154,26 @@ struct KernelArgs
     uint32_t numBuffers;
     uint32_t encode;
     uint64_t itemsPerPage;
+    FastDiv itemsDiv; ///< Division by itemsPerPage (launchKernel sets it).
     uint64_t coldPageBytes;
     uint64_t numHotSlots;
     uint64_t numPairs;
     uintptr_t blob;
     kvcodec::PageIndexPair const* pairs; ///< Device page indices.
+    StagedShape staged;                  ///< Encoding: the staged encoder's shared memory.
+    int stagedBlocksPerSm;               ///< Encoding with the staged encoder: its thread blocks per multiprocessor.
 };
 
 /// Loads the kernel now (at configure): with lazy module loading a first launch can wait for
 /// work already queued on the device, and encode/decode must never wait.
 cudaError_t preloadKernel() noexcept;
+
+/// The staged encoder's stages (kernel.cu).
+uint32_t stagedStages() noexcept;
+
+/// Readies the staged encoder for `sharedBytes` of dynamic shared memory and returns how many of
+/// its thread blocks a multiprocessor holds (0: it does not fit).
+cudaError_t stagedOccupancy(uint32_t sharedBytes, int& blocksPerSm) noexcept;
 
 /// Enqueues one launch on `stream` covering every (page, work item) of `args`.
 cudaError_t launchKernel(KernelArgs const& args, int numSms, cudaStream_t stream) noexcept;

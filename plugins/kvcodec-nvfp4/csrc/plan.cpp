@@ -54,6 +54,20 @@ float rawAmax(uint8_t const* hot, uint64_t first, uint64_t n, bool bf16)
 
 } // namespace
 
+FastDiv fastDiv(uint32_t d)
+{
+    FastDiv f;
+    while ((uint64_t(2) << f.shift) <= d)
+    {
+        ++f.shift; // floor(log2 d)
+    }
+    if ((d & (d - 1)) != 0)
+    {
+        f.mul = uint32_t(((uint64_t(1) << (32 + f.shift)) + d - 1) / d);
+    }
+    return f;
+}
+
 bool quantizes(kvcodec::BufferDesc const& b, Params const& p)
 {
     bool const half = b.dtype == kvcodec::DataType::kBFloat16 || b.dtype == kvcodec::DataType::kFloat16;
@@ -108,6 +122,9 @@ std::string planLifeCycle(
             plan.wholeBuffer
                 = plan.headDim % kBlockElems == 0 && aligned && small && plan.groups <= kMaxWholeBufferGroups ? 1 : 0;
             plan.items = plan.wholeBuffer ? 1 : plan.groups;
+            plan.staged = plan.wholeBuffer && plan.bytes <= kMaxStagedBytes ? 1 : 0;
+            plan.rowDiv = fastDiv(plan.blocksPerRow);
+            plan.headDiv = fastDiv(plan.heads);
         }
         else
         {
@@ -120,6 +137,22 @@ std::string planLifeCycle(
         out.buffers.push_back(plan);
     }
     out.coldPageBytes = off;
+    // The staged kernels take the lifecycle when every whole buffer fits their stages.
+    bool staged = true;
+    StagedShape shape;
+    for (auto const& b : out.buffers)
+    {
+        if (b.wholeBuffer)
+        {
+            staged = staged && b.staged;
+            shape.hotBytes = std::max(shape.hotBytes, uint32_t(b.bytes));
+            shape.regionBytes = std::max(shape.regionBytes, uint32_t(b.regionEnd - b.dataOffset));
+        }
+    }
+    if (staged)
+    {
+        out.staged = shape;
+    }
     return {};
 }
 
