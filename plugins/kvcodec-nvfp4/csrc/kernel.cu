@@ -300,7 +300,7 @@ __device__ __forceinline__ bool stageItem(KernelArgs const& a, uint64_t item, ui
 #define NVFP4_STAGES 2
 #endif
 #ifndef NVFP4_STAGED_THREADS
-#define NVFP4_STAGED_THREADS 384
+#define NVFP4_STAGED_THREADS 256
 #endif
 constexpr uint32_t kStages = NVFP4_STAGES;
 constexpr int kStagedThreads = NVFP4_STAGED_THREADS; ///< Fewer than kThreads: registers for the packed encoder.
