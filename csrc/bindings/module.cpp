@@ -25,6 +25,7 @@ void bindKvcm(py::module_& m);               // bindings/kvcm.cpp
 void bindDisk(py::module_& m);               // bindings/disk.cpp
 void bindLog(py::module_& m);                // bindings/log.cpp
 void bindDaemon(py::module_& m);             // bindings/daemon.cpp
+void bindDlpack(py::module_& m);             // bindings/dlpack.cpp
 
 namespace {
 
@@ -170,6 +171,7 @@ PYBIND11_MODULE(_native, m)
                 count = 0;
             }
             d["device_count"] = count;
+            d["cuda_build"] = CUDART_VERSION; // the CUDA toolkit the SDK was compiled with
             return d;
         },
         "CUDA driver version, which cuMemcpyBatchAsync signature was found, and the device count.");
@@ -270,6 +272,7 @@ PYBIND11_MODULE(_native, m)
 
     bindLayout(m);
     bindConformanceTesting(m);
+    bindDlpack(m);
     bindDisk(m); // before kvcm: its DiskTierConfig holds disk.FaultRule values
     bindKvcm(m);
     bindLog(m); // after kvcm: its test hook joins kvcm_testing

@@ -21,6 +21,9 @@ void bindConformanceTesting(py::module_& m)
         }),
             py::arg("stream"), "Blocks the stream (a raw cudaStream_t value).")
         .def("release", &StreamBlocker::release, "Lets the stream run on. Idempotent.")
+        .def("release_after", &StreamBlocker::releaseAfter, py::arg("delay_ms"),
+            "Lets the stream run on `delay_ms` milliseconds from now, from a native thread (a caller "
+            "holding the interpreter lock while it waits for the stream cannot keep it blocked).")
         .def_property_readonly("released", &StreamBlocker::released)
         .def(
             "wait_passed",

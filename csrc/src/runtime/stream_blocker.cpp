@@ -120,6 +120,10 @@ StreamBlocker::StreamBlocker(cudaStream_t stream)
 
 StreamBlocker::~StreamBlocker()
 {
+    if (releaser_.joinable())
+    {
+        releaser_.join();
+    }
     release();
     if (passed_ != nullptr)
     {
@@ -136,11 +140,26 @@ StreamBlocker::~StreamBlocker()
 
 void StreamBlocker::release() noexcept
 {
-    if (!released_)
+    if (!released_.exchange(true, std::memory_order_acq_rel))
     {
         storeFlag(flag_, 1);
-        released_ = true;
     }
+}
+
+void StreamBlocker::releaseAfter(int delayMs)
+{
+    if (delayMs < 0)
+    {
+        throw std::invalid_argument("StreamBlocker: delay is " + std::to_string(delayMs) + " ms; it must be >= 0");
+    }
+    if (releaser_.joinable())
+    {
+        throw std::logic_error("StreamBlocker: releaseAfter() was already called on this blocker");
+    }
+    releaser_ = std::thread([this, delayMs] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
+        release();
+    });
 }
 
 bool StreamBlocker::waitPassed(int timeoutMs) const

@@ -7,7 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
 
 namespace kvcodec::runtime {
 
@@ -28,12 +30,17 @@ public:
     StreamBlocker(StreamBlocker const&) = delete;
     StreamBlocker& operator=(StreamBlocker const&) = delete;
 
-    /// Writes the flag: work enqueued after the wait may start. Idempotent.
+    /// Writes the flag: work enqueued after the wait may start. Idempotent, from any thread.
     void release() noexcept;
+
+    /// Releases the stream `delayMs` milliseconds from now, from a thread of the blocker's own
+    /// (no Python thread, so a caller that waits for the stream while holding the interpreter
+    /// lock cannot keep it blocked). At most one per blocker; the destructor joins it.
+    void releaseAfter(int delayMs);
 
     [[nodiscard]] bool released() const noexcept
     {
-        return released_;
+        return released_.load(std::memory_order_acquire);
     }
 
     /// Waits (at most `timeoutMs` milliseconds) until the stream has passed the wait; false on
@@ -44,7 +51,8 @@ private:
     cudaStream_t stream_;
     uint32_t* flag_ = nullptr;     // mapped pinned host memory, from a process-wide pool
     cudaEvent_t passed_ = nullptr; // recorded right after the wait
-    bool released_ = false;
+    std::atomic<bool> released_{false};
+    std::thread releaser_; // releaseAfter()'s timer
 };
 
 } // namespace kvcodec::runtime
