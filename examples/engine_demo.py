@@ -3,7 +3,8 @@ the host tier, bring them back and verify them. Runs on the CPU backend and on a
 
     python examples/engine_demo.py --device cpu                      # numpy, or torch when installed
     python examples/engine_demo.py --device cpu --framework numpy    # nothing beyond the SDK's install
-    python examples/engine_demo.py --device cuda:0                   # torch with CUDA
+    python examples/engine_demo.py --device cuda:0                   # torch with CUDA, else cuda-python
+    python examples/engine_demo.py --device cuda:0 --framework cuda  # cuda-python only (the gpu extra)
     python examples/engine_demo.py --disk /tmp/kv                    # through a disk tier, off the caller's thread
     python examples/engine_demo.py --metrics-port 9400 --serve 60    # Prometheus metrics (the metrics extra)
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import time
 
 import numpy as np
@@ -58,7 +58,17 @@ def equal(framework, a, b) -> bool:
         import torch
 
         return bool(torch.equal(a, b))
+    if framework == "cuda":  # a kvcodec_sdk.gpu.DeviceArray against the host values written into it
+        return bool(np.array_equal(a.numpy(), b))
     return bool(np.array_equal(a, b))
+
+
+def write(framework, view, values, stream) -> None:
+    """What an attention kernel would write: ``values`` into a hot buffer's view."""
+    if framework == "cuda":
+        view.copy_from(values, stream)  # queued on the stream; ``values`` stays alive in ``expected``
+    else:
+        view[...] = values
 
 
 def shared_l2(socket: str, pages: int) -> RemoteTierConfig:
@@ -72,8 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--pages", type=int, default=64)
-    parser.add_argument("--framework", choices=("auto", "torch", "numpy"), default="auto",
-                        help="what writes and reads the pages: torch when installed (needed on a GPU), else numpy")
+    parser.add_argument("--framework", choices=("auto", "torch", "numpy", "cuda"), default="auto",
+                        help="what writes and reads the pages: torch when installed, else numpy (CPU) or cuda-python "
+                             "(cuda: kvcodec_sdk.gpu, on a GPU)")
     parser.add_argument("--disk", metavar="DIR", help="also use a disk tier in DIR: evict to it without blocking, "
                         "then prefetch back to the host tier before onboarding")
     parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve the manager's Prometheus metrics "
@@ -108,10 +119,21 @@ def main() -> None:
     device = manager.device
     framework = args.framework
     if framework == "auto":
-        framework = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            framework = "numpy" if device == "cpu" else "cuda"
+        else:
+            framework = "torch"
     if framework == "numpy" and device != "cpu":
-        parser.error(f"--device {device} writes pages from the GPU: it needs torch with CUDA (pip install torch)")
-    if framework == "torch":
+        parser.error(f"--device {device} keeps pages in GPU memory: use --framework cuda or torch")
+    if framework == "cuda" and device == "cpu":
+        parser.error("--framework cuda writes GPU memory; this manager runs on the CPU (use numpy or torch)")
+    if framework == "cuda":
+        from kvcodec_sdk import gpu
+
+        stream, on_stream = gpu.new_stream(device), contextlib.nullcontext()
+    elif framework == "torch":
         import torch
 
         torch.manual_seed(0)  # the same values in every run: a loading process checks what a storing one wrote
@@ -145,7 +167,7 @@ def main() -> None:
             views = manager.buffer_views(page, framework=framework)  # one [token][head][dim] view per K/V buffer
             values = [random_kv(framework, tuple(v.shape), device, rng) for v in views]
             for v, x in zip(views, values):
-                v[...] = x  # what an attention kernel would write
+                write(framework, v, x, stream)
             expected.append(values)
 
     if args.share == "store":
@@ -172,7 +194,7 @@ def main() -> None:
     manager.onboard(pages, stream=stream)  # host -> hot, into new slots
     manager.synchronize()
     if stream is not None:
-        stream.synchronize()
+        stream.sync() if framework == "cuda" else stream.synchronize()
 
     for page, values in zip(pages, expected):
         for v, x in zip(manager.buffer_views(page, framework=framework), values):

@@ -33,7 +33,7 @@ def parse_device(device: Any) -> tuple[str, int]:
 
 def stream_handle(stream: Any) -> int:
     """A raw ``cudaStream_t`` value from None (0), an int, a ``torch.cuda.Stream`` or any object
-    implementing ``__cuda_stream__``."""
+    implementing ``__cuda_stream__`` (a ``cuda.core.Stream``, CuPy's streams)."""
     if stream is None:
         return 0
     if isinstance(stream, bool):
@@ -160,9 +160,11 @@ def page_indices(obj: Any, num_pages: int | None) -> tuple[int, int, bool | None
         count = 0
     else:
         raise ValueError(f"page_indices has shape {shape}; expected (N, 2) or (2N,)")
-    contiguous = (
-        obj.flags["C_CONTIGUOUS"] if isinstance(obj, np.ndarray) else bool(getattr(obj, "is_contiguous", lambda: True)())
-    )
+    if isinstance(obj, np.ndarray):
+        contiguous = obj.flags["C_CONTIGUOUS"]
+    else:
+        flag = getattr(obj, "is_contiguous", True)  # torch: a method; kvcodec_sdk.gpu.DeviceArray: a property
+        contiguous = bool(flag() if callable(flag) else flag)
     if not contiguous:
         raise ValueError("page_indices must be contiguous")
     if num_pages is not None:

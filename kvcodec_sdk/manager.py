@@ -33,6 +33,7 @@ import numpy as np
 from . import _interop, _native
 from ._boundary import buffer_from_native
 from .codec import Codec
+from .gpu import DeviceArray
 from .kvcm_config import KVCacheConfig
 from .layout import BufferDesc, BufferLayout, PageIndexLocation
 
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 from .pages import (  # noqa: F401  (re-exported: the public names live in kvcodec_sdk.manager)
+    _DEVICE_DTYPES,
     _NUMPY_DTYPES,
     CacheLevel,
     CapacityError,
@@ -602,12 +604,21 @@ class KVCacheManager:
         return [buffer_from_native(b) for b in self._live().lifecycle_info(int(lifecycle)).buffers]
 
     def _framework(self, framework: str) -> str:
-        if framework not in ("auto", "numpy", "torch"):
-            raise ValueError(f"framework is {framework!r}; use 'auto', 'numpy' or 'torch'")
+        if framework not in ("auto", "numpy", "torch", "cuda"):
+            raise ValueError(f"framework is {framework!r}; use 'auto', 'numpy', 'torch' or 'cuda'")
         if self.device != "cpu":
             if framework == "numpy":
-                raise ValueError("hot pools of a CUDA manager are device memory; use framework='torch' (or 'auto')")
-            return "torch"
+                raise ValueError("hot pools of a CUDA manager are device memory; use framework='cuda', 'torch' or 'auto'")
+            if framework == "auto":
+                try:
+                    import torch  # noqa: F401
+                except ImportError:
+                    return "cuda"
+                return "torch"
+            return framework
+        if framework == "cuda":
+            raise ValueError("framework='cuda' gives device memory; this manager's hot pools are host memory "
+                             "(use 'numpy', 'torch' or 'auto')")
         if framework == "auto":
             try:
                 import torch  # noqa: F401
@@ -636,7 +647,9 @@ class KVCacheManager:
         for ptr, slot_bytes, slots in pools:
             shape = (int(slots), int(slot_bytes))
             on_device = self.device != "cpu" and level == CacheLevel.HOT
-            if on_device:
+            if on_device and framework == "cuda":
+                out.append(DeviceArray(ptr, shape, np.uint8, kind="device", device_id=self._ordinal, owner=owner))
+            elif on_device:
                 import torch
 
                 out.append(torch.as_tensor(_CudaArray(owner, ptr, shape), device=self.device))
@@ -653,9 +666,11 @@ class KVCacheManager:
     def hot_pool_tensors(self, lifecycle: int, *, framework: str = "auto") -> list:
         """The pools of a layer group's hot pool group, each a ``(slots, slot_bytes)`` uint8 view.
 
-        torch tensors on CUDA (and on the CPU backend where torch is installed and ``framework``
-        is ``"auto"`` or ``"torch"``), numpy arrays otherwise. Both speak DLPack. Slot ``s`` of
-        every pool is the hot page in slot ``s``.
+        ``framework`` picks the type: ``"torch"`` (tensors), ``"numpy"`` (host pools only),
+        ``"cuda"`` (device pools only: :class:`kvcodec_sdk.gpu.DeviceArray`, which torch, CuPy,
+        JAX and cuda.core take without a copy) or ``"auto"``: torch where it is installed, else
+        numpy on the CPU backend and ``DeviceArray`` on CUDA. Slot ``s`` of every pool is the hot
+        page in slot ``s``.
         """
         mapping = self.lifecycle_to_pool_group(CacheLevel.HOT)
         lc = int(lifecycle)
@@ -691,6 +706,8 @@ class KVCacheManager:
                 import torch
 
                 out.append(raw.view(_torch_dtype(torch, b.dtype)).view(b.shape))
+            elif fw == "cuda":
+                out.append(raw.view(_DEVICE_DTYPES.get(b.dtype, _NUMPY_DTYPES[b.dtype])).reshape(b.shape))
             else:
                 out.append(raw.view(_NUMPY_DTYPES[b.dtype]).reshape(b.shape))
         return out

@@ -390,6 +390,9 @@ _NUMPY_DTYPES = {
     DataType.FLOAT32: np.float32, DataType.FLOAT8_E4M3: np.uint8, DataType.FLOAT8_E5M2: np.uint8, DataType.INT32: np.int32,
 }
 
+# Element types numpy lacks, by the names kvcodec_sdk.gpu.DeviceArray exports through DLPack.
+_DEVICE_DTYPES = {DataType.BFLOAT16: "bfloat16", DataType.FLOAT8_E4M3: "float8_e4m3fn", DataType.FLOAT8_E5M2: "float8_e5m2"}
+
 
 def _torch_dtype(torch: Any, dtype: DataType) -> Any:
     return {

@@ -1,6 +1,6 @@
 """``kvcodec bench concat``: throughput of the default codec against the link's ceiling.
 
-On a GPU (torch with CUDA needed for allocations and timing):
+On a GPU (cuda-python allocates, copies and times; torch is not needed):
   * encode = hot (device) -> cold blobs in pinned host memory, decode = the reverse, of
     scattered pages (non-contiguous hot slots, shuffled cold slots), ``pools`` pools per page;
   * ceiling = one large contiguous pinned copy of the same bytes in the same direction;
@@ -8,7 +8,7 @@ On a GPU (torch with CUDA needed for allocations and timing):
   * variants: the codec's automatic choice, the copy-engine path and the SM path.
 On the CPU: the CPU reference against one contiguous memcpy of the same bytes.
 
-Every variant's output is checked against an independent torch/numpy gather before timing.
+Every variant's output is checked against an independent numpy gather before timing.
 Reported: GB/s (bytes moved per direction / time), ratios to ceiling and baseline, and host CPU
 microseconds per page spent in the encode/decode call (descriptor building and submission).
 """
@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _native
+from .. import _native, gpu
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc
 from ..registry import create_codec
 from ._common import Column, KiB, MiB, Table, wall_times
@@ -77,8 +77,12 @@ def _layout(bases: list[int], piece: int, slots: int) -> list[PoolGroupDesc]:
 
 
 def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, total_bytes: int | None = None, iters: int = 5,
-        progress: bool = True) -> Report:
-    """Runs the benchmark; ``device`` is 'auto' (GPU when present), 'cpu' or 'cuda[:N]'."""
+        progress: bool = True, timer: str = "cuda-core") -> Report:
+    """Runs the benchmark; ``device`` is 'auto' (GPU when present), 'cpu' or 'cuda[:N]'. On a GPU,
+    memory, streams and copies come from :mod:`kvcodec_sdk.gpu` (cuda-python) and ``timer`` picks
+    the events that time them: ``"cuda-core"`` (default) or ``"torch"``."""
+    if timer not in ("cuda-core", "torch"):
+        raise ValueError(f"timer is {timer!r}; use 'cuda-core' or 'torch'")
     if pools < 1:
         raise ValueError(f"pools is {pools}; it must be >= 1")
     if iters < 1:
@@ -90,7 +94,7 @@ def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, total_bytes: 
         device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
     if device == "cpu":
         return _run_cpu(pools, sizes, total_bytes or 64 * MiB, iters, progress)
-    return _run_gpu(device, pools, sizes, total_bytes or 512 * MiB, iters, progress)
+    return _run_gpu(device, pools, sizes, total_bytes or 512 * MiB, iters, progress, timer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,37 +157,58 @@ VARIANTS = {
 }
 
 
-def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: bool) -> Report:
+def _gpu_timer(kind: str, stream, device: str):
+    """A context-manager factory timing work on ``stream``: cuda.core events, or torch's (for a
+    side-by-side check of the two timers)."""
+    if kind == "cuda-core":
+        return lambda: gpu.Timer(stream, device)
+    if kind != "torch":
+        raise ValueError(f"timer is {kind!r}; use 'cuda-core' or 'torch'")
     try:
         import torch
     except ImportError:
-        raise RuntimeError("the GPU benchmark allocates and times with torch; install torch with CUDA") from None
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but torch sees no CUDA device")
-    dev = torch.device(device)
-    torch.cuda.set_device(dev)
-    stream = torch.cuda.Stream(dev)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(1)
+        raise RuntimeError("timer='torch' needs torch with CUDA; the default timer needs only cuda-python") from None
+    ext = torch.cuda.ExternalStream(gpu.stream_handle(stream), device=device)
+
+    class _TorchTimer:
+        def __enter__(self):
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record(ext)
+            return self
+
+        def __exit__(self, *exc):
+            self.end.record(ext)
+
+        @property
+        def milliseconds(self) -> float:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end)
+
+    return _TorchTimer
+
+
+def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: bool, timer: str = "cuda-core") -> Report:
+    why = gpu.unavailable_reason()
+    if why is not None:
+        raise RuntimeError(f"device {device!r} requested, but the GPU benchmark cannot run: {why}")
+    stream = gpu.new_stream(device)
+    make_timer = _gpu_timer(timer, stream, device)
+    rng = np.random.default_rng(1)
     info = dict(_native.driver_info())
-    info["gpu"] = torch.cuda.get_device_name(dev)
+    info["gpu"] = gpu.device(device).name
     info["baseline"] = "one cuMemcpyAsync per piece"
+    info["timer"] = timer
     report = Report(device, pools, total, iters, info=info)
 
     def elapsed(fn: Callable[[], None]) -> list[float]:
         """Seconds per call of each timed sample, with events on `stream` after one warm-up call."""
-        with torch.cuda.stream(stream):
-            fn()
-            stream.synchronize()
-            samples = []
-            for _ in range(iters):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record(stream)
+        fn()
+        stream.sync()
+        samples = []
+        for _ in range(iters):
+            with make_timer() as t:
                 fn()
-                end.record(stream)
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
+            samples.append(t.milliseconds / 1e3)
         return samples
 
     _steps(progress, len(sizes))
@@ -192,19 +217,22 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
         slots = 2 * pages
         moved = pages * pools * piece
         _log(progress, f"piece {_fmt_size(piece)}: {pages} pages x {pools} pools, {moved / MiB:.0f} MiB per direction")
-        hot = [torch.randint(0, 256, (slots * piece,), dtype=torch.uint8, device=dev, generator=gen) for _ in range(pools)]
-        hot_back = [torch.empty_like(h) for h in hot]
-        cold = torch.empty(pages * pools * piece, dtype=torch.uint8, pin_memory=True)
-        contig_dev = torch.empty(moved, dtype=torch.uint8, device=dev)
-        src = torch.randperm(slots, device=dev, generator=gen)[:pages].to(torch.int32)
-        dst = torch.randperm(pages, device=dev, generator=gen).to(torch.int32)
-        enc_dev = torch.stack([dst, src], dim=1).contiguous()
-        dec_dev = torch.stack([src, dst], dim=1).contiguous()
-        enc_host, dec_host = enc_dev.cpu(), dec_dev.cpu()
-        expected = torch.cat([h.view(slots, piece)[src.long()] for h in hot], dim=1)
+        hot_host = [rng.integers(0, 256, (slots, piece), dtype=np.uint8) for _ in range(pools)]
+        hot = [gpu.to_device(h, device) for h in hot_host]
+        hot_back = [gpu.empty((slots, piece), np.uint8, device) for _ in range(pools)]
+        cold = gpu.pinned(moved, np.uint8, device)
+        cold_view = np.asarray(cold).reshape(pages, pools * piece)
+        contig_dev = gpu.empty(moved, np.uint8, device)
+        src = rng.permutation(slots)[:pages].astype(np.int32)
+        dst = rng.permutation(pages).astype(np.int32)
+        enc_host = np.ascontiguousarray(np.stack([dst, src], axis=1))
+        dec_host = np.ascontiguousarray(np.stack([src, dst], axis=1))
+        enc_dev, dec_dev = gpu.to_device(enc_host, device), gpu.to_device(dec_host, device)
+        expected = np.concatenate([h[src] for h in hot_host], axis=1)
+        hot_host = None
 
-        d2h_s = elapsed(lambda: cold.copy_(contig_dev, non_blocking=True))
-        h2d_s = elapsed(lambda: contig_dev.copy_(cold, non_blocking=True))
+        d2h_s = elapsed(lambda: gpu.copy_bytes(cold.address, contig_dev.address, moved, stream))
+        h2d_s = elapsed(lambda: gpu.copy_bytes(contig_dev.address, cold.address, moved, stream))
         ceil_d2h = moved / statistics.median(d2h_s) / 1e9
         ceil_h2d = moved / statistics.median(h2d_s) / 1e9
         ceilings = {"encode": ceil_d2h, "decode": ceil_h2d}
@@ -218,9 +246,9 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
             # One codec over the source pools (encode) and one over fresh pools (decode), so the
             # decode check cannot pass by leaving the original data in place.
             encoder = create_codec("concat", params, device=device)
-            encoder.configure(_layout([h.data_ptr() for h in hot], piece, slots))
+            encoder.configure(_layout([h.address for h in hot], piece, slots))
             decoder = create_codec("concat", params, device=device)
-            decoder.configure(_layout([h.data_ptr() for h in hot_back], piece, slots))
+            decoder.configure(_layout([h.address for h in hot_back], piece, slots))
             path = encoder.page_index_location(0).name.lower()
             on_device = path == "device"
             enc = enc_dev if on_device else enc_host
@@ -229,33 +257,29 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
                 "encode": lambda: encoder.encode(0, cold, enc, stream=stream),
                 "decode": lambda: decoder.decode(0, cold, dec, stream=stream),
             }
-            with torch.cuda.stream(stream):
-                cold.fill_(0xA5)
-                for h in hot_back:
-                    h.fill_(0x5A)
-                stream.synchronize()
-                calls["encode"]()
-                stream.synchronize()
-                if not torch.equal(cold.to(dev).view(pages, pools * piece)[dst.long()], expected):
-                    raise RuntimeError(f"concat {variant} encode produced wrong blobs at piece {piece}")
-                calls["decode"]()
-                stream.synchronize()
-                for p in range(pools):
-                    got = hot_back[p].view(slots, piece)[src.long()]
-                    if not torch.equal(got, expected[:, p * piece:(p + 1) * piece]):
-                        raise RuntimeError(f"concat {variant} decode produced wrong hot pages at piece {piece}")
+            cold_view[...] = 0xA5
+            for h in hot_back:
+                h.fill_bytes(0x5A)
+            calls["encode"]()
+            stream.sync()
+            if not np.array_equal(cold_view[dst], expected):
+                raise RuntimeError(f"concat {variant} encode produced wrong blobs at piece {piece}")
+            calls["decode"]()
+            stream.sync()
+            for p in range(pools):
+                if not np.array_equal(hot_back[p].numpy()[src], expected[:, p * piece:(p + 1) * piece]):
+                    raise RuntimeError(f"concat {variant} decode produced wrong hot pages at piece {piece}")
             for direction, call in calls.items():
                 samples = elapsed(call)
                 t = statistics.median(samples)
                 # Host time of the call alone (descriptor building + submission) on an idle stream.
                 host = []
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        stream.synchronize()
-                        t0 = time.perf_counter()
-                        call()
-                        host.append(time.perf_counter() - t0)
-                    stream.synchronize()
+                for _ in range(3):
+                    stream.sync()
+                    t0 = time.perf_counter()
+                    call()
+                    host.append(time.perf_counter() - t0)
+                stream.sync()
                 measured[(variant, direction)] = (moved / t / 1e9, min(host) / pages * 1e6, path,
                                                   _spread(_rates(moved, samples)))
             encoder.close()
@@ -268,8 +292,8 @@ def _run_gpu(device: str, pools: int, sizes, total: int, iters: int, progress: b
             report.rows.append(row)
             _log(progress, f"  {direction:6} {variant:18} {gbps:7.1f} GB/s  {row.ratio_to_ceiling:5.2f}x ceiling  "
                            f"{row.ratio_to_baseline:6.2f}x baseline  {host_us:6.3f} us/page host ({row.path})")
-        hot = hot_back = cold = contig_dev = expected = None  # frees the device memory before the next size
-        torch.cuda.empty_cache()
+        stream.sync()
+        hot = hot_back = cold = cold_view = contig_dev = enc_dev = dec_dev = expected = None  # frees before the next size
         _advance(progress)
     return report
 

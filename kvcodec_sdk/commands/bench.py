@@ -134,6 +134,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = sub.choices["concat"]
     _common(c, "timed repetitions (median reported; default 5)")
     _pieces(c)
+    c.add_argument("--timer", choices=("cuda-core", "torch"), default="cuda-core",
+                   help="the CUDA events that time a GPU run: cuda.core's (default; torch not needed) or torch's, to "
+                        "compare the two")
 
     k = sub.choices["kvcm"]
     _common(k, "timed repetitions (median reported; default 5, with --codec on the CPU backend 3)")
@@ -255,7 +258,8 @@ def _usage_error(message: str) -> int:
 
 def _no_gpu(args: argparse.Namespace) -> str | None:
     """Why ``--device cuda[:N]`` cannot run here (None when it can): checked before any work so a
-    missing GPU or a CPU-only torch is one line, not a failure deep in the benchmark."""
+    missing GPU, cuda-python (concat) or CUDA build of torch (the others) is one line, not a
+    failure deep in the benchmark."""
     dev = getattr(args, "device", "auto")
     if not dev.startswith("cuda"):
         return None
@@ -267,10 +271,16 @@ def _no_gpu(args: argparse.Namespace) -> str | None:
         return f"--device {dev}: no CUDA device here (the CUDA driver reports none); use --device cpu"
     if index >= n:
         return f"--device {dev}: there are {n} CUDA device(s) here; valid: cuda:0 .. cuda:{n - 1}"
+    if args.benchmark == "concat" and getattr(args, "timer", "cuda-core") == "cuda-core":
+        from .. import gpu
+
+        why = gpu.unavailable_reason()
+        return None if why is None else f"--device {dev}: the concat benchmark allocates and times with cuda-python: {why}"
     try:
         import torch
     except ImportError:
-        return f"--device {dev}: the GPU benchmarks allocate and time with torch, which is not installed"
+        return (f"--device {dev}: the {args.benchmark} benchmark allocates and times with torch, which is not "
+                "installed (kvcodec bench concat needs only cuda-python)")
     if not torch.cuda.is_available():
         return f"--device {dev}: torch {torch.__version__} sees no CUDA device (a CPU-only build?); use --device cpu"
     return None
@@ -336,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = args.sizes or list(concat.DEFAULT_SIZES)
     with _progress(args):
         report = concat.run(device=args.device, pools=args.pools, sizes=sizes, total_bytes=args.bytes,
-                            iters=args.iters, progress=not args.quiet)
+                            iters=args.iters, progress=not args.quiet, timer=args.timer)
     _show(args, concat.table(report))
     _write_json(args, report, concat.table(report))
     return 0

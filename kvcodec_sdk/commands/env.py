@@ -1,8 +1,8 @@
 """``kvcodec env``: what a bug report needs to know about this machine and installation.
 
 The SDK, its plugin ABI, Python and the platform, the CPU, the CUDA driver as the SDK sees it
-(version, devices, batched-copy support), the GPUs (through torch when it is installed with
-CUDA), the versions of the packages the SDK and its plugins use, and every registered codec with
+(version, devices, batched-copy support), the GPUs (through cuda-python, else torch), whether the
+GPU tooling (:mod:`kvcodec_sdk.gpu`, the ``gpu`` extra) can run, the versions of the packages the SDK and its plugins use, and every registered codec with
 its plugin. ``--json`` prints the same as one object. Nothing here needs a GPU.
 """
 
@@ -53,8 +53,19 @@ def _driver() -> dict[str, Any]:
 
 
 def _gpus() -> list[str] | str:
+    """Device names from cuda-python (cuda.core), else from torch, else unknown."""
+    if util.find_spec("cuda") is not None and util.find_spec("cuda.core") is not None:
+        try:
+            from cuda.core import Device
+
+            if int(_driver_count()) == 0:
+                return []
+            return [f"{d.device_id}: {d.name} (sm_{d.compute_capability.major}{d.compute_capability.minor})"
+                    for d in Device.get_all_devices()]
+        except Exception as exc:  # a broken install must not break the report
+            return f"unknown (cuda.core failed: {exc})"
     if util.find_spec("torch") is None:
-        return "unknown (names come from torch, which is not installed)"
+        return "unknown (names come from cuda-python or torch; neither is installed)"
     try:
         import torch
 
@@ -64,6 +75,31 @@ def _gpus() -> list[str] | str:
                 for i in range(torch.cuda.device_count())]
     except Exception as exc:  # a broken torch must not break the report
         return f"unknown (torch failed: {exc})"
+
+
+def _driver_count() -> int:
+    from .. import _native
+
+    return int(_native.driver_info()["device_count"])
+
+
+def gpu_tooling() -> str:
+    """Whether the SDK's GPU tooling (:mod:`kvcodec_sdk.gpu`: conformance on CUDA, ``kvcodec bench
+    concat``, the manager's device pools without torch) can run, and with what."""
+    from .. import _native, gpu
+
+    build = int(_native.driver_info().get("cuda_build", 0)) // 1000
+    try:
+        bindings = metadata.version("cuda-bindings")
+        core = metadata.version("cuda-core")
+    except metadata.PackageNotFoundError:
+        return f"not installed: {gpu.INSTALL_HINT}"
+    if build and int(bindings.split(".")[0]) != build:
+        return (f"cuda-bindings {bindings} is for CUDA {bindings.split('.')[0]}, the SDK is built for CUDA {build}: "
+                f"{gpu.INSTALL_HINT}")
+    why = gpu.unavailable_reason()
+    state = "ready" if why is None else f"installed, not usable here ({why})"
+    return f"{state}: cuda-core {core}, cuda-bindings {bindings}"
 
 
 def _packages() -> dict[str, str]:
@@ -108,6 +144,7 @@ def collect() -> dict[str, Any]:
         "cpu": f"{_cpu()}, {os.cpu_count()} logical cores",
         "cuda_driver": _driver(),
         "gpus": _gpus(),
+        "gpu_tooling": gpu_tooling(),
         "packages": _packages(),
         "codecs": codecs,
         "broken_plugins": broken,
@@ -128,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         ("cpu", report["cpu"]),
         ("cuda driver", f"{d['driver_version']}, {d['device_count']} device(s), batched copies: {d['memcpy_batch'] or 'no'}"),
         ("gpus", ", ".join(gpus) if isinstance(gpus, list) and gpus else (gpus or "none")),
+        ("gpu tooling", report["gpu_tooling"]),
     ]
     if _ui.rich_stdout():
         _print_rich(report, lines)

@@ -172,23 +172,22 @@ def _decode(spec, params, device, fresh, lifecycles, lc, blob, pairs, entry, g) 
             _check_size(codec, lc, entry, g)
             codec.decode(lc, blob.copy(), decode_pairs)
         return [a[pairs[:, 1]] for a in fresh]
-    import torch
+    from .. import gpu
+    from ..layout import PageIndexLocation
 
-    pools = [torch.from_numpy(a).to(device) for a in fresh]
+    pools = [gpu.to_device(a, device) for a in fresh]
     with make_codec(spec, params, device) as codec:
-        codec.configure([PoolGroupDesc([PoolDesc(t.data_ptr(), a.shape[1], a.shape[0]) for t, a in zip(pools, fresh)],
+        codec.configure([PoolGroupDesc([PoolDesc(t.address, a.shape[1], a.shape[0]) for t, a in zip(pools, fresh)],
                                        lifecycles)])
         _check_size(codec, lc, entry, g)
-        cold = torch.from_numpy(blob.copy()).pin_memory()
-        from ..layout import PageIndexLocation
-
-        idx = torch.from_numpy(decode_pairs)
+        cold = gpu.to_device(blob, device, pinned_memory=True)
+        idx = decode_pairs
         if codec.page_index_location(lc) == PageIndexLocation.DEVICE:
-            idx = idx.to(device)
-        stream = torch.cuda.Stream(device=device)
+            idx = gpu.to_device(decode_pairs, device)
+        stream = gpu.new_stream(device)
         codec.decode(lc, cold, idx, stream=stream)
-        stream.synchronize()
-    return [t.cpu().numpy()[pairs[:, 1]] for t in pools]
+        stream.sync()
+    return [t.numpy()[pairs[:, 1]] for t in pools]
 
 
 def _check_size(codec, lc, entry, g) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .. import _interop, _native
+from .. import _interop, _native, gpu
 from ..codec import Codec
 from ..layout import DType, PageIndexLocation, PoolDesc, PoolGroupDesc, Role, to_native
 from ..spec import CodecSpec
@@ -39,14 +39,9 @@ NO_WAIT_TIMEOUT_S = 5.0
 
 
 def cuda_available() -> bool:
-    """True when a CUDA device and torch with CUDA are present (GPU tests need both)."""
-    try:
-        if _native.driver_info()["device_count"] == 0:
-            return False
-        import torch
-    except Exception:
-        return False
-    return bool(torch.cuda.is_available())
+    """True when a CUDA device and cuda-python are present (the suite's GPU clauses need both;
+    torch is not needed)."""
+    return gpu.available()
 
 
 def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -> Codec:
@@ -59,68 +54,36 @@ def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -
 # -- memory -------------------------------------------------------------------------------------
 
 
-_SIDE_STREAMS: dict[str, Any] = {}
-
-
-def side_stream(device: Any) -> Any:
-    """The stream the harness reads and writes device memory on, never the codec's stream.
-
-    torch hands out streams round-robin from small per-priority pools, so a fresh default-priority
-    stream can be the very stream a codec call is blocked on (a read then waits forever). The side
-    stream comes from the high-priority pool; codec streams come from the default-priority one."""
-    import torch
-
-    key = str(torch.device(device))
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device, priority=-1)
-    return _SIDE_STREAMS[key]
-
-
-def upload_to_device(array: np.ndarray, device: str) -> Any:
-    """A device copy of a host array, made on the side stream, which alone is synchronized: it
-    never waits for the codec's (possibly blocked) stream or for the whole device."""
-    import torch
-
-    side = side_stream(device)
-    with torch.cuda.stream(side):
-        tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
-    side.synchronize()
-    return tensor
+def upload_to_device(array: np.ndarray, device: str) -> gpu.DeviceArray:
+    """A device copy of a host array, made on the side stream (:func:`kvcodec_sdk.gpu.side_stream`),
+    which alone is synchronized: it never waits for the codec's (possibly blocked) stream or for
+    the whole device."""
+    return gpu.to_device(array, device)
 
 
 class _Region:
-    """Bytes at ``address``: host (numpy) or device (torch) memory."""
+    """Bytes at ``address``: host (numpy), pinned host or device memory."""
 
     def __init__(self, nbytes: int, device: str, pinned: bool = False):
         self.nbytes = nbytes
         self.device = device
+        self._array: gpu.DeviceArray | None = None
         if device == "cpu":
             self._host = np.empty(max(nbytes, 1), np.uint8)
-            self.address = self._host.ctypes.data
-            self._tensor = None
+        elif pinned:
+            self._array = gpu.pinned(max(nbytes, 1), np.uint8, device)
+            self._host = np.asarray(self._array)
         else:
-            import torch
-
-            if pinned:
-                self._tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8).pin_memory()
-                self._host = self._tensor.numpy()
-            else:
-                self._tensor = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-                self._host = None
-            self.address = int(self._tensor.data_ptr())
+            self._array = gpu.empty(max(nbytes, 1), np.uint8, device)
+            self._host = None
+        self.address = self._host.ctypes.data if self._host is not None else self._array.address
 
     def read(self) -> np.ndarray:
-        """A host copy of every byte (device memory is read on a side stream, so a blocked stream
-        of the codec does not hold it up)."""
+        """A host copy of every byte (device memory is read on the side stream, so a blocked
+        stream of the codec does not hold it up)."""
         if self._host is not None:
             return self._host[: self.nbytes].copy()
-        import torch
-
-        side = side_stream(self._tensor.device)
-        with torch.cuda.stream(side):
-            out = self._tensor[: self.nbytes].to("cpu")
-        side.synchronize()
-        return out.numpy().copy()
+        return self._array[: self.nbytes].numpy()
 
     def write(self, data: np.ndarray) -> None:
         data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
@@ -128,12 +91,7 @@ class _Region:
         if self._host is not None:
             self._host[: self.nbytes] = data
         else:
-            import torch
-
-            side = side_stream(self._tensor.device)
-            with torch.cuda.stream(side):
-                self._tensor[: self.nbytes].copy_(torch.from_numpy(data))
-            side.synchronize()
+            self._array[: self.nbytes].copy_from(data)
 
 
 @dataclass
@@ -278,10 +236,8 @@ class Harness:
         self.rng = np.random.default_rng(seed)
         self.stream = None
         if self.device != "cpu":
-            import torch
-
-            # Default priority: never the harness's side stream (see side_stream).
-            self.stream = torch.cuda.Stream(device=self.device, priority=0)
+            # A stream of its own, never the side stream the harness reads and writes memory on.
+            self.stream = gpu.new_stream(self.device)
         self.codec = make_codec(spec, params, self.device)
         self.native = self.codec._live()
         # Every cold buffer and index array handed to the codec lives as long as the codec: a codec
@@ -341,8 +297,8 @@ class Harness:
         return int(self.native.get_batching_layer_group_id(lifecycle))
 
     def index_array(self, lifecycle: int, dst: np.ndarray, src: np.ndarray) -> Any:
-        """The (dst, src) pairs where the lifecycle wants them: numpy on the host, a CUDA tensor
-        on the device."""
+        """The (dst, src) pairs where the lifecycle wants them: numpy on the host, a
+        :class:`~kvcodec_sdk.gpu.DeviceArray` on the device."""
         pairs = np.ascontiguousarray(np.stack([np.asarray(dst), np.asarray(src)], axis=1).astype(np.int32).reshape(-1, 2))
         if self.location(lifecycle) == PageIndexLocation.DEVICE:
             tensor = upload_to_device(pairs, self.device)
@@ -357,6 +313,8 @@ class Harness:
             return indices
         if isinstance(indices, np.ndarray):
             return indices.ctypes.data if indices.size else 0
+        if isinstance(indices, gpu.DeviceArray):
+            return indices.address if indices.size else 0
         return int(indices.data_ptr()) if indices.numel() else 0
 
     def call(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
@@ -365,7 +323,7 @@ class Harness:
         handle passed (the harness stream, or 0 on the CPU)."""
         n = len(indices) if num_pages is None else num_pages
         if stream is None:
-            stream = 0 if self.stream is None else int(self.stream.cuda_stream)
+            stream = self.stream_handle
         return bool(getattr(self.native, op)(lifecycle, base, self._address(indices), n, stream))
 
     def must(self, op: str, lifecycle: int, base: int, indices: Any, *, clause: str,
@@ -421,14 +379,19 @@ class Harness:
         return region
 
     def must_decode_checked(self, lifecycle: int, base: int, indices: Any, status: _Region, *, clause: str) -> None:
-        stream = 0 if self.stream is None else int(self.stream.cuda_stream)
+        stream = self.stream_handle
         if not self.native.decode_checked(lifecycle, base, self._address(indices), len(indices), status.address, stream):
             raise violated(clause, f"decodeChecked(lifecycle {lifecycle}, {len(indices)} pages) returned false on "
                                    f"valid arguments: {self.native.last_error() or 'no reason given'}")
 
+    @property
+    def stream_handle(self) -> int:
+        """The raw handle of the harness stream (0 on the CPU)."""
+        return 0 if self.stream is None else gpu.stream_handle(self.stream)
+
     def sync(self) -> None:
         if self.stream is not None:
-            self.stream.synchronize()
+            self.stream.sync()
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -606,7 +569,7 @@ class Harness:
     @contextlib.contextmanager
     def blocked_stream(self) -> Iterator[Any]:
         """Holds the harness stream at a wait on a host flag; released on exit."""
-        blocker = _native.StreamBlocker(int(self.stream.cuda_stream))
+        blocker = _native.StreamBlocker(self.stream_handle)
         try:
             yield blocker
         finally:

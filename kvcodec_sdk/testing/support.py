@@ -9,7 +9,8 @@ A plugin's ``tests/conftest.py``::
     plugin_conftest(globals(), module="kvcodec_mycodec", distribution="kvcodec-mycodec")
 
 A test module that wants only the registry fixture imports :func:`fresh_default_registry`; a
-module of CUDA tests starts with ``torch, pytestmark = cuda_test_module()``.
+module of CUDA tests that uses torch starts with ``torch, pytestmark = cuda_test_module()``, one
+that needs only cuda-python (:mod:`kvcodec_sdk.gpu`) with ``pytestmark = gpu_test_marks()``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,22 @@ import pytest
 from ..registry import _reset_default_registry
 
 __all__ = ["CANARY", "assert_blobs_match", "cuda_test_module", "encode_on_cuda", "fresh_default_registry",
-           "plugin_conftest"]
+           "gpu_test_marks", "plugin_conftest"]
 
 #: The byte a fresh cold buffer is filled with, so that a write outside the destination blobs shows.
 CANARY = 0xC3
 
 #: Why a CUDA test is skipped.
 NEEDS_CUDA = "needs a CUDA device and torch with CUDA"
+
+
+def gpu_test_marks() -> list:
+    """``pytestmark`` for a module of CUDA tests on :mod:`kvcodec_sdk.gpu` (cuda-python, no torch):
+    the ``gpu`` marker, and a skip saying what is missing without a CUDA device or cuda-python."""
+    from .. import gpu
+
+    reason = gpu.unavailable_reason()
+    return [pytest.mark.gpu, pytest.mark.skipif(reason is not None, reason=f"needs a CUDA device and cuda-python: {reason}")]
 
 
 def cuda_test_module() -> tuple[Any, list]:

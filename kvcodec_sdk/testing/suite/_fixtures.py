@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pytest
 
+from ... import gpu
 from ...spec import CodecSpec
 from .. import envelope, golden
 from ..clauses import ClauseViolation
@@ -88,7 +89,7 @@ class BaseFixtures:
         if device not in kvcodec_spec.devices:
             pytest.skip(f"codec {kvcodec_spec.name!r} has no {device} implementation")
         if device == "cuda" and not cuda_available():
-            pytest.skip("needs a CUDA device and torch with CUDA")
+            pytest.skip(f"the cuda clauses need a CUDA device and cuda-python: {gpu.unavailable_reason()}")
         return device
 
     @pytest.fixture

@@ -85,7 +85,7 @@ class BaseConfigureTests(BaseFixtures):
                                              f"{PageIndexLocation(loc).name}; a rejected configuration must leave every "
                                              "query failing (0 / negative / kBadLocation) as before configure()")
                 cold, pairs = h.scratch_buffer(4 * page + 64), h.scratch_pairs([[0, 0], [1, 1]])
-                stream = 0 if h.stream is None else int(h.stream.cuda_stream)
+                stream = h.stream_handle
                 for lc in ids:
                     for op in ("encode", "decode"):
                         if getattr(native, op)(lc, cold.address + GUARD_BYTES, pairs.address, 2, stream):

@@ -107,7 +107,7 @@ class BaseBatchingTests(BaseFixtures):
             empty = h.index_array(lc, np.zeros(0, np.int32), np.zeros(0, np.int32))
             for op in ("encode", "decode"):
                 for base, idx, what in ((cold.base, empty, "an empty index array"), (0, 0, "null pointers")):
-                    stream = 0 if h.stream is None else int(h.stream.cuda_stream)
+                    stream = h.stream_handle
                     addr = idx if isinstance(idx, int) else h._address(idx)
                     if not getattr(h.native, op)(lc, base, addr, 0, stream):
                         raise violated("empty-call", f"{op}(lifecycle {lc}, 0 pages, {what}) returned false: "
