@@ -10,7 +10,7 @@
 # an H200), then the benchmarks one at a time, so each has the GPU to itself. A subset runs its
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
-# Steps: pytest memcheck conformance bench-concat fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
+# Steps: pytest memcheck conformance bench-concat no-torch fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
 # workload disk blocks metrics remote template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
@@ -18,7 +18,10 @@
 # benchmark phase's step list and KVCODEC_GPU_PLUGIN_BENCH=0 skips the plugins' own benchmarks. kvcm-codecs runs every installed codec through
 # the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
-# Needs: CUDA toolkit (nvcc), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
+# no-torch runs the GPU tooling with torch hidden (conformance of concat and fp8, kvcodec bench concat, the
+# manager's GPU tests) and kvcodec bench concat timed by torch's events beside it.
+#
+# Needs: CUDA toolkit (nvcc), cuda-python (the gpu extra), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
 # requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
 # --no-build-isolation so it works on hosts without network access.
 set -uo pipefail
@@ -84,7 +87,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   KVCODEC_GPU_STEPS=memcheck bash "$self" "$OUT_DIR" || status=1
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk,remote} \
+  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,no-torch,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk,remote} \
     bash "$self" "$OUT_DIR" || status=1
   if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
     KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
@@ -143,6 +146,26 @@ if want bench-concat; then
 step "kvcodec bench concat"
 (cd "$OUT_DIR" && timeout 240 kvcodec bench concat --json bench-concat.json) > "$OUT_DIR/bench-concat.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
+fi
+
+if want no-torch; then
+step "no-torch: the GPU tooling with torch hidden (conformance, bench concat, the manager's GPU tests) and the two timers"
+# A torch package that refuses to import, first on the path: what a machine without torch sees.
+hide="$(mktemp -d)"; mkdir -p "$hide/torch"
+echo 'raise ModuleNotFoundError("No module named torch (hidden by gpu-check.sh no-torch)", name="torch")' > "$hide/torch/__init__.py"
+{ (cd "$OUT_DIR" && PYTHONPATH="$hide" python3 -c 'import kvcodec_sdk, sys; from kvcodec_sdk.commands.env import gpu_tooling; print("torch imported:", "torch" in sys.modules, "|", gpu_tooling())')
+  for name in concat fp8; do
+    (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout -k 15 -s ABRT 240 kvcodec check "$name" --device cuda --timeout 60 --quiet \
+       --junit-xml "no-torch-check-$name.xml") || status=1
+  done
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout -k 15 -s ABRT 420 python3 -X faulthandler -m pytest -q -m gpu -p no:cacheprovider \
+     -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_gpu.py" "$OLDPWD/tests/test_kvcm_capacity_gpu.py" \
+     "$OLDPWD/tests/test_kvcm_resize_gpu.py" "$OLDPWD/tests/test_kvcm_disk_gpu.py" "$OLDPWD/tests/test_kvcm_threads.py" \
+     "$OLDPWD/tests/test_conformance_suite.py" "$OLDPWD/tests/test_gpu_module.py" -rs --junitxml=no-torch-pytest.xml) || status=1
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench concat --quiet --json bench-concat-no-torch.json) || status=1
+  (cd "$OUT_DIR" && timeout 240 kvcodec bench concat --quiet --timer torch --json bench-concat-torch-timer.json) || status=1
+} > "$OUT_DIR/no-torch.txt" 2>&1
+grep -vE '^(SKIPPED|\[bench\])' "$OUT_DIR/no-torch.txt" | tail -60
 fi
 
 if want fp8; then

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from gpu_kit import kit  # noqa: F401 (a fixture: the GPU framework of the manager's CUDA tests)
 from sdk_helpers import HotLayout, random_hot_layout
 
 import kvcodec_sdk

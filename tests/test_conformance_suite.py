@@ -244,7 +244,7 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not harness.cuda_available(), reason="needs a CUDA device and torch with CUDA")
+@pytest.mark.skipif(not harness.cuda_available(), reason="needs a CUDA device and cuda-python")
 @pytest.mark.parametrize("flaw", sorted(GPU_CASES))
 def test_broken_cuda_codec_is_caught(pytester, broken_lib, flaw):
     test, clause, text = GPU_CASES[flaw]

@@ -1,6 +1,8 @@
-"""The KV-cache manager on the CUDA backend: torch writes pages, evictions on the same stream see
-the writes, the concat copy-engine and SM (device-index ring) paths, chunking, and randomized
-sequences checked against a model. Every test skips cleanly without a CUDA device and torch."""
+"""The KV-cache manager on the CUDA backend: pages written on a stream, evictions on the same
+stream see the writes, the concat copy-engine and SM (device-index ring) paths, chunking, and
+randomized sequences checked against a model. The writes come from cuda-python alone (the pools as
+kvcodec_sdk.gpu.DeviceArray) and from torch (tensors): see gpu_kit. Skips cleanly without a CUDA
+device and cuda-python; the torch variants also without torch."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kvcm_support import config, group, hot_bytes, make_test_codec
+from test_kvcm_support import config, group, hot_bytes, make_test_codec, to_numpy, write_random
 
 import kvcodec_sdk as kv
 from kvcodec_sdk import CacheLevel, KVCacheManager, _native
 from kvcodec_sdk.errors import CodecConsumedError
-from kvcodec_sdk.testing.support import cuda_test_module
+from kvcodec_sdk.testing.support import gpu_test_marks
 
-torch, pytestmark = cuda_test_module()
+pytestmark = gpu_test_marks()
 
 PATHS = [{"path": "copy_engine"}, {"path": "sm"}, {"path": "copy_engine", "copy_api": "per_copy"}, {}]
 PATH_IDS = ["copy_engine", "sm", "per_copy", "auto"]
@@ -32,45 +34,49 @@ def scattered(m, lifecycle, n):
     return pages[::2]
 
 
+def pool_rows(pools, slots) -> np.ndarray:
+    """The bytes of hot ``slots`` across ``pools``, one row per slot (a host copy)."""
+    return np.concatenate([np.stack([to_numpy(pool[s]) for s in slots]) for pool in pools], axis=1)
+
+
 @pytest.mark.parametrize("params", PATHS, ids=PATH_IDS)
-def test_torch_writes_evict_onboard_byte_exact(params):
+def test_stream_writes_evict_onboard_byte_exact(kit, params):
     m = cuda_manager([group([0, 1, 2], [4096, 4096]), group([3], [1024])], ("concat", params),
                      gpu_quota=64 << 20, host_quota=64 << 20)
-    s = torch.cuda.Stream()
+    s = kit.stream()
+    rng = np.random.default_rng(1)
     for lc in (0, 1):
         pages = scattered(m, lc, 300)
-        pools = m.hot_pool_tensors(lc)
-        slots = torch.tensor([p.slot for p in pages], device="cuda")
-        with torch.cuda.stream(s):
-            for pool in pools:
-                pool[slots] = torch.randint(0, 256, (len(pages), pool.shape[1]), dtype=torch.uint8, device="cuda")
-            expected = torch.cat([pool[slots] for pool in pools], dim=1)
+        pools = m.hot_pool_tensors(lc, framework=kit.framework)
+        slots = [p.slot for p in pages]
+        expected = []
+        for pool in pools:
+            data = rng.integers(0, 256, (len(pages), pool.shape[1]), dtype=np.uint8)
+            for row, slot in zip(data, slots):
+                kit.write(pool[slot], row, s)
+            expected.append(data)
+        expected = np.concatenate(expected, axis=1)
         m.evict(pages, stream=s)  # same stream as the writes, no synchronization in between
         m.synchronize()
         group_ = m.lifecycle_to_pool_group(CacheLevel.HOST)[lc]
         host = m.host_pool_array(group_)
-        s.synchronize()
-        blobs = host[[p.slot for p in pages]]
-        assert np.array_equal(blobs, expected.cpu().numpy())
-        with torch.cuda.stream(s):
-            for pool in pools:
-                pool.zero_()
+        kit.sync(s)
+        assert np.array_equal(host[[p.slot for p in pages]], expected)  # the pages' host slots now
+        kit.zero_pools(pools)
         m.onboard(pages, stream=s)
         m.synchronize()
-        got = torch.cat([pool[torch.tensor([p.slot for p in pages], device="cuda")] for pool in pools], dim=1)
-        assert torch.equal(got, expected)
+        assert np.array_equal(pool_rows(pools, [p.slot for p in pages]), expected)
 
 
-def test_kernel_write_then_immediate_eviction_sees_the_write():
+def test_kernel_write_then_immediate_eviction_sees_the_write(kit):
     m = cuda_manager([group([0], [1 << 20])], gpu_quota=8 << 20, host_quota=8 << 20)
-    s = torch.cuda.Stream()
+    s = kit.stream()
     pages = m.allocate(0, 4, stream=s)
-    pool = m.hot_pool_tensors(0)[0]
-    with torch.cuda.stream(s):
-        pool.zero_()
-        torch.cuda._sleep(50_000_000)  # the write lands long after the eviction is submitted
-        for i, p in enumerate(pages):
-            pool[p.slot].fill_(i + 1)
+    pool = m.hot_pool_tensors(0, framework=kit.framework)[0]
+    kit.zero_pools([pool])
+    kit.delay(s, 0.05)  # the writes land long after the eviction is submitted
+    for i, p in enumerate(pages):
+        kit.fill(pool[p.slot], i + 1, s)
     m.evict(pages, stream=s)
     m.synchronize()
     host = m.host_pool_array(0)
@@ -78,37 +84,33 @@ def test_kernel_write_then_immediate_eviction_sees_the_write():
         assert (host[p.slot] == i + 1).all()
 
 
-def test_sm_path_uploads_device_indices_through_the_ring_and_chunks():
+def test_sm_path_uploads_device_indices_through_the_ring_and_chunks(kit):
     n = _native.kvcm.MAX_PAIRS_PER_CALL + 808
     m = cuda_manager([group([0], [64, 64])], ("concat", {"path": "sm"}), gpu_quota=128 * (n + 8),
                      host_quota=128 * (n + 8), index_ring_bytes=96 * 1024)
     assert m.page_index_location(0) == kv.PageIndexLocation.DEVICE
     assert m.index_ring() is None
     pages = m.allocate(0, n)
-    pool = m.hot_pool_tensors(0)[0]
-    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, device="cuda"))
-    before = pool[torch.tensor([p.slot for p in pages], device="cuda")].clone()
+    pool = m.hot_pool_tensors(0, framework=kit.framework)[0]
+    s = kit.stream()
+    kit.write(pool, np.random.default_rng(2).integers(0, 256, tuple(pool.shape), dtype=np.uint8), s)
+    kit.sync(s)
+    before = to_numpy(pool)[[p.slot for p in pages]]
     m.evict(pages)
     ring = m.index_ring()
     assert ring is not None and ring["capacity"] == 96 * 1024 and ring["live_leases"] == 0
     assert m.stats(CacheLevel.HOT)[0].codec_calls >= 2
-    pool.zero_()
+    kit.zero_pools([pool])
     m.onboard(pages)
     m.synchronize()
-    slots = torch.tensor([p.slot for p in pages], device="cuda")
-    assert torch.equal(pool[slots], before)  # page i back in its new slot, byte for byte
+    assert np.array_equal(to_numpy(pool)[[p.slot for p in pages]], before)  # page i back in its new slot
 
 
 def test_sm_path_round_trip_is_byte_exact_per_page():
     m = cuda_manager([group([0, 1], [256])], ("concat", {"path": "sm"}), gpu_quota=1 << 20, host_quota=1 << 20,
                      index_ring_bytes=512)
     pages = scattered(m, 0, 200)
-    rng = np.random.default_rng(3)
-    model = {}
-    for p in pages:
-        for v in m.page_view(p):
-            v.copy_(torch.from_numpy(rng.integers(0, 256, tuple(v.shape), dtype=np.uint8)))
-        model[p.id] = hot_bytes(m, p)
+    model = write_random(m, pages, np.random.default_rng(3))
     m.evict(pages)
     m.onboard(pages)
     m.synchronize()

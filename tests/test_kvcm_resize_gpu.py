@@ -1,8 +1,9 @@
-"""Resize and defragmentation on the CUDA backend: pages written by torch on a side stream are
+"""Resize and defragmentation on the CUDA backend: pages written on a side stream (by cuda-python
+alone and by torch: gpu_kit) are
 compacted, then moved by a hot shrink and a host shrink, all ordered on that stream without a host
 synchronization in between; contents and handles survive; the disk level shrinks, grows and
 defragments between an eviction and an onboard on a side stream. Skips cleanly without a CUDA
-device."""
+device and cuda-python."""
 
 from __future__ import annotations
 
@@ -10,26 +11,25 @@ import numpy as np
 from test_kvcm_support import config, group, hot_bytes
 
 from kvcodec_sdk import CacheLevel, KVCacheManager
-from kvcodec_sdk.testing.support import cuda_test_module
+from kvcodec_sdk.testing.support import gpu_test_marks
 
-torch, pytestmark = cuda_test_module()
+pytestmark = gpu_test_marks()
 
 
+def fill_on_stream(kit, m, pages, stream):
+    """Page i's bytes become i % 251 + 1, written on ``stream`` (not synchronized)."""
+    for i, p in enumerate(pages):
+        for v in m.page_view(p, framework=kit.framework):
+            kit.fill(v, i % 251 + 1, stream)
 
-def fill_on_stream(m, pages, stream):
-    """Page i's bytes become i % 251 + 1, written by torch on ``stream`` (not synchronized)."""
-    with torch.cuda.stream(stream):
-        for i, p in enumerate(pages):
-            for v in m.page_view(p):
-                v.fill_(i % 251 + 1)
 
-def test_shrink_and_defragment_after_side_stream_writes():
+def test_shrink_and_defragment_after_side_stream_writes(kit):
     page = 4096
     m = KVCacheManager(config([group([0], [3072, 1024])], gpu_quota=page * 64, host_quota=page * 64,
                               max_gpu_quota=page * 96, device="cuda:0"))
-    s = torch.cuda.Stream()
+    s = kit.stream()
     pages = m.allocate(0, 64, stream=s)
-    fill_on_stream(m, pages, s)
+    fill_on_stream(kit, m, pages, s)
     m.free(pages[::2])
     keep = list(pages[1::2])  # slots 1, 3, ..., 63
     assert m.defragment(CacheLevel.HOT, stream=s) == 16
@@ -41,7 +41,7 @@ def test_shrink_and_defragment_after_side_stream_writes():
     m.resize(CacheLevel.HOT, page * 8, stream=s)  # 16 pages, 8 slots: 8 evicted, 8 moved
     assert m.slot_counts(CacheLevel.HOT) == [(8, 0)]
     m.resize(CacheLevel.HOST, page * 4, stream=s)  # 8 on the host, 4 slots: 4 dropped (last level)
-    s.synchronize()
+    kit.sync(s)
     index = {p.id: i for i, p in enumerate(pages)}
     live = [p for p in keep[16:] if p.is_live]
     assert len(live) == 12
@@ -54,8 +54,8 @@ def test_shrink_and_defragment_after_side_stream_writes():
     m.close()
 
 
-def test_disk_shrink_grow_and_defragment_after_side_stream_writes(tmp_path):
-    # Pages written by torch on a side stream go hot -> disk (encode into the pinned ring on that
+def test_disk_shrink_grow_and_defragment_after_side_stream_writes(kit, tmp_path):
+    # Pages written on a side stream go hot -> disk (encode into the pinned ring on that
     # stream), then the disk level shrinks (journaled blob moves), grows and defragments; the
     # onboard on the stream must return the side-stream bytes.
     from kvcodec_sdk import DiskTierConfig
@@ -65,9 +65,9 @@ def test_disk_shrink_grow_and_defragment_after_side_stream_writes(tmp_path):
     m = KVCacheManager(config([group([0], [3072, 1024])], gpu_quota=page * 64, host_quota=0, disk=disk,
                               device="cuda:0"))
     try:
-        s = torch.cuda.Stream()
+        s = kit.stream()
         pages = m.allocate(0, 48, stream=s)
-        fill_on_stream(m, pages, s)
+        fill_on_stream(kit, m, pages, s)
         m.evict(pages, level=CacheLevel.DISK, stream=s)
         m.free(pages[::2])
         keep = list(pages[1::2])  # 24 pages spread over 48 slots
@@ -80,7 +80,7 @@ def test_disk_shrink_grow_and_defragment_after_side_stream_writes(tmp_path):
         assert sorted(p.slot for p in rest) == list(range(16))
         assert sum(st.drops for st in m.stats(CacheLevel.DISK)) == 0
         m.onboard(rest, source=CacheLevel.DISK, stream=s)
-        s.synchronize()
+        kit.sync(s)
         index = {p.id: i for i, p in enumerate(pages)}
         for p in rest:
             assert np.all(hot_bytes(m, p) == index[p.id] % 251 + 1)

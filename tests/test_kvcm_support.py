@@ -10,6 +10,7 @@ import numpy as np
 
 from kvcodec_sdk import BufferDesc, CacheLevel, KVCacheConfig, KVCacheManager, LayerGroupConfig, Role, _native
 from kvcodec_sdk.codec import Codec
+from kvcodec_sdk.gpu import DeviceArray
 from kvcodec_sdk.manager import PageHandle
 from kvcodec_sdk.spec import CodecSpec
 
@@ -50,9 +51,11 @@ def xor_key(representative: int) -> int:
 
 
 def to_numpy(view) -> np.ndarray:
-    """A copy of a numpy or torch (CPU or CUDA) view as a numpy array."""
+    """A copy of a numpy, torch (CPU or CUDA) or kvcodec_sdk.gpu.DeviceArray view as a numpy array."""
     if isinstance(view, np.ndarray):
         return view.copy()
+    if isinstance(view, DeviceArray):
+        return view.numpy()
     return view.detach().cpu().numpy().copy()
 
 
@@ -69,6 +72,8 @@ def write_random(m: KVCacheManager, pages, rng: np.random.Generator) -> dict[int
             data = rng.integers(1, 256, size=tuple(v.shape), dtype=np.uint8)
             if isinstance(v, np.ndarray):
                 v[:] = data
+            elif isinstance(v, DeviceArray):
+                v.copy_from(data)
             else:
                 import torch
 

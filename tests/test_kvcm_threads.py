@@ -56,7 +56,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_kvcm_support import config, group
 
-from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager, _native
+from kvcodec_sdk import CacheLevel, DiskTierConfig, KVCacheManager, gpu
 from kvcodec_sdk.manager import CapacityError, StalePageError
 
 HOT, HOST, DISK = CacheLevel.HOT, CacheLevel.HOST, CacheLevel.DISK
@@ -145,7 +145,7 @@ class Harness:
         self.group_of = {lvl: self.m.lifecycle_to_pool_group(lvl) for lvl in self.levels}
         self.page_bytes = [sum(b.bytes for b in self.m.buffer_layout(lc)) for lc in range(len(GROUPS))]
         self.memory = RWLock()
-        self.framework = "numpy" if device == "cpu" else "torch"
+        self.framework = "numpy" if device == "cpu" else "cuda"
         # Pages per (source, destination) level of every transfer, from any thread. Observers run
         # while the migration holds the manager, so they are serialized.
         self.transfers: collections.Counter = collections.Counter()
@@ -173,21 +173,13 @@ class Harness:
             if isinstance(v, np.ndarray):
                 v[:] = data[off:off + n]
             else:
-                import torch
-
-                v.copy_(torch.from_numpy(data[off:off + n].copy()))
+                v.copy_from(data[off:off + n])  # synchronized: done before any migration can read it
             off += n
         assert off == data.size
-        if self.on_gpu():
-            import torch
-
-            torch.cuda.synchronize()  # the writes are done before any migration can read them
 
 
 def _to_numpy(view) -> np.ndarray:
-    if isinstance(view, np.ndarray):
-        return view.copy()
-    return view.detach().cpu().numpy().copy()
+    return view.copy() if isinstance(view, np.ndarray) else view.numpy()
 
 
 @dataclass
@@ -756,17 +748,10 @@ def test_random_operations_for_a_while(kind, tmp_path):
     _stress(kind, "cpu", tmp_path, STRESS_SECONDS, STRESS_THREADS, STRESS_SEED)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return _native.driver_info()["device_count"] > 0 and torch.cuda.is_available()
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device and torch with CUDA")
+@pytest.mark.skipif(not gpu.available(), reason=f"needs a CUDA device and cuda-python: {gpu.unavailable_reason()}")
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_operations_for_a_while_on_the_gpu(kind, tmp_path):
-    """The same on the CUDA backend: hot pages are torch CUDA tensors written from the host."""
+    """The same on the CUDA backend: hot pages are kvcodec_sdk.gpu.DeviceArray views written from the
+    host (no torch)."""
     _stress(kind, "cuda:0", tmp_path, max(STRESS_SECONDS, 2.0), STRESS_THREADS, STRESS_SEED)
