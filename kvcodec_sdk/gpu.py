@@ -317,6 +317,36 @@ class DeviceArray:
         if stream is None:
             synchronize(s, self.device_id)
 
+    def take_rows(self, rows: Any) -> np.ndarray:
+        """Rows ``rows`` (indices along axis 0) of a 2-d array with contiguous rows, as a new
+        numpy array, copied on the side stream (synchronized)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        row_bytes = self._row_bytes(rows)
+        out = np.empty((rows.size,) + self.shape[1:], self.dtype)
+        side = side_stream(self.device_id)
+        for i, r in enumerate(rows.tolist()):
+            copy_bytes(out.ctypes.data + i * row_bytes, self.address + r * self.strides[0], row_bytes, side)
+        synchronize(side, self.device_id)
+        return out
+
+    def put_rows(self, rows: Any, values: Any) -> None:
+        """Writes ``values`` (one row per index, or anything that broadcasts to them) into rows
+        ``rows`` of a 2-d array with contiguous rows, on the side stream (synchronized)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        row_bytes = self._row_bytes(rows)
+        src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, self.dtype), (rows.size,) + self.shape[1:]))
+        side = side_stream(self.device_id)
+        for i, r in enumerate(rows.tolist()):
+            copy_bytes(self.address + r * self.strides[0], src.ctypes.data + i * row_bytes, row_bytes, side)
+        synchronize(side, self.device_id)
+
+    def _row_bytes(self, rows: np.ndarray) -> int:
+        if self.ndim < 1 or not self[0].is_contiguous:
+            raise ValueError("take_rows()/put_rows() need an array whose rows are contiguous")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows reach {int(rows.min())}..{int(rows.max())}; axis 0 has extent {self.shape[0]}")
+        return self[0].nbytes if self.shape[0] else 0
+
     def fill_bytes(self, value: int, stream: Any = None) -> None:
         """Sets every byte to ``value`` (queued on ``stream``; synchronized when it is None)."""
         if not self.is_contiguous:

@@ -1,6 +1,6 @@
-"""The prefix-reuse workload on the CUDA backend (torch views of the hot pools): the same seeded
-workload gives the same hits per level as on the CPU backend, every page verified on the device,
-and a host blob damaged between turns fails the run at onboarding."""
+"""The prefix-reuse workload on the CUDA backend (the hot pools as kvcodec_sdk.gpu.DeviceArray, no
+torch): the same seeded workload gives the same hits per level as on the CPU backend, every page
+verified, and a host blob damaged between turns fails the run at onboarding."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from kvcodec_sdk.bench import workload
 from kvcodec_sdk.manager import CacheLevel, PageHandle
-from kvcodec_sdk.testing.support import cuda_test_module
+from kvcodec_sdk.testing.support import gpu_test_marks
 
-torch, pytestmark = cuda_test_module()
+pytestmark = gpu_test_marks()
 
 TINY = workload.Workload(sessions=12, turns=3, prefixes=3, prefix_pages=6, new_pages=2)
 

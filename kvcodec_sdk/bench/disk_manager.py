@@ -26,10 +26,11 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from .. import gpu
 from ..kvcm_config import DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
@@ -75,24 +76,25 @@ def run_manager(directory: str | None, *, codecs: Sequence[str] = ("concat", "fp
     """The end-to-end rows (see the module docstring). ``store_gbps`` (``{"write": ..., "read":
     ...}``) gives the ratios to the store alone; without it ``vs_store`` is 0."""
     device = resolve_device(device)
-    torch = None
     if device != "cpu":
-        import torch
+        why = gpu.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"device {device!r} requested, but the GPU benchmark cannot run: {why}")
     layout = layout or Layout()
     n = max(2, total_bytes // layout.page_bytes)
     rows: list[ManagerRow] = []
     for name in codecs:
         _log(progress, f"through the manager: {name} on {device}, {n} pages of {layout.describe()}")
         with tempfile.TemporaryDirectory(prefix="kvcodec-bench-kvcm-disk-", dir=directory) as work:
-            rows += _run_codec(name, device, torch, layout, n, batch, io_threads, os.path.join(work, "disk"),
+            rows += _run_codec(name, device, layout, n, batch, io_threads, os.path.join(work, "disk"),
                                store_gbps or {}, progress)
     return rows
 
 
-def _run_codec(name: str, device: str, torch, layout: Layout, n: int, batch: int, io_threads: int, path: str,
+def _run_codec(name: str, device: str, layout: Layout, n: int, batch: int, io_threads: int, path: str,
                store_gbps: dict, progress: bool) -> list[ManagerRow]:
     spec = get_codec_spec(name)
-    bench = _Bench(device, torch, layout, n, 1, progress)
+    bench = _Bench(device, layout, n, 1, progress)
     quota = int(n * layout.page_bytes * 1.05) + layout.page_bytes
     disk = DiskTierConfig(path, max_bytes=2 * quota, container_bytes=256 * MiB, io_threads=io_threads)
     cfg = KVCacheConfig(layer_groups=[LayerGroupConfig(layout.buffer_configs())], gpu_quota=quota,
@@ -101,7 +103,7 @@ def _run_codec(name: str, device: str, torch, layout: Layout, n: int, batch: int
     try:
         cold = m.cold_page_bytes(0)
         pages = list(m.allocate(0, n))
-        pools = m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+        pools = m.hot_pool_tensors(0, framework="cuda" if device != "cpu" else "numpy")
 
         def slots() -> np.ndarray:
             return np.array([p.slot for p in pages], dtype=np.int64)
@@ -110,8 +112,6 @@ def _run_codec(name: str, device: str, torch, layout: Layout, n: int, batch: int
         for p, pool in enumerate(pools):
             bench.put(pool, s, bench.original(p))
         m.synchronize()
-        if torch is not None:
-            torch.cuda.synchronize()
 
         rows = []
         for blocking in (True, False):
@@ -168,14 +168,12 @@ def _verify(bench: _Bench, spec, pools: list, slots: np.ndarray, layout: Layout)
     """Byte-exact for a lossless codec; within ``spec.check_error`` for a lossy one. Raises on a
     wrong page."""
     for p, pool in enumerate(pools):
-        got = pool[bench.idx(slots)]
-        want = bench.original(p)
+        got_h = bench.take(pool, slots)
+        want_h = bench.original(p)
         if spec.lossless:
-            same = bool((got == want).all())
-            if not same:
+            if not np.array_equal(got_h, want_h):
                 raise RuntimeError(f"{spec.name}: pool {p} differs after the round trip through the disk level")
             continue
-        got_h, want_h = _host(got), _host(want)
         params = spec.validate_params({})
         for b in layout.pool_buffers(p):
             a = want_h[:, b.byte_offset:b.byte_offset + b.bytes]
@@ -186,6 +184,3 @@ def _verify(bench: _Bench, spec, pools: list, slots: np.ndarray, layout: Layout)
                     raise RuntimeError(f"{spec.name}: page {i}, pool {p}, buffer {b.role.name}: {why}")
     return "byte-exact" if spec.lossless else "within bound"
 
-
-def _host(x: Any) -> np.ndarray:
-    return x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)

@@ -35,7 +35,7 @@ is padded with zeros, which take no part in attention. Lossy codecs' decoded pag
 against the codec's declared bound (its spec's ``check_error``) on the first pages; a lossless
 codec's must equal the original byte for byte. The attention arithmetic is float64 numpy on the
 host whatever the device; on ``cuda`` only the codec calls run on the GPU (pools and blobs in
-device memory through torch).
+device memory through cuda-python, :mod:`kvcodec_sdk.gpu`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .. import gpu
 from ..layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..registry import create_codec, default_registry, get_codec_spec
 from ._common import Column, Table
@@ -348,17 +349,19 @@ def round_trip(name: str, params: Mapping[str, Any] | None, device: str, src: np
                buffers: list[BufferDesc]) -> tuple[np.ndarray, int]:
     """Encodes every page of ``src`` with the codec and decodes the blobs into fresh pages: the
     decoded pages (host numpy) and the cold page bytes. On a GPU the pools and blobs are device
-    memory (torch)."""
+    memory (:mod:`kvcodec_sdk.gpu`)."""
     pages, slot = src.shape
     ident = np.ascontiguousarray(np.stack([np.arange(pages)] * 2, axis=1).astype(np.int32))
-    torch = None
-    if device != "cpu":
-        import torch
-    hot = torch.from_numpy(src).to(device) if torch is not None else src
-    out = torch.zeros_like(hot) if torch is not None else np.zeros_like(src)
+    on_gpu = device != "cpu"
+    if on_gpu:
+        hot = gpu.to_device(np.ascontiguousarray(src), device)
+        out = gpu.empty(src.shape, np.uint8, device)
+        out.fill_bytes(0)
+    else:
+        hot, out = src, np.zeros_like(src)
 
     def group(pool) -> list[PoolGroupDesc]:
-        base = pool.data_ptr() if torch is not None else pool.ctypes.data
+        base = pool.address if on_gpu else pool.ctypes.data
         return [PoolGroupDesc([PoolDesc(base, slot, pages)], [LifeCycleDesc(0, tuple(buffers))])]
 
     codecs = []
@@ -374,19 +377,19 @@ def round_trip(name: str, params: Mapping[str, Any] | None, device: str, src: np
                 raise _Skip(f"cannot be configured for this layout: {exc}") from None
         enc, dec = codecs
         cold_bytes = enc.cold_page_bytes(0)
-        if torch is None:
+        if not on_gpu:
             blobs = np.zeros((pages, cold_bytes), np.uint8)
             enc.encode(0, blobs, ident)
             dec.decode(0, blobs, ident)
             return out, cold_bytes
-        stream = torch.cuda.Stream(device=device)
-        cold = torch.zeros((pages, cold_bytes), dtype=torch.uint8, device=device)
-        torch.cuda.synchronize(device)  # the copies and fills of the default stream land before the codec's calls
-        idx = (torch.from_numpy(ident).to(device) if enc.page_index_location(0).name == "DEVICE" else ident)
+        stream = gpu.new_stream(device)
+        cold = gpu.empty((pages, cold_bytes), np.uint8, device)
+        cold.fill_bytes(0)  # synchronized, as the copies above: done before the codec's calls
+        idx = gpu.to_device(ident, device) if enc.page_index_location(0).name == "DEVICE" else ident
         enc.encode(0, cold, idx, stream=stream)
         dec.decode(0, cold, idx, stream=stream)
-        stream.synchronize()
-        return out.cpu().numpy(), cold_bytes
+        stream.sync()
+        return out.numpy(), cold_bytes
     finally:
         for c in codecs:
             c.close()

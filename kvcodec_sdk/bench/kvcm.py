@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .. import _native
+from .. import _native, gpu
 from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import KVCacheManager
@@ -95,21 +95,18 @@ def run(device: str = "auto", pools: int = 3, sizes=DEFAULT_SIZES, pages: int = 
     if device == "auto":
         device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
     elif device == "cuda":
-        device = "cuda:0"  # torch's per-device calls want an index
-    torch = None
+        device = "cuda:0"  # per-device calls want an index
     if device != "cpu":
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError("the GPU benchmark times with torch; install torch with CUDA") from None
-        torch.cuda.set_device(torch.device(device))
+        why = gpu.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"device {device!r} requested, but the GPU benchmark cannot run: {why}")
     report = Report(device, pools, pages, iters, info=dict(_native.driver_info()))
-    if torch is not None:
-        report.info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if device != "cpu":
+        report.info["gpu"] = gpu.device(device).name
     _steps(progress, len(sizes))
     for piece in sizes:
         n = max(1, min(pages, max_bytes // (pools * piece)))
-        report.rows.extend(_run_size(device, torch, pools, piece, n, iters, progress, resident))
+        report.rows.extend(_run_size(device, pools, piece, n, iters, progress, resident))
         _advance(progress)
     return report
 
@@ -135,7 +132,7 @@ def overhead_ok(report: Report) -> bool:
     return bool(report.rows) and all(r.overhead_us_per_page <= TARGET_OVERHEAD_US_PER_PAGE for r in report.rows)
 
 
-def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
+def _run_size(device, pools, piece, n, iters, progress, resident=0):
     moved = n * pools * piece
     _log(progress, f"piece {_fmt(piece)}: {n} scattered pages x {pools} pools, {moved / MiB:.0f} MiB per direction"
                    + (f", {resident} resident pages" if resident else ""))
@@ -154,27 +151,29 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
     all_pages = m.allocate(0, 2 * n)
     m.free(all_pages[1::2])
     pages = all_pages[::2]
-    hot = m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+    on_gpu = device != "cpu"
+    hot = m.hot_pool_tensors(0, framework="cuda" if on_gpu else "numpy")
     slots = np.array([p.slot for p in pages])
     rng = np.random.default_rng(1)
-    stream = torch.cuda.Stream() if torch is not None else None
+    stream = gpu.new_stream(device) if on_gpu else None
 
     def sync():
-        if torch is not None:
-            stream.synchronize()
+        if stream is not None:
+            stream.sync()
         m.synchronize()
 
-    if torch is not None:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(1)
-        for h in hot:
-            h.copy_(torch.randint(0, 256, tuple(h.shape), dtype=torch.uint8, device=device, generator=gen))
-        idx = torch.as_tensor(slots, device=device)
-        expected = torch.cat([h[idx] for h in hot], dim=1).cpu().numpy()
-    else:
-        for h in hot:
-            h[:] = rng.integers(0, 256, h.shape, dtype=np.uint8)
-        expected = np.concatenate([h[slots] for h in hot], axis=1)
+    def rows(h, at):
+        return h.take_rows(at) if on_gpu else h[at]
+
+    # Random bytes in the pages' slots (the device pools' rows are copied in, synchronized).
+    values = [np.frombuffer(rng.bytes(n * piece), np.uint8).reshape(n, piece) for _ in hot]
+    for h, v in zip(hot, values):
+        if on_gpu:
+            h.put_rows(slots, v)
+        else:
+            h[slots] = v
+    expected = np.concatenate(values, axis=1)
+    values = None
 
     # Correctness first: one round trip through fresh slots, checked byte for byte.
     m.evict(pages, stream=stream)
@@ -183,14 +182,11 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
     if not np.array_equal(host[[p.slot for p in pages]], expected):
         raise RuntimeError(f"manager eviction produced wrong blobs at piece {piece}")
     for h in hot:
-        h.fill_(0) if torch is not None else h.fill(0)
-    if torch is not None:
-        torch.cuda.synchronize(device)  # the zeros (default stream) must land before onboarding writes
+        h.fill_bytes(0) if on_gpu else h.fill(0)  # the former synchronized: before onboarding writes
     m.onboard(pages, stream=stream)
     sync()
     back = np.array([p.slot for p in pages])
-    got = (torch.cat([h[torch.as_tensor(back, device=device)] for h in hot], dim=1).cpu().numpy()
-           if torch is not None else np.concatenate([h[back] for h in hot], axis=1))
+    got = np.concatenate([rows(h, back) for h in hot], axis=1)
     if not np.array_equal(got, expected):
         raise RuntimeError(f"manager onboarding produced wrong pages at piece {piece}")
 
@@ -215,7 +211,7 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
     m.onboard(pages, stream=stream)
     sync()
 
-    codec_results, ceilings = _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream)
+    codec_results, ceilings = _bare_codec_and_ceiling(device, pools, piece, n, iters, stream)
     rows = []
     for direction in ("evict", "onboard"):
         wall, cpu, walls, cpus = results[direction]
@@ -234,7 +230,7 @@ def _run_size(device, torch, pools, piece, n, iters, progress, resident=0):
     return rows
 
 
-def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
+def _bare_codec_and_ceiling(device, pools, piece, n, iters, stream):
     """The same concat codec called directly on identically shaped buffers, and the ceiling."""
     moved = n * pools * piece
     slots = 2 * n
@@ -242,11 +238,13 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
     dst = np.random.default_rng(2).permutation(n).astype(np.int32)
     enc = np.ascontiguousarray(np.stack([dst, src], axis=1))
     dec = np.ascontiguousarray(np.stack([src, dst], axis=1))
-    if torch is not None:
-        hot = [torch.zeros(slots * piece, dtype=torch.uint8, device=device) for _ in range(pools)]
-        cold = torch.empty(moved, dtype=torch.uint8, pin_memory=True)
-        contig = torch.empty(moved, dtype=torch.uint8, device=device)
-        bases = [h.data_ptr() for h in hot]
+    if stream is not None:
+        hot = [gpu.empty(slots * piece, np.uint8, device) for _ in range(pools)]
+        for h in hot:
+            h.fill_bytes(0)
+        cold = gpu.pinned(moved, np.uint8, device)
+        contig = gpu.empty(moved, np.uint8, device)
+        bases = [h.address for h in hot]
     else:
         hot = [np.zeros(slots * piece, np.uint8) for _ in range(pools)]
         cold = np.empty(moved, np.uint8)
@@ -256,11 +254,11 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
     codec.configure([PoolGroupDesc([PoolDesc(b, piece, slots) for b in bases], [LifeCycleDesc(0)])])
     on_device = codec.page_index_location(0).name == "DEVICE"
     if on_device:
-        enc, dec = torch.as_tensor(enc, device=device), torch.as_tensor(dec, device=device)
+        enc, dec = gpu.to_device(enc, device), gpu.to_device(dec, device)
 
     def sync():
-        if torch is not None:
-            stream.synchronize()
+        if stream is not None:
+            stream.sync()
 
     def timed(call):
         walls, cpus = [], []
@@ -280,10 +278,9 @@ def _bare_codec_and_ceiling(device, torch, pools, piece, n, iters, stream):
         "onboard": timed(lambda: codec.decode(0, cold, dec, stream=stream)),
     }
     codec.close()
-    if torch is not None:
-        with torch.cuda.stream(stream):
-            d2h = timed(lambda: cold.copy_(contig, non_blocking=True))
-            h2d = timed(lambda: contig.copy_(cold, non_blocking=True))
+    if stream is not None:
+        d2h = timed(lambda: gpu.copy_bytes(cold.address, contig.address, moved, stream))
+        h2d = timed(lambda: gpu.copy_bytes(contig.address, cold.address, moved, stream))
     else:
         d2h = h2d = timed(lambda: np.copyto(contig, cold))
     return out, {"evict": moved / d2h[0] / 1e9, "onboard": moved / h2d[0] / 1e9, "evict_samples": d2h[2],

@@ -19,7 +19,8 @@ scales, outlier channels, smooth token structure), whose :class:`BufferDesc` car
 tokens, heads and head dim so quantizing codecs see them. The default page is a real model's
 page: 6 layers x (K, V), each 16 tokens x 12 heads x 128 dims of bf16 (48 KiB), 576 KiB per page.
 A set of distinct generated pages is tiled over the pages moved. On a GPU the data is generated on
-the host and copied in; torch allocates and times, as in the other GPU benchmarks.
+the host and copied in; cuda-python (kvcodec_sdk.gpu) allocates, copies and synchronizes on a GPU, and
+the pools are the manager's as kvcodec_sdk.gpu.DeviceArray: torch is not needed.
 
 Reported per codec and direction:
 
@@ -55,7 +56,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import _native
+from .. import _native, gpu
 from ..errors import KvcodecError
 from ..kvcm_config import KVCacheConfig, LayerGroupConfig
 from ..layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
@@ -190,7 +191,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
     if device == "cuda":
-        return "cuda:0"  # torch's per-device calls want an index
+        return "cuda:0"  # per-device calls want an index
     return device
 
 
@@ -225,16 +226,13 @@ def run_codecs(codec: str = "all", params: Mapping[str, Any] | None = None, devi
     iters = iters if iters is not None else (DEFAULT_ITERS_GPU if on_gpu else DEFAULT_ITERS_CPU)
     if pages < 1 or iters < 1:
         raise ValueError(f"pages ({pages}) and iters ({iters}) must be >= 1")
-    torch = None
     if on_gpu:
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError("the GPU benchmark times with torch; install torch with CUDA") from None
-        torch.cuda.set_device(torch.device(device))
+        why = gpu.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"device {device!r} requested, but the GPU benchmark cannot run: {why}")
     report = CodecsReport(device, asdict(layout), layout.page_bytes, pages, iters, info=dict(_native.driver_info()))
-    if torch is not None:
-        report.info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if on_gpu:
+        report.info["gpu"] = gpu.device(device).name
     broken = default_registry().broken_plugins
     if broken:
         report.info["broken_plugins"] = broken
@@ -249,7 +247,7 @@ def run_codecs(codec: str = "all", params: Mapping[str, Any] | None = None, devi
             continue
         runnable.append(name)
 
-    bench = _Bench(device, torch, layout, pages, iters, progress)
+    bench = _Bench(device, layout, pages, iters, progress)
     _log(progress, f"{layout.describe()}; {pages} scattered pages per call on {device}, best of >= {iters}")
     _steps(progress, 1 + len(runnable))
     concat = bench.measure("concat", None)  # the baseline, on the same data and layout
@@ -323,56 +321,46 @@ def _data_generator():
 
 
 class _Bench:
-    """Shared data and helpers: numpy arrays on the CPU backend, torch tensors on a GPU."""
+    """Shared data and helpers: numpy arrays on the CPU backend, kvcodec_sdk.gpu.DeviceArray on a
+    GPU (rows copied in and out on the side stream; every comparison is made on the host)."""
 
-    def __init__(self, device: str, torch, layout: Layout, pages: int, iters: int, progress: bool):
-        self.device, self.torch, self.layout, self.n, self.iters, self.progress = (device, torch, layout, pages,
-                                                                                  iters, progress)
+    def __init__(self, device: str, layout: Layout, pages: int, iters: int, progress: bool):
+        self.device, self.layout, self.n, self.iters, self.progress = device, layout, pages, iters, progress
+        self.on_gpu = device != "cpu"
         fill_page_bytes = _data_generator()
         rng = np.random.default_rng(1)
         unique = min(pages, UNIQUE_PAGES)
         # (unique, slot_bytes) per pool; page i of the benchmark holds unique page i % unique.
-        host = [fill_page_bytes(rng, layout.slot_bytes, unique, layout.pool_buffers(p)) for p in range(layout.layers)]
+        self.unique = [fill_page_bytes(rng, layout.slot_bytes, unique, layout.pool_buffers(p))
+                       for p in range(layout.layers)]
         self.sel = np.arange(pages) % unique
-        if torch is not None:  # generated on the host, copied in
-            self.unique = [torch.from_numpy(h).to(device) for h in host]
-            self.stream = torch.cuda.Stream()
-        else:
-            self.unique = host
-            self.stream = None
+        self.stream = gpu.new_stream(device) if self.on_gpu else None
 
     # -- array helpers ---------------------------------------------------------------------------
 
-    def idx(self, slots):
-        slots = np.asarray(slots, dtype=np.int64)
-        return self.torch.as_tensor(slots, device=self.device) if self.torch is not None else slots
-
-    def original(self, pool: int, which=None):
+    def original(self, pool: int, which=None) -> np.ndarray:
         """(pages, slot_bytes) original contents of pool ``pool`` for the pages ``which`` (all)."""
         sel = self.sel if which is None else self.sel[which]
-        return self.unique[pool][self.idx(sel)]
+        return self.unique[pool][sel]
 
     def put(self, pool, slots, values) -> None:
-        pool[self.idx(slots)] = values
+        if isinstance(pool, gpu.DeviceArray):
+            pool.put_rows(slots, values)  # synchronized: done before any codec call reads it
+        else:
+            pool[np.asarray(slots, dtype=np.int64)] = values
 
-    def take(self, pool, slots):
-        return pool[self.idx(slots)]
-
-    def equal(self, a, b) -> bool:
-        return bool(self.torch.equal(a, b)) if self.torch is not None else bool(np.array_equal(a, b))
-
-    def to_host(self, a) -> np.ndarray:
-        return a.cpu().numpy() if self.torch is not None else np.asarray(a)
+    def take(self, pool, slots) -> np.ndarray:
+        if isinstance(pool, gpu.DeviceArray):
+            return pool.take_rows(slots)
+        return pool[np.asarray(slots, dtype=np.int64)]
 
     def zero(self, pools) -> None:
         for p in pools:
-            p.fill_(0) if self.torch is not None else p.fill(0)
-        if self.torch is not None:
-            self.torch.cuda.synchronize(self.device)  # default-stream fills land before the codec writes
+            p.fill_bytes(0) if isinstance(p, gpu.DeviceArray) else p.fill(0)  # the former synchronized
 
     def sync(self, m: KVCacheManager | None = None) -> None:
-        if self.torch is not None:
-            self.stream.synchronize()
+        if self.stream is not None:
+            self.stream.sync()
         if m is not None:
             m.synchronize()
 
@@ -385,12 +373,11 @@ class _Bench:
         _log(self.progress, f"{label}: {n} pages of {_fmt(lay.page_bytes)}, {n * lay.page_bytes / MiB:.0f} MiB "
                             f"per direction")
         slots = 2 * n
-        torch = self.torch
         # The bare codec, configured first: its cold-page size sizes the manager's host tier.
-        if torch is not None:
-            bare_hot = [torch.zeros((slots, lay.slot_bytes), dtype=torch.uint8, device=self.device)
-                        for _ in range(lay.layers)]
-            bases = [h.data_ptr() for h in bare_hot]
+        if self.on_gpu:
+            bare_hot = [gpu.empty((slots, lay.slot_bytes), np.uint8, self.device) for _ in range(lay.layers)]
+            self.zero(bare_hot)
+            bases = [h.address for h in bare_hot]
         else:
             bare_hot = [np.zeros((slots, lay.slot_bytes), np.uint8) for _ in range(lay.layers)]
             bases = [h.ctypes.data for h in bare_hot]
@@ -430,21 +417,19 @@ class _Bench:
         return m
 
     def _measure(self, name, spec, params, bare, bare_hot, cold_bytes) -> _Result:
-        lay, n, iters, torch = self.layout, self.n, self.iters, self.torch
+        lay, n, iters = self.layout, self.n, self.iters
         sync = self.sync
         m = self._manager(name, params, cold_bytes)
         try:
             all_pages = m.allocate(0, 2 * n)
             m.free(all_pages[1::2])
             pages = all_pages[::2]
-            hot = m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+            hot = m.hot_pool_tensors(0, framework="cuda" if self.on_gpu else "numpy")
             even, odd = np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)
             m_slots = [p.slot for p in pages]
             for p in range(lay.layers):  # page i holds the same bytes in the manager and bare
                 self.put(hot[p], m_slots, self.original(p))
                 self.put(bare_hot[p], even, self.original(p))
-            if torch is not None:
-                torch.cuda.synchronize(self.device)
             dropped = {d: [0, {}] for d in DIRECTIONS}
 
             def counted(direction, call, *a, **kw):
@@ -487,11 +472,10 @@ class _Bench:
             dec_alive = np.ascontiguousarray(np.stack([odd[alive], perm[alive]], axis=1).astype(np.int32))
             on_device = bare.page_index_location(0).name == "DEVICE"
             if on_device:
-                enc, enc_alive, dec_alive = (torch.as_tensor(a, device=self.device)
-                                             for a in (enc, enc_alive, dec_alive))
-            if torch is not None:
-                cold = torch.empty((n, cold_bytes), dtype=torch.uint8, pin_memory=True)
-                cold_np = cold.numpy()
+                enc, enc_alive, dec_alive = (gpu.to_device(a, self.device) for a in (enc, enc_alive, dec_alive))
+            if self.on_gpu:
+                cold = gpu.pinned((n, cold_bytes), np.uint8, self.device)
+                cold_np = np.asarray(cold)
             else:
                 cold = cold_np = np.zeros((n, cold_bytes), np.uint8)
             bare.encode(0, cold, enc, stream=self.stream)
@@ -501,19 +485,17 @@ class _Bench:
             ref = [self.take(bare_hot[p], odd[alive]) for p in range(lay.layers)]
             m_slots = [p.slot for p in pages]
             for p in range(lay.layers):
-                if not self.equal(self.take(hot[p], m_slots), ref[p]):
+                if not np.array_equal(self.take(hot[p], m_slots), ref[p]):
                     raise RuntimeError(f"{name}: onboard through the manager decoded other bytes than the bare codec "
                                        f"(pool {p}) from the same pages")
             # Evict: the manager's blobs, decoded by the bare codec, give the bare codec's pages.
             cold_np[perm[alive]] = blobs[alive]
             for p in range(lay.layers):
                 self.put(bare_hot[p], odd, 0)  # nothing left of the reference decode
-            if torch is not None:
-                torch.cuda.synchronize(self.device)
             bare.decode(0, cold, dec_alive, stream=self.stream)
             sync()
             for p in range(lay.layers):
-                if not self.equal(self.take(bare_hot[p], odd[alive]), ref[p]):
+                if not np.array_equal(self.take(bare_hot[p], odd[alive]), ref[p]):
                     raise RuntimeError(f"{name}: the manager's evicted blobs decode (bare codec) to other bytes than "
                                        f"the bare codec's own blobs (pool {p})")
             checked = self._check_fidelity(name, spec, params, ref, alive)
@@ -526,8 +508,6 @@ class _Bench:
                 if not spec.lossless:
                     for p in range(lay.layers):
                         self.put(hot[p], [q.slot for q in pages], self.original(p, alive))
-                    if torch is not None:
-                        torch.cuda.synchronize(self.device)
 
             after_onboard()
             # -- timing: manager and bare samples interleaved, so both see the same machine load --------
@@ -586,7 +566,7 @@ class _Bench:
         lay = self.layout
         if spec.lossless:
             for p in range(lay.layers):
-                if not self.equal(ref[p], self.original(p, alive)):
+                if not np.array_equal(ref[p], self.original(p, alive)):
                     raise RuntimeError(f"{name} declares itself lossless but its round trip changed pool {p}")
             return "lossless: byte-exact"
         check = spec.check_error
@@ -596,8 +576,8 @@ class _Bench:
         full = spec.validate_params(params)
         sample = min(len(alive), LOSSY_CHECKED_PAGES)
         for p in range(lay.layers):
-            got = self.to_host(ref[p][:sample])
-            want = self.to_host(self.original(p, alive[:sample]))
+            got = ref[p][:sample]
+            want = self.original(p, alive[:sample])
             for b in lay.pool_buffers(p):
                 for i in range(sample):
                     lo, hi = b.byte_offset, b.byte_offset + b.bytes

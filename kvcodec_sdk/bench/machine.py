@@ -88,7 +88,8 @@ def _plugins() -> dict[str, Any]:
 
 
 def _gpu(device: str | None) -> dict[str, Any]:
-    """The CUDA driver as the SDK sees it and, on a GPU run (torch already imported), the device."""
+    """The CUDA driver as the SDK sees it and, on a GPU run (cuda.core or torch already imported),
+    the device."""
     out: dict[str, Any] = {}
     try:
         from .. import _native
@@ -100,13 +101,29 @@ def _gpu(device: str | None) -> dict[str, Any]:
         out["memcpy_batch"] = info.get("memcpy_batch") or None
     except Exception as exc:
         out["error"] = f"driver_info failed: {type(exc).__name__}: {exc}"
-    torch = sys.modules.get("torch")  # imported by a GPU benchmark; a CPU run does not pay for it
+    index = int(device.partition(":")[2] or 0) if device and device.startswith("cuda") else 0
+    core = sys.modules.get("cuda.core")  # imported by a GPU benchmark (kvcodec_sdk.gpu); a CPU run does not pay
+    if core is not None and out.get("device_count"):
+        try:
+            from cuda.bindings import driver
+
+            d = core.Device(index)
+            cc = d.compute_capability
+            err, total = driver.cuDeviceTotalMem(index)
+            out.update(index=index, name=d.name, compute_capability=f"{cc.major}.{cc.minor}",
+                       multiprocessors=int(d.properties.multiprocessor_count),
+                       memory_bytes=int(total) if err == driver.CUresult.CUDA_SUCCESS else None)
+            build = int(info.get("cuda_build", 0))
+            out["cuda_runtime"] = f"{build // 1000}.{build % 1000 // 10}" if build else None
+            return out
+        except Exception as exc:
+            out["cuda_core_error"] = f"{type(exc).__name__}: {exc}"
+    torch = sys.modules.get("torch")  # imported by a GPU benchmark that uses torch
     if torch is None:
         return out
     try:
         out["cuda_runtime"] = torch.version.cuda
         if torch.cuda.is_available():
-            index = int(device.partition(":")[2] or 0) if device and device.startswith("cuda") else 0
             props = torch.cuda.get_device_properties(index)
             out.update(index=index, name=props.name, memory_bytes=int(props.total_memory),
                        compute_capability=f"{props.major}.{props.minor}",

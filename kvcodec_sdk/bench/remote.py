@@ -39,6 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .. import gpu
 from ..kvcm_config import KVCacheConfig, LayerGroupConfig, RemoteTierConfig
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
@@ -207,9 +208,10 @@ def run(backend: str = "valkey", codecs: Sequence[str] = ("concat", "fp8"), devi
         total_bytes: int | None = None, batch: int = 64, repeat: int = 3, layout: Layout | None = None,
         valkey: str | None = None, mooncake: str | None = None, progress: bool = True) -> Report:
     device = resolve_device(device)
-    torch = None
     if device != "cpu":
-        import torch
+        why = gpu.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"device {device!r} requested, but the GPU benchmark cannot run: {why}")
     layout = layout or Layout()
     total_bytes = total_bytes or (256 * MiB if device != "cpu" else 32 * MiB)
     n = max(batch, total_bytes // layout.page_bytes)
@@ -222,7 +224,7 @@ def run(backend: str = "valkey", codecs: Sequence[str] = ("concat", "fp8"), devi
         for name in codecs:
             _log(progress, f"{name} on {device}: {n} pages of {layout.describe()}, {batch} per call, "
                            f"{st['backend']} at {st['address']}")
-            rows += _run_codec(st, name, device, torch, layout, n, batch, repeat, progress)
+            rows += _run_codec(st, name, device, layout, n, batch, repeat, progress)
     concat = {r.direction: r.raw_gbps for r in rows if r.codec == "concat"}
     for r in rows:
         r.vs_concat = r.raw_gbps / concat[r.direction] if concat.get(r.direction) else 0.0
@@ -233,10 +235,10 @@ def run(backend: str = "valkey", codecs: Sequence[str] = ("concat", "fp8"), devi
     return Report(st["backend"], st["address"], device, batch, repeat, layout.describe(), rows, verdicts)
 
 
-def _run_codec(st: dict, name: str, device: str, torch: Any, layout: Layout, n: int, batch: int, repeat: int,
+def _run_codec(st: dict, name: str, device: str, layout: Layout, n: int, batch: int, repeat: int,
                progress: bool) -> list[Row]:
     spec = get_codec_spec(name)
-    bench = _Bench(device, torch, layout, n, 1, progress)
+    bench = _Bench(device, layout, n, 1, progress)
     quota = int(n * layout.page_bytes * 1.05) + layout.page_bytes
     cfg = KVCacheConfig(layer_groups=[LayerGroupConfig(layout.buffer_configs())], gpu_quota=quota, device=device)
     # The backend is built here (not by the manager) because the baseline drives its client too.
@@ -245,13 +247,11 @@ def _run_codec(st: dict, name: str, device: str, torch: Any, layout: Layout, n: 
     try:
         blob = m.cold_page_bytes(0)
         pages = list(m.allocate(0, n))
-        pools = m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+        pools = m.hot_pool_tensors(0, framework="cuda" if device != "cpu" else "numpy")
         slots = np.array([p.slot for p in pages], dtype=np.int64)
         for p, pool in enumerate(pools):
             bench.put(pool, slots, bench.original(p))
         m.synchronize()
-        if torch is not None:
-            torch.cuda.synchronize()
         m.set_keys(pages, [f"bench-{name}-{i}".encode() for i in range(n)])
         rng = np.random.default_rng(5)
         values = [rng.integers(0, 256, blob, dtype=np.uint8).tobytes() for _ in range(min(n, 64))]

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .. import _native
+from .. import _native, gpu
 from ..kvcm_config import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
@@ -174,21 +174,13 @@ def _seed_of(key: bytes) -> tuple[int, int]:
 
 class _Pattern:
     """Page contents derived from keys: byte ``i`` of a page is ``((i + offset) * mult) mod 256``,
-    computed on the hot pools' framework (numpy on the CPU backend, torch on CUDA)."""
+    computed on the host (device pools are written and read through row copies)."""
 
-    def __init__(self, torch, device: str, page_bytes: int):
-        self.torch = torch
-        if torch is not None:
-            self.index = torch.arange(page_bytes, dtype=torch.int64, device=device)
-            self.device = device
-        else:
-            self.index = np.arange(page_bytes, dtype=np.int64)
+    def __init__(self, page_bytes: int):
+        self.index = np.arange(page_bytes, dtype=np.int64)
 
-    def expected(self, keys: list) -> object:
+    def expected(self, keys: list) -> np.ndarray:
         seeds = [_seed_of(k) for k in keys]
-        if self.torch is not None:
-            t = self.torch.tensor(seeds, dtype=self.torch.int64, device=self.device)
-            return ((self.index[None, :] + t[:, :1]) * t[:, 1:]).remainder(256).to(self.torch.uint8)
         s = np.array(seeds, dtype=np.int64).reshape(-1, 2)
         return (((self.index[None, :] + s[:, :1]) * s[:, 1:]) & 0xFF).astype(np.uint8)
 
@@ -196,8 +188,9 @@ class _Pattern:
 class _Engine:
     """One run of the workload on one manager."""
 
-    def __init__(self, w: Workload, device: str, torch, host_tier: bool, disk_dir: str | None):
-        self.w, self.torch, self.device = w, torch, device
+    def __init__(self, w: Workload, device: str, host_tier: bool, disk_dir: str | None):
+        self.w, self.device = w, device
+        self.on_gpu = device != "cpu"
         buffers = [BufferDesc(layer, role, bytes=w.piece_bytes) for layer in range(w.layers) for role in (Role.KEY, Role.VALUE)]
         disk = None
         if disk_dir is not None:
@@ -209,9 +202,9 @@ class _Engine:
         self.host_tier = host_tier
         self.disk = disk is not None
         self.hot_group = self.m.lifecycle_to_pool_group(CacheLevel.HOT)[0]
-        self.pools = self.m.hot_pool_tensors(0, framework="torch" if torch is not None else "numpy")
+        self.pools = self.m.hot_pool_tensors(0, framework="cuda" if self.on_gpu else "numpy")
         self.pool_bytes = [int(p.shape[1]) for p in self.pools]
-        self.pattern = _Pattern(torch, device, w.page_bytes)
+        self.pattern = _Pattern(w.page_bytes)
         self.pages: dict[bytes, int] = {}  # key -> page id (may have been dropped since)
         self.moved = 0
         self.m.add_migration_observer(self._observe)
@@ -228,8 +221,6 @@ class _Engine:
 
     def _sync(self) -> None:
         self.m.synchronize()
-        if self.torch is not None:
-            self.torch.cuda.synchronize(self.device)
 
     def _timed(self, call):
         """Runs a migrating manager call; accounts its wall time (completion included) and its
@@ -249,11 +240,12 @@ class _Engine:
     def _write(self, ids: np.ndarray, keys: list) -> None:
         exp = self.pattern.expected(keys)
         slots = self._slots(ids)
-        if self.torch is not None:
-            slots = self.torch.as_tensor(slots, device=self.device)
         off = 0
         for pool, nb in zip(self.pools, self.pool_bytes):
-            pool[slots] = exp[:, off:off + nb]
+            if self.on_gpu:
+                pool.put_rows(slots, exp[:, off:off + nb])  # synchronized: before any migration reads it
+            else:
+                pool[slots] = exp[:, off:off + nb]
             off += nb
 
     def _verify(self, ids: np.ndarray, keys: list, what: str) -> None:
@@ -261,14 +253,12 @@ class _Engine:
             return
         exp = self.pattern.expected(keys)
         slots = self._slots(ids)
-        if self.torch is not None:
-            slots = self.torch.as_tensor(slots, device=self.device)
         off = 0
         for p, (pool, nb) in enumerate(zip(self.pools, self.pool_bytes)):
-            got = pool[slots]
+            got = pool.take_rows(slots) if self.on_gpu else pool[slots]
             bad = got != exp[:, off:off + nb]
             if bool(bad.any()):
-                row = int(np.argwhere(bad.cpu().numpy() if self.torch is not None else bad)[0][0])
+                row = int(np.argwhere(bad)[0][0])
                 raise RuntimeError(f"page {keys[row]!r} ({what}) has wrong bytes in hot pool {p}: the manager "
                                    f"corrupted or lost it")
             off += nb
@@ -357,8 +347,8 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(np.array(values), q)) * 1e6 if values else None
 
 
-def _run_once(w: Workload, device: str, torch, host_tier: bool, disk_dir: str | None, progress: bool) -> RunReport:
-    engine = _Engine(w, device, torch, host_tier, disk_dir)
+def _run_once(w: Workload, device: str, host_tier: bool, disk_dir: str | None, progress: bool) -> RunReport:
+    engine = _Engine(w, device, host_tier, disk_dir)
     rng = np.random.default_rng(w.seed)
     # Every session's turns in order, sessions interleaved at random (deterministic per seed).
     order = np.repeat(np.arange(w.sessions), w.turns)
@@ -439,19 +429,16 @@ def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | 
         raise ValueError(f"repeat is {repeat}; it must be >= 1")
     if device == "auto":
         device = "cuda:0" if _native.driver_info()["device_count"] > 0 else "cpu"
-    torch = None
     if device != "cpu":
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError("the GPU workload writes and verifies pages with torch; install torch with CUDA") from None
         if device == "cuda":
             device = "cuda:0"
-        torch.cuda.set_device(torch.device(device))
+        why = gpu.unavailable_reason()
+        if why is not None:
+            raise RuntimeError(f"device {device!r} requested, but the GPU workload cannot run: {why}")
     report = Report(device, asdict(w) | {"working_set_pages": w.working_set(), "page_bytes": w.page_bytes},
                     info=dict(_native.driver_info()))
-    if torch is not None:
-        report.info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    if device != "cpu":
+        report.info["gpu"] = gpu.device(device).name
     _log(progress, f"{w.sessions} sessions x {w.turns} turns, {w.prefixes} prefixes of {w.prefix_pages} pages, "
                    f"{w.new_pages} new pages/turn; working set {w.working_set()} pages of {w.page_bytes // KiB} KiB, "
                    f"hot {w.hot_slots()} slots, host {w.host_slots()} slots")
@@ -460,10 +447,10 @@ def run(device: str = "auto", workload: Workload | None = None, disk_dir: str | 
         runs = []
         for _ in range(repeat):
             if disk_dir is None:
-                runs.append(_run_once(w, device, torch, host_tier, None, progress))
+                runs.append(_run_once(w, device, host_tier, None, progress))
             else:
                 with tempfile.TemporaryDirectory(dir=disk_dir) as d:
-                    runs.append(_run_once(w, device, torch, host_tier, os.path.join(d, "kv"), progress))
+                    runs.append(_run_once(w, device, host_tier, os.path.join(d, "kv"), progress))
             _advance(progress)
         report.runs.append(_merge(runs))
     with_host, hot_only = report.runs

@@ -251,6 +251,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cp.add_argument("--json", metavar="PATH", type=output_file, help="also write the comparison as JSON")
 
 
+#: The benchmarks whose GPU runs need cuda-python only (kvcodec_sdk.gpu); the others use torch.
+CUDA_PYTHON_BENCHMARKS = frozenset({"concat", "kvcm", "codec", "workload", "disk", "remote", "fidelity"})
+
+
 def _usage_error(message: str) -> int:
     print(f"kvcodec bench: error: {message}", file=sys.stderr)
     return 2
@@ -271,16 +275,16 @@ def _no_gpu(args: argparse.Namespace) -> str | None:
         return f"--device {dev}: no CUDA device here (the CUDA driver reports none); use --device cpu"
     if index >= n:
         return f"--device {dev}: there are {n} CUDA device(s) here; valid: cuda:0 .. cuda:{n - 1}"
-    if args.benchmark == "concat" and getattr(args, "timer", "cuda-core") == "cuda-core":
+    if args.benchmark in CUDA_PYTHON_BENCHMARKS and getattr(args, "timer", "cuda-core") == "cuda-core":
         from .. import gpu
 
         why = gpu.unavailable_reason()
-        return None if why is None else f"--device {dev}: the concat benchmark allocates and times with cuda-python: {why}"
+        return None if why is None else f"--device {dev}: the {args.benchmark} benchmark runs on cuda-python: {why}"
     try:
         import torch
     except ImportError:
         return (f"--device {dev}: the {args.benchmark} benchmark allocates and times with torch, which is not "
-                "installed (kvcodec bench concat needs only cuda-python)")
+                f"installed ({', '.join(sorted(CUDA_PYTHON_BENCHMARKS))} need only cuda-python)")
     if not torch.cuda.is_available():
         return f"--device {dev}: torch {torch.__version__} sees no CUDA device (a CPU-only build?); use --device cpu"
     return None
