@@ -18,8 +18,8 @@
 # benchmark phase's step list and KVCODEC_GPU_PLUGIN_BENCH=0 skips the plugins' own benchmarks. kvcm-codecs runs every installed codec through
 # the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
-# no-torch runs the GPU tooling with torch hidden (conformance of concat and fp8, kvcodec bench concat, the
-# manager's GPU tests) and kvcodec bench concat timed by torch's events beside it.
+# no-torch runs the GPU tooling with torch hidden (conformance of concat and fp8, the cuda-python benchmarks
+# at small sizes, the manager's GPU tests) and kvcodec bench concat timed by torch's events beside it.
 #
 # Needs: CUDA toolkit (nvcc), cuda-python (the gpu extra), torch with CUDA, pluggy, numpy, pytest, hypothesis, and the build
 # requirements (scikit-build-core, pybind11, cmake, ninja) already installed: it builds with
@@ -149,7 +149,7 @@ cat "$OUT_DIR/bench-concat.txt" | grep -v '^\[bench\]'
 fi
 
 if want no-torch; then
-step "no-torch: the GPU tooling with torch hidden (conformance, bench concat, the manager's GPU tests) and the two timers"
+step "no-torch: the GPU tooling with torch hidden (conformance, the benchmarks, the manager's GPU tests) and the two timers"
 # A torch package that refuses to import, first on the path: what a machine without torch sees.
 hide="$(mktemp -d)"; mkdir -p "$hide/torch"
 echo 'raise ModuleNotFoundError("No module named torch (hidden by gpu-check.sh no-torch)", name="torch")' > "$hide/torch/__init__.py"
@@ -161,8 +161,17 @@ echo 'raise ModuleNotFoundError("No module named torch (hidden by gpu-check.sh n
   (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout -k 15 -s ABRT 420 python3 -X faulthandler -m pytest -q -m gpu -p no:cacheprovider \
      -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_gpu.py" "$OLDPWD/tests/test_kvcm_capacity_gpu.py" \
      "$OLDPWD/tests/test_kvcm_resize_gpu.py" "$OLDPWD/tests/test_kvcm_disk_gpu.py" "$OLDPWD/tests/test_kvcm_threads.py" \
-     "$OLDPWD/tests/test_conformance_suite.py" "$OLDPWD/tests/test_gpu_module.py" -rs --junitxml=no-torch-pytest.xml) || status=1
+     "$OLDPWD/tests/test_conformance_suite.py" "$OLDPWD/tests/test_gpu_module.py" "$OLDPWD/tests/test_workload_bench_gpu.py" \
+     -rs --junitxml=no-torch-pytest.xml) || status=1
   (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench concat --quiet --json bench-concat-no-torch.json) || status=1
+  # The other cuda-python benchmarks, small: through the manager (concat, then fp8 against concat),
+  # the workload, the disk level's manager rows and the fidelity of fp8's round trip on the GPU.
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench kvcm --quiet --json bench-kvcm-no-torch.json) || status=1
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench kvcm --codec fp8 --quiet --json bench-kvcm-fp8-no-torch.json) || status=1
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench workload --sessions 16 --quiet) || status=1
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench disk --bytes 256M --codecs concat,fp8 --device cuda \
+     --recovery-sweep none --quiet) || status=1
+  (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench fidelity --codec fp8 --device cuda --quiet) || status=1
   (cd "$OUT_DIR" && timeout 240 kvcodec bench concat --quiet --timer torch --json bench-concat-torch-timer.json) || status=1
 } > "$OUT_DIR/no-torch.txt" 2>&1
 grep -vE '^(SKIPPED|\[bench\])' "$OUT_DIR/no-torch.txt" | tail -60
