@@ -115,3 +115,11 @@ def test_a_machine_without_a_gpu_is_told_what_is_missing():
 
     report = gpu_tooling()
     assert report.startswith(("not installed: pip install", "installed, not usable here (no CUDA device"))
+
+
+def test_cuda_core_views_a_device_array_without_a_copy():
+    utils = pytest.importorskip("cuda.core.utils")
+    a = np.arange(24, dtype=np.uint16).reshape(4, 6)
+    view = utils.StridedMemoryView.from_dlpack(host_array(a)[1:3, 1:4], stream_ptr=-1)
+    assert view.ptr == a.ctypes.data + 1 * 12 + 1 * 2
+    assert tuple(view.shape) == (2, 3) and tuple(view.strides) == (6, 1) and view.dtype == np.uint16
