@@ -76,6 +76,7 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     _HostArray,
     _LevelName,
     _native_errors,
+    _resolve_framework,
     _torch_dtype,
     page_ring_bytes,
 )
@@ -604,28 +605,7 @@ class KVCacheManager:
         return [buffer_from_native(b) for b in self._live().lifecycle_info(int(lifecycle)).buffers]
 
     def _framework(self, framework: str) -> str:
-        if framework not in ("auto", "numpy", "torch", "cuda"):
-            raise ValueError(f"framework is {framework!r}; use 'auto', 'numpy', 'torch' or 'cuda'")
-        if self.device != "cpu":
-            if framework == "numpy":
-                raise ValueError("hot pools of a CUDA manager are device memory; use framework='cuda', 'torch' or 'auto'")
-            if framework == "auto":
-                try:
-                    import torch  # noqa: F401
-                except ImportError:
-                    return "cuda"
-                return "torch"
-            return framework
-        if framework == "cuda":
-            raise ValueError("framework='cuda' gives device memory; this manager's hot pools are host memory "
-                             "(use 'numpy', 'torch' or 'auto')")
-        if framework == "auto":
-            try:
-                import torch  # noqa: F401
-            except ImportError:
-                return "numpy"
-            return "torch"
-        return framework
+        return _resolve_framework(self.device, framework)
 
     def _pool_arrays(self, level: int, group: int, framework: str) -> list:
         key = (level, group, framework)

@@ -390,6 +390,25 @@ _NUMPY_DTYPES = {
     DataType.FLOAT32: np.float32, DataType.FLOAT8_E4M3: np.uint8, DataType.FLOAT8_E5M2: np.uint8, DataType.INT32: np.int32,
 }
 
+def _resolve_framework(device: str, framework: str) -> str:
+    """What ``framework`` ('auto', 'numpy', 'torch' or 'cuda') gives for a manager on ``device``."""
+    if framework not in ("auto", "numpy", "torch", "cuda"):
+        raise ValueError(f"framework is {framework!r}; use 'auto', 'numpy', 'torch' or 'cuda'")
+    on_gpu = device != "cpu"
+    if framework == "numpy" and on_gpu:
+        raise ValueError("hot pools of a CUDA manager are device memory; use framework='cuda', 'torch' or 'auto'")
+    if framework == "cuda" and not on_gpu:
+        raise ValueError("framework='cuda' gives device memory; this manager's hot pools are host memory "
+                         "(use 'numpy', 'torch' or 'auto')")
+    if framework != "auto":
+        return framework
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "cuda" if on_gpu else "numpy"
+    return "torch"
+
+
 # Element types numpy lacks, by the names kvcodec_sdk.gpu.DeviceArray exports through DLPack.
 _DEVICE_DTYPES = {DataType.BFLOAT16: "bfloat16", DataType.FLOAT8_E4M3: "float8_e4m3fn", DataType.FLOAT8_E5M2: "float8_e5m2"}
 
