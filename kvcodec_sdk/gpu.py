@@ -24,7 +24,7 @@ from . import _interop, _native
 
 __all__ = [
     "DeviceArray", "Timer", "available", "unavailable_reason", "device", "new_stream", "side_stream", "empty",
-    "pinned", "wrap", "to_device", "copy_bytes", "synchronize", "stream_done", "stream_handle", "INSTALL_HINT",
+    "pinned", "to_device", "copy_bytes", "synchronize", "stream_done", "stream_handle", "INSTALL_HINT",
 ]
 
 #: What to install for the GPU tooling.
@@ -128,12 +128,11 @@ def _check(result: Any, call: str) -> Any:
 def synchronize(stream: Any = None, dev: Any = "cuda:0") -> None:
     """Waits for ``stream`` (anything :func:`stream_handle` takes), or for the whole device when
     ``stream`` is None."""
-    device(dev)
-    handle = stream_handle(stream)
     if stream is None:
+        device(dev)
         _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
     else:
-        _check(_driver().cuStreamSynchronize(handle), "cuStreamSynchronize")
+        _check(_driver().cuStreamSynchronize(stream_handle(stream)), "cuStreamSynchronize")
 
 
 def stream_done(stream: Any) -> bool:
@@ -224,23 +223,21 @@ class DeviceArray:
                 raise TypeError(f"index {k!r} on axis {axis}; DeviceArray takes ints and step-1 slices")
         shape += self.shape[len(keys):]
         strides += self.strides[len(keys):]
-        return DeviceArray(address, shape, self.dtype, kind=self.kind, device_id=self.device_id, strides=strides,
-                           owner=self.owner)
+        return self._derived(address, shape, self.dtype, strides)
 
     def view(self, dtype: Any) -> "DeviceArray":
         """The same bytes as ``dtype``: the last axis must be contiguous and its bytes divisible by
         the new item size."""
         new = _as_dtype(dtype)
         if new.itemsize == self.dtype.itemsize:
-            return DeviceArray(self.address, self.shape, new, kind=self.kind, device_id=self.device_id,
-                               strides=self.strides, owner=self.owner)
+            return self._derived(self.address, self.shape, new, self.strides)
         if not self.shape or self.strides[-1] != self.dtype.itemsize:
             raise ValueError("view() with another item size needs a contiguous last axis")
         last = self.shape[-1] * self.dtype.itemsize
         if last % new.itemsize:
             raise ValueError(f"the last axis holds {last} bytes, not a multiple of {new.itemsize} ({_type_name(new)})")
-        return DeviceArray(self.address, self.shape[:-1] + (last // new.itemsize,), new, kind=self.kind,
-                           device_id=self.device_id, strides=self.strides[:-1] + (new.itemsize,), owner=self.owner)
+        return self._derived(self.address, self.shape[:-1] + (last // new.itemsize,), new,
+                             self.strides[:-1] + (new.itemsize,))
 
     def reshape(self, *shape: Any) -> "DeviceArray":
         """A view of a contiguous array with another shape (one extent may be -1)."""
@@ -254,7 +251,12 @@ class DeviceArray:
             dims[dims.index(-1)] = self.size // known if known else 0
         if int(np.prod(dims, dtype=np.int64)) != self.size:
             raise ValueError(f"cannot reshape {self.size} elements into shape {tuple(dims)}")
-        return DeviceArray(self.address, dims, self.dtype, kind=self.kind, device_id=self.device_id, owner=self.owner)
+        return self._derived(self.address, dims, self.dtype, None)
+
+    def _derived(self, address: int, shape: Any, dtype: Any, strides: Any) -> "DeviceArray":
+        """Another view of this array's memory (same kind, device and owner)."""
+        return DeviceArray(address, shape, dtype, kind=self.kind, device_id=self.device_id, strides=strides,
+                           owner=self.owner)
 
     # -- interchange ---------------------------------------------------------------------------
 
@@ -262,14 +264,14 @@ class DeviceArray:
     def __cuda_array_interface__(self) -> dict:
         if self.kind != "device":
             raise AttributeError("host memory exports __array_interface__, not __cuda_array_interface__")
-        return {"shape": self.shape, "typestr": _typestr(self.dtype), "data": (self.address, False), "version": 3,
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False), "version": 3,
                 "strides": None if self.is_contiguous else self.strides, "stream": None}
 
     @property
     def __array_interface__(self) -> dict:
         if self.kind != "host":
             raise AttributeError("device memory exports __cuda_array_interface__ and DLPack, not __array_interface__")
-        return {"shape": self.shape, "typestr": _typestr(self.dtype), "data": (self.address, False), "version": 3,
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False), "version": 3,
                 "strides": None if self.is_contiguous else self.strides}
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -318,34 +320,32 @@ class DeviceArray:
             synchronize(s, self.device_id)
 
     def take_rows(self, rows: Any) -> np.ndarray:
-        """Rows ``rows`` (indices along axis 0) of a 2-d array with contiguous rows, as a new
-        numpy array, copied on the side stream (synchronized)."""
+        """Rows ``rows`` (indices along axis 0) of an array with contiguous rows, as a new numpy
+        array, copied on the side stream (synchronized)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        row_bytes = self._row_bytes(rows)
         out = np.empty((rows.size,) + self.shape[1:], self.dtype)
-        side = side_stream(self.device_id)
-        for i, r in enumerate(rows.tolist()):
-            copy_bytes(out.ctypes.data + i * row_bytes, self.address + r * self.strides[0], row_bytes, side)
-        synchronize(side, self.device_id)
+        self._copy_rows(rows, out, to_host=True)
         return out
 
     def put_rows(self, rows: Any, values: Any) -> None:
         """Writes ``values`` (one row per index, or anything that broadcasts to them) into rows
-        ``rows`` of a 2-d array with contiguous rows, on the side stream (synchronized)."""
+        ``rows`` of an array with contiguous rows, on the side stream (synchronized)."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        row_bytes = self._row_bytes(rows)
         src = np.ascontiguousarray(np.broadcast_to(np.asarray(values, self.dtype), (rows.size,) + self.shape[1:]))
-        side = side_stream(self.device_id)
-        for i, r in enumerate(rows.tolist()):
-            copy_bytes(self.address + r * self.strides[0], src.ctypes.data + i * row_bytes, row_bytes, side)
-        synchronize(side, self.device_id)
+        self._copy_rows(rows, src, to_host=False)
 
-    def _row_bytes(self, rows: np.ndarray) -> int:
-        if self.ndim < 1 or not self[0].is_contiguous:
+    def _copy_rows(self, rows: np.ndarray, host: np.ndarray, *, to_host: bool) -> None:
+        """One copy per row between rows ``rows`` of this array and the rows of ``host``."""
+        if self.ndim < 1 or self.strides[1:] != _contiguous_strides(self.shape[1:], self.dtype.itemsize):
             raise ValueError("take_rows()/put_rows() need an array whose rows are contiguous")
         if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
             raise IndexError(f"rows reach {int(rows.min())}..{int(rows.max())}; axis 0 has extent {self.shape[0]}")
-        return self[0].nbytes if self.shape[0] else 0
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        side = side_stream(self.device_id)
+        for i, r in enumerate(rows.tolist()):
+            here, there = self.address + r * self.strides[0], host.ctypes.data + i * row_bytes
+            copy_bytes(there if to_host else here, here if to_host else there, row_bytes, side)
+        synchronize(side, self.device_id)
 
     def fill_bytes(self, value: int, stream: Any = None) -> None:
         """Sets every byte to ``value`` (queued on ``stream``; synchronized when it is None)."""
@@ -382,10 +382,6 @@ def _dl_code(dtype: np.dtype) -> str:
     return f"{dtype.kind}{dtype.itemsize}"
 
 
-def _typestr(dtype: np.dtype) -> str:
-    return dtype.str
-
-
 def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     strides, step = [], itemsize
     for extent in reversed(shape):
@@ -399,15 +395,17 @@ def _buffer_array(buffer: Any, shape: Any, dtype: Any, kind: str, device_id: int
     return DeviceArray(int(buffer.handle), shape, dtype, kind=kind, device_id=device_id, owner=buffer)
 
 
-def empty(shape: Any, dtype: Any = np.uint8, dev: Any = "cuda:0", *, stream: Any = None) -> DeviceArray:
-    """Uninitialised device memory (from the device's stream-ordered pool, ordered on ``stream``,
-    default the side stream, which is synchronized so the memory is usable on any stream)."""
+def _alloc_bytes(shape: Any, dtype: Any) -> int:
+    return max(1, int(np.prod(shape, dtype=np.int64)) * _as_dtype(dtype).itemsize)
+
+
+def empty(shape: Any, dtype: Any = np.uint8, dev: Any = "cuda:0") -> DeviceArray:
+    """Uninitialised device memory, from the device's stream-ordered pool on the side stream,
+    which is synchronized: the memory is usable on any stream at once."""
     d = device(dev)
-    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * _as_dtype(dtype).itemsize)
-    s = side_stream(d.device_id) if stream is None else _core().Stream.from_handle(stream_handle(stream))
-    buf = d.allocate(nbytes, stream=s)
-    if stream is None:
-        s.sync()
+    s = side_stream(d.device_id)
+    buf = d.allocate(_alloc_bytes(shape, dtype), stream=s)
+    s.sync()
     return _buffer_array(buf, shape, dtype, "device", d.device_id)
 
 
@@ -415,20 +413,8 @@ def pinned(shape: Any, dtype: Any = np.uint8, dev: Any = "cuda:0") -> DeviceArra
     """Uninitialised pinned (page-locked) host memory; :meth:`DeviceArray.numpy` of it is a copy,
     ``np.asarray`` a view."""
     d = device(dev)
-    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * _as_dtype(dtype).itemsize)
-    buf = _core().LegacyPinnedMemoryResource().allocate(nbytes)
+    buf = _core().LegacyPinnedMemoryResource().allocate(_alloc_bytes(shape, dtype))
     return _buffer_array(buf, shape, dtype, "host", d.device_id)
-
-
-def wrap(obj: Any, dev: Any = "cuda:0") -> DeviceArray:
-    """A :class:`DeviceArray` over another framework's device array (``__cuda_array_interface__``),
-    keeping it alive: no copy."""
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is None:
-        raise TypeError(f"{type(obj).__name__} has no __cuda_array_interface__")
-    dtype = np.dtype(cai["typestr"])
-    return DeviceArray(int(cai["data"][0]), cai["shape"], dtype, kind="device", device_id=_ordinal(dev),
-                       strides=cai.get("strides"), owner=obj)
 
 
 def to_device(array: np.ndarray, dev: Any = "cuda:0", *, pinned_memory: bool = False) -> DeviceArray:
@@ -448,7 +434,7 @@ class Timer:
     the calls that queue it, then ``t.milliseconds`` (which waits for the end event)."""
 
     def __init__(self, stream: Any, dev: Any = "cuda:0"):
-        self._device = device(dev)
+        device(dev)  # events are created in the device's context
         core = _core()
         self._stream = stream if isinstance(stream, core.Stream) else core.Stream.from_handle(stream_handle(stream))
         self._options = core.EventOptions(timing_enabled=True)

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
+import numpy as np
+
+from .. import gpu
+
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -46,6 +50,29 @@ def wall_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[
         fn()
         samples.append(time.perf_counter() - t0)
     return samples
+
+
+def take_rows(pool: Any, rows: Any) -> np.ndarray:
+    """Rows ``rows`` of a hot pool as a host array: a numpy pool (CPU backend) or a
+    :class:`~kvcodec_sdk.gpu.DeviceArray` (CUDA, copied out and synchronized)."""
+    if isinstance(pool, gpu.DeviceArray):
+        return pool.take_rows(rows)
+    return pool[np.asarray(rows, dtype=np.int64)]
+
+
+def put_rows(pool: Any, rows: Any, values: Any) -> None:
+    """Writes ``values`` into rows ``rows`` of a numpy pool or a DeviceArray (copied in and
+    synchronized: done before any codec call reads them)."""
+    if isinstance(pool, gpu.DeviceArray):
+        pool.put_rows(rows, values)
+    else:
+        pool[np.asarray(rows, dtype=np.int64)] = values
+
+
+def zero_pools(pools: Iterable[Any]) -> None:
+    """Zeroes numpy pools or DeviceArrays (the latter synchronized)."""
+    for p in pools:
+        p.fill_bytes(0) if isinstance(p, gpu.DeviceArray) else p.fill(0)
 
 
 def write_json(path: str | Path, report: Any) -> None:

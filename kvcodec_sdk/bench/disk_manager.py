@@ -34,7 +34,7 @@ from .. import gpu
 from ..kvcm_config import DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
-from ._common import MiB
+from ._common import MiB, put_rows, take_rows
 from ._common import log as _log
 from .kvcm_codecs import Layout, _Bench, resolve_device
 
@@ -110,7 +110,7 @@ def _run_codec(name: str, device: str, layout: Layout, n: int, batch: int, io_th
 
         s = slots()
         for p, pool in enumerate(pools):
-            bench.put(pool, s, bench.original(p))
+            put_rows(pool, s, bench.original(p))
         m.synchronize()
 
         rows = []
@@ -168,7 +168,7 @@ def _verify(bench: _Bench, spec, pools: list, slots: np.ndarray, layout: Layout)
     """Byte-exact for a lossless codec; within ``spec.check_error`` for a lossy one. Raises on a
     wrong page."""
     for p, pool in enumerate(pools):
-        got_h = bench.take(pool, slots)
+        got_h = take_rows(pool, slots)
         want_h = bench.original(p)
         if spec.lossless:
             if not np.array_equal(got_h, want_h):

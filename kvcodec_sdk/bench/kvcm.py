@@ -36,7 +36,7 @@ from ..kvcm_config import BufferDesc, KVCacheConfig, LayerGroupConfig
 from ..layout import LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import KVCacheManager
 from ..registry import create_codec
-from ._common import Column, KiB, MiB, Table
+from ._common import Column, KiB, MiB, Table, put_rows, take_rows, zero_pools
 from ._common import advance as _advance
 from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt
@@ -162,16 +162,10 @@ def _run_size(device, pools, piece, n, iters, progress, resident=0):
             stream.sync()
         m.synchronize()
 
-    def rows(h, at):
-        return h.take_rows(at) if on_gpu else h[at]
-
     # Random bytes in the pages' slots (the device pools' rows are copied in, synchronized).
     values = [np.frombuffer(rng.bytes(n * piece), np.uint8).reshape(n, piece) for _ in hot]
     for h, v in zip(hot, values):
-        if on_gpu:
-            h.put_rows(slots, v)
-        else:
-            h[slots] = v
+        put_rows(h, slots, v)
     expected = np.concatenate(values, axis=1)
     values = None
 
@@ -181,12 +175,11 @@ def _run_size(device, pools, piece, n, iters, progress, resident=0):
     host = m.host_pool_array(0)
     if not np.array_equal(host[[p.slot for p in pages]], expected):
         raise RuntimeError(f"manager eviction produced wrong blobs at piece {piece}")
-    for h in hot:
-        h.fill_bytes(0) if on_gpu else h.fill(0)  # the former synchronized: before onboarding writes
+    zero_pools(hot)  # synchronized: before onboarding writes
     m.onboard(pages, stream=stream)
     sync()
     back = np.array([p.slot for p in pages])
-    got = np.concatenate([rows(h, back) for h in hot], axis=1)
+    got = np.concatenate([take_rows(h, back) for h in hot], axis=1)
     if not np.array_equal(got, expected):
         raise RuntimeError(f"manager onboarding produced wrong pages at piece {piece}")
 
@@ -240,8 +233,7 @@ def _bare_codec_and_ceiling(device, pools, piece, n, iters, stream):
     dec = np.ascontiguousarray(np.stack([src, dst], axis=1))
     if stream is not None:
         hot = [gpu.empty(slots * piece, np.uint8, device) for _ in range(pools)]
-        for h in hot:
-            h.fill_bytes(0)
+        zero_pools(hot)
         cold = gpu.pinned(moved, np.uint8, device)
         contig = gpu.empty(moved, np.uint8, device)
         bases = [h.address for h in hot]

@@ -62,7 +62,7 @@ from ..kvcm_config import KVCacheConfig, LayerGroupConfig
 from ..layout import BufferDesc, DType, LifeCycleDesc, PoolDesc, PoolGroupDesc, Role
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import create_codec, default_registry, get_codec_spec
-from ._common import Column, MiB, Table
+from ._common import Column, MiB, Table, put_rows, take_rows, zero_pools
 from ._common import advance as _advance
 from ._common import fmt_range as _fmt_range
 from ._common import fmt_size as _fmt
@@ -343,21 +343,6 @@ class _Bench:
         sel = self.sel if which is None else self.sel[which]
         return self.unique[pool][sel]
 
-    def put(self, pool, slots, values) -> None:
-        if isinstance(pool, gpu.DeviceArray):
-            pool.put_rows(slots, values)  # synchronized: done before any codec call reads it
-        else:
-            pool[np.asarray(slots, dtype=np.int64)] = values
-
-    def take(self, pool, slots) -> np.ndarray:
-        if isinstance(pool, gpu.DeviceArray):
-            return pool.take_rows(slots)
-        return pool[np.asarray(slots, dtype=np.int64)]
-
-    def zero(self, pools) -> None:
-        for p in pools:
-            p.fill_bytes(0) if isinstance(p, gpu.DeviceArray) else p.fill(0)  # the former synchronized
-
     def sync(self, m: KVCacheManager | None = None) -> None:
         if self.stream is not None:
             self.stream.sync()
@@ -376,7 +361,7 @@ class _Bench:
         # The bare codec, configured first: its cold-page size sizes the manager's host tier.
         if self.on_gpu:
             bare_hot = [gpu.empty((slots, lay.slot_bytes), np.uint8, self.device) for _ in range(lay.layers)]
-            self.zero(bare_hot)
+            zero_pools(bare_hot)
             bases = [h.address for h in bare_hot]
         else:
             bare_hot = [np.zeros((slots, lay.slot_bytes), np.uint8) for _ in range(lay.layers)]
@@ -428,8 +413,8 @@ class _Bench:
             even, odd = np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)
             m_slots = [p.slot for p in pages]
             for p in range(lay.layers):  # page i holds the same bytes in the manager and bare
-                self.put(hot[p], m_slots, self.original(p))
-                self.put(bare_hot[p], even, self.original(p))
+                put_rows(hot[p], m_slots, self.original(p))
+                put_rows(bare_hot[p], even, self.original(p))
             dropped = {d: [0, {}] for d in DIRECTIONS}
 
             def counted(direction, call, *a, **kw):
@@ -445,7 +430,7 @@ class _Bench:
             slowest = fastest = time.perf_counter() - t0
             host = m.host_pool_array(m.lifecycle_to_pool_group(CacheLevel.HOST)[0])
             blobs = host[np.array([p.slot for p in pages])].copy()  # the manager's blob of page i
-            self.zero(hot)
+            zero_pools(hot)
             t0 = time.perf_counter()
             res = counted("onboard", m.onboard, pages, stream=self.stream)
             sync(m)
@@ -482,20 +467,20 @@ class _Bench:
             sync()
             bare.decode(0, cold, dec_alive, stream=self.stream)
             sync()
-            ref = [self.take(bare_hot[p], odd[alive]) for p in range(lay.layers)]
+            ref = [take_rows(bare_hot[p], odd[alive]) for p in range(lay.layers)]
             m_slots = [p.slot for p in pages]
             for p in range(lay.layers):
-                if not np.array_equal(self.take(hot[p], m_slots), ref[p]):
+                if not np.array_equal(take_rows(hot[p], m_slots), ref[p]):
                     raise RuntimeError(f"{name}: onboard through the manager decoded other bytes than the bare codec "
                                        f"(pool {p}) from the same pages")
             # Evict: the manager's blobs, decoded by the bare codec, give the bare codec's pages.
             cold_np[perm[alive]] = blobs[alive]
             for p in range(lay.layers):
-                self.put(bare_hot[p], odd, 0)  # nothing left of the reference decode
+                put_rows(bare_hot[p], odd, 0)  # nothing left of the reference decode
             bare.decode(0, cold, dec_alive, stream=self.stream)
             sync()
             for p in range(lay.layers):
-                if not np.array_equal(self.take(bare_hot[p], odd[alive]), ref[p]):
+                if not np.array_equal(take_rows(bare_hot[p], odd[alive]), ref[p]):
                     raise RuntimeError(f"{name}: the manager's evicted blobs decode (bare codec) to other bytes than "
                                        f"the bare codec's own blobs (pool {p})")
             checked = self._check_fidelity(name, spec, params, ref, alive)
@@ -507,7 +492,7 @@ class _Bench:
                 # again, as the bare codec does.
                 if not spec.lossless:
                     for p in range(lay.layers):
-                        self.put(hot[p], [q.slot for q in pages], self.original(p, alive))
+                        put_rows(hot[p], [q.slot for q in pages], self.original(p, alive))
 
             after_onboard()
             # -- timing: manager and bare samples interleaved, so both see the same machine load --------

@@ -43,7 +43,7 @@ from .. import gpu
 from ..kvcm_config import KVCacheConfig, LayerGroupConfig, RemoteTierConfig
 from ..manager import CacheLevel, KVCacheManager
 from ..registry import get_codec_spec
-from ._common import MiB, spread
+from ._common import MiB, put_rows, spread
 from ._common import log as _log
 from .disk_manager import _verify
 from .kvcm_codecs import Layout, _Bench, resolve_device
@@ -250,7 +250,7 @@ def _run_codec(st: dict, name: str, device: str, layout: Layout, n: int, batch: 
         pools = m.hot_pool_tensors(0, framework="cuda" if device != "cpu" else "numpy")
         slots = np.array([p.slot for p in pages], dtype=np.int64)
         for p, pool in enumerate(pools):
-            bench.put(pool, slots, bench.original(p))
+            put_rows(pool, slots, bench.original(p))
         m.synchronize()
         m.set_keys(pages, [f"bench-{name}-{i}".encode() for i in range(n)])
         rng = np.random.default_rng(5)

@@ -50,7 +50,7 @@ from .. import _native, gpu
 from ..kvcm_config import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig
 from ..layout import Role
 from ..manager import CacheLevel, KVCacheManager
-from ._common import Column, KiB, Table, Unpadded
+from ._common import Column, KiB, Table, Unpadded, put_rows, take_rows
 from ._common import advance as _advance
 from ._common import fmt_range as _fmt_range
 from ._common import log as _log
@@ -190,7 +190,6 @@ class _Engine:
 
     def __init__(self, w: Workload, device: str, host_tier: bool, disk_dir: str | None):
         self.w, self.device = w, device
-        self.on_gpu = device != "cpu"
         buffers = [BufferDesc(layer, role, bytes=w.piece_bytes) for layer in range(w.layers) for role in (Role.KEY, Role.VALUE)]
         disk = None
         if disk_dir is not None:
@@ -202,7 +201,7 @@ class _Engine:
         self.host_tier = host_tier
         self.disk = disk is not None
         self.hot_group = self.m.lifecycle_to_pool_group(CacheLevel.HOT)[0]
-        self.pools = self.m.hot_pool_tensors(0, framework="cuda" if self.on_gpu else "numpy")
+        self.pools = self.m.hot_pool_tensors(0, framework="cuda" if device != "cpu" else "numpy")
         self.pool_bytes = [int(p.shape[1]) for p in self.pools]
         self.pattern = _Pattern(w.page_bytes)
         self.pages: dict[bytes, int] = {}  # key -> page id (may have been dropped since)
@@ -242,10 +241,7 @@ class _Engine:
         slots = self._slots(ids)
         off = 0
         for pool, nb in zip(self.pools, self.pool_bytes):
-            if self.on_gpu:
-                pool.put_rows(slots, exp[:, off:off + nb])  # synchronized: before any migration reads it
-            else:
-                pool[slots] = exp[:, off:off + nb]
+            put_rows(pool, slots, exp[:, off:off + nb])  # synchronized: before any migration reads it
             off += nb
 
     def _verify(self, ids: np.ndarray, keys: list, what: str) -> None:
@@ -255,7 +251,7 @@ class _Engine:
         slots = self._slots(ids)
         off = 0
         for p, (pool, nb) in enumerate(zip(self.pools, self.pool_bytes)):
-            got = pool.take_rows(slots) if self.on_gpu else pool[slots]
+            got = take_rows(pool, slots)
             bad = got != exp[:, off:off + nb]
             if bool(bad.any()):
                 row = int(np.argwhere(bad)[0][0])

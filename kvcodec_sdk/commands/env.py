@@ -58,7 +58,9 @@ def _gpus() -> list[str] | str:
         try:
             from cuda.core import Device
 
-            if int(_driver_count()) == 0:
+            from .. import _native
+
+            if int(_native.driver_info()["device_count"]) == 0:
                 return []
             return [f"{d.device_id}: {d.name} (sm_{d.compute_capability.major}{d.compute_capability.minor})"
                     for d in Device.get_all_devices()]
@@ -75,12 +77,6 @@ def _gpus() -> list[str] | str:
                 for i in range(torch.cuda.device_count())]
     except Exception as exc:  # a broken torch must not break the report
         return f"unknown (torch failed: {exc})"
-
-
-def _driver_count() -> int:
-    from .. import _native
-
-    return int(_native.driver_info()["device_count"])
 
 
 def gpu_tooling() -> str:

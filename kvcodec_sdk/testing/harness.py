@@ -54,13 +54,6 @@ def make_codec(spec: CodecSpec, params: Mapping[str, Any] | None, device: str) -
 # -- memory -------------------------------------------------------------------------------------
 
 
-def upload_to_device(array: np.ndarray, device: str) -> gpu.DeviceArray:
-    """A device copy of a host array, made on the side stream (:func:`kvcodec_sdk.gpu.side_stream`),
-    which alone is synchronized: it never waits for the codec's (possibly blocked) stream or for
-    the whole device."""
-    return gpu.to_device(array, device)
-
-
 class _Region:
     """Bytes at ``address``: host (numpy), pinned host or device memory."""
 
@@ -301,9 +294,10 @@ class Harness:
         :class:`~kvcodec_sdk.gpu.DeviceArray` on the device."""
         pairs = np.ascontiguousarray(np.stack([np.asarray(dst), np.asarray(src)], axis=1).astype(np.int32).reshape(-1, 2))
         if self.location(lifecycle) == PageIndexLocation.DEVICE:
-            tensor = upload_to_device(pairs, self.device)
-            self._alive.append(tensor)
-            return tensor
+            # Uploaded on the side stream, never waiting for the codec's (possibly blocked) stream.
+            device_pairs = gpu.to_device(pairs, self.device)
+            self._alive.append(device_pairs)
+            return device_pairs
         self._alive.append(pairs)
         return pairs
 

@@ -196,9 +196,7 @@ def _poison_for(h: Harness, valid_dst: np.ndarray, valid_src: np.ndarray) -> Any
     wrong = np.stack([np.roll(valid_dst, -1), np.full_like(valid_src, valid_src[0])], axis=1).astype(np.int32)
     if h.stream is None:
         return wrong
-    from ..harness import upload_to_device
-
-    return upload_to_device(wrong, h.device)
+    return gpu.to_device(wrong, h.device)
 
 
 def _poison(h: Harness, indices: Any, wrong: Any) -> None:
