@@ -162,6 +162,7 @@ echo 'raise ModuleNotFoundError("No module named torch (hidden by gpu-check.sh n
      -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_gpu.py" "$OLDPWD/tests/test_kvcm_capacity_gpu.py" \
      "$OLDPWD/tests/test_kvcm_resize_gpu.py" "$OLDPWD/tests/test_kvcm_disk_gpu.py" "$OLDPWD/tests/test_kvcm_threads.py" \
      "$OLDPWD/tests/test_conformance_suite.py" "$OLDPWD/tests/test_gpu_module.py" "$OLDPWD/tests/test_workload_bench_gpu.py" \
+     "$OLDPWD/tests/test_gpu_interop_gpu.py" \
      -rs --junitxml=no-torch-pytest.xml) || status=1
   (cd "$OUT_DIR" && PYTHONPATH="$hide" timeout 240 kvcodec bench concat --quiet --json bench-concat-no-torch.json) || status=1
   # The other cuda-python benchmarks, small: through the manager (concat, then fp8 against concat),

@@ -77,3 +77,38 @@ def test_cupy_takes_the_pools_and_its_streams_order_the_manager():
         expected = cupy.asnumpy(a[slots])
     round_trip_through_the_host(m, pages, pool, s.ptr, expected)
     m.close()
+
+
+@pytest.mark.parametrize("cold_kind", ["pinned", "device"])
+def test_encode_on_cuda_needs_only_cuda_python(cold_kind):
+    """The plugins' test helper encodes into canary-filled pinned or device memory on a cuda.core
+    stream: concat's blobs equal the CPU reference's and no byte outside them changes."""
+    import kvcodec_sdk as kv
+    from kvcodec_sdk.testing.support import CANARY, assert_blobs_match, encode_on_cuda
+
+    rng = np.random.default_rng(9)
+    slots, sizes = 10, (4096, 100, 7)
+    host = [rng.integers(0, 256, (slots, s), dtype=np.uint8) for s in sizes]
+    dev = [gpu.to_device(h) for h in host]
+
+    def layout(pools):
+        return [kv.PoolGroupDesc([kv.PoolDesc(a, s, slots) for a, s in zip(pools, sizes)], [kv.LifeCycleDesc(0)])]
+
+    src, dst = np.array([7, 2, 5, 0]), np.array([3, 0, 5, 1])
+    pairs = np.stack([dst, src], 1).astype(np.int32)
+    cpu = kv.create_codec("concat", device="cpu")
+    cpu.configure(layout([h.ctypes.data for h in host]))
+    want = np.full((6, cpu.cold_page_bytes(0)), CANARY, np.uint8)
+    cpu.encode(0, want, pairs)
+    codec = kv.create_codec("concat", device="cuda")
+    codec.configure(layout([d.address for d in dev]))
+    on_device = codec.page_index_location(0) == kv.PageIndexLocation.DEVICE
+    stream = gpu.new_stream()
+    cold, got = encode_on_cuda(codec, gpu.to_device(pairs) if on_device else pairs, 6, cold_kind, stream)
+    assert isinstance(cold, gpu.DeviceArray) and cold.kind == ("host" if cold_kind == "pinned" else "device")
+    assert_blobs_match(got, want, dst, f"concat into {cold_kind} memory")
+    assert np.array_equal(got[dst], np.concatenate([h[src] for h in host], 1))
+    with pytest.raises(ValueError, match="cold_kind is 'managed'"):
+        encode_on_cuda(codec, pairs, 6, "managed", stream)
+    codec.close()
+    cpu.close()

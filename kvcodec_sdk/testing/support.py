@@ -98,15 +98,20 @@ def plugin_conftest(namespace: dict[str, Any], *, module: str, distribution: str
 def encode_on_cuda(codec: Any, pairs: Any, num_blobs: int, cold_kind: str, stream: Any) -> tuple[Any, np.ndarray]:
     """Encodes with a configured CUDA ``codec`` (lifecycle 0, index ``pairs`` where the codec reads
     them) into a fresh buffer of ``num_blobs`` cold blobs filled with :data:`CANARY`, in pinned host
-    memory (``cold_kind="pinned"``) or device memory (``"device"``), and waits for ``stream``.
-    Returns the buffer (a torch tensor) and a host copy of its bytes, one row per blob."""
-    import torch
+    memory (``cold_kind="pinned"``) or device memory (``"device"``), and waits for ``stream``
+    (anything with ``__cuda_stream__``: cuda.core, torch, CuPy). Returns the buffer (a
+    :class:`kvcodec_sdk.gpu.DeviceArray`, which torch, CuPy and numpy wrap without a copy) and a
+    host copy of its bytes, one row per blob. Needs cuda-python, not torch."""
+    from .. import gpu
 
-    cold = torch.full((num_blobs, codec.cold_page_bytes(0)), CANARY, dtype=torch.uint8)
-    cold = cold.pin_memory() if cold_kind == "pinned" else cold.cuda()
+    if cold_kind not in ("pinned", "device"):
+        raise ValueError(f"cold_kind is {cold_kind!r}; valid: 'pinned', 'device'")
+    shape = (num_blobs, codec.cold_page_bytes(0))
+    cold = gpu.pinned(shape) if cold_kind == "pinned" else gpu.empty(shape)
+    cold.fill_bytes(CANARY)  # synchronized: the fill is done before the codec's stream starts
     codec.encode(0, cold, pairs, stream=stream)
-    stream.synchronize()
-    return cold, cold.cpu().numpy()
+    gpu.synchronize(stream)
+    return cold, cold.numpy()
 
 
 def assert_blobs_match(got: np.ndarray, want: np.ndarray, dst: Iterable[int], label: str) -> None:
