@@ -29,9 +29,11 @@ __all__ = ["KV_LAYOUTS", "kv_pool_group", "kv_data_type"]
 #:
 #: A buffer descriptor covers contiguous bytes as ``[token][head][dim]``, so each layout becomes
 #: the fewest buffers that say exactly where every K and V element is: one K and one V buffer per
-#: layer for ``"2NHC"``, one per head for ``"H2NC"`` and ``"2HNC"``, one per head and token for
-#: ``"HN2C"``. Quantizing codecs (fp8) then see real K and V with their heads; lossless codecs
-#: copy whole slots either way.
+#: layer for ``"2NHC"``, one per head for ``"H2NC"`` and ``"2HNC"``, and for ``"HN2C"`` one
+#: ``BufferRole.KEY_VALUE`` buffer per head, shaped ``(tokens, 2, head_dim)``: its two "heads" are
+#: that head's K and V. Quantizing codecs (fp8, nvfp4) then see real K and V with their heads
+#: (a scale per page and head is one for the head's K and one for its V); lossless codecs copy
+#: whole slots either way.
 KV_LAYOUTS = ("H2NC", "HN2C", "2NHC", "2HNC")
 
 _TORCH_DTYPES = {
@@ -114,10 +116,8 @@ def _layer_buffers(layout: str, layer_id: int, pool: int, dtype: DataType, heads
             for p, role in enumerate(roles):
                 add(role, (h * 2 + p) * tokens * row, tokens, 1)
     elif layout == "HN2C":
-        for h in range(heads):
-            for t in range(tokens):
-                for p, role in enumerate(roles):
-                    add(role, ((h * tokens + t) * 2 + p) * row, 1, 1)
+        for h in range(heads):  # [token][K, V][dim]: a K-and-V buffer whose two "heads" are K and V
+            add(BufferRole.KEY_VALUE, h * tokens * 2 * row, tokens, 2)
     else:
         raise ValueError(f"KV layout {layout!r} is not one of {', '.join(KV_LAYOUTS)}")
     return out

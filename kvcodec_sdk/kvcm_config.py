@@ -234,6 +234,10 @@ class KVCacheConfig:
                     )
                 if buf.bytes % dtype.itemsize:
                     raise KVCacheConfigError(f"{bw}.bytes is {buf.bytes}, not a multiple of the {dtype.name} item size {dtype.itemsize}")
+                if BufferRole(buf.role) == BufferRole.KEY_VALUE and shape[1] % 2:
+                    raise KVCacheConfigError(
+                        f"{bw}.num_heads is {shape[1]}; a KEY_VALUE buffer alternates K and V along its heads, so it "
+                        "needs an even number")
         _int(f"{w}.gpu_quota", self.gpu_quota, 1)
         _int(f"{w}.host_quota", self.host_quota, 0)
         if self.max_gpu_quota is not None:

@@ -49,6 +49,11 @@ class BufferRole(enum.IntEnum):
     KEY = 0
     VALUE = 1
     OTHER = 2
+    #: K and V side by side along the heads axis: of a shaped buffer's heads, ``2h`` is KV head
+    #: ``h``'s K and ``2h + 1`` its V (an even number of heads). One KV head of vLLM's
+    #: FlashAttention blocks, whose tokens each hold that head's K row then its V row, is one such
+    #: buffer of shape ``(tokens, 2, head_dim)`` (:func:`kvcodec_sdk.kv_tensors.kv_pool_group`, ``"HN2C"``).
+    KEY_VALUE = 3
 
 
 #: Short names of :class:`DataType` and :class:`BufferRole` (the same classes).

@@ -50,7 +50,8 @@ def split_list(text: str) -> list[str]:
 def quantizes(buffer: Any, params: Mapping[str, Any] | None, dtypes: Iterable[int]) -> bool:
     """True when a quantizing codec quantizes ``buffer`` (a :class:`~kvcodec_sdk.BufferDesc`).
 
-    That is: its role is K or V and not listed in ``params["lossless_roles"]``, its layer is not
+    That is: its role is K, V or K-and-V (``KEY_VALUE``, lossless when ``key`` or ``value`` is
+    listed) and not listed in ``params["lossless_roles"]``, its layer is not
     listed in ``params["lossless_layers"]``, its dtype is one of ``dtypes`` (the codec's
     quantizable dtypes, e.g. ``(DType.BFLOAT16, DType.FLOAT16)``) and it is shaped (tokens per
     page, heads and head dim all set). Every other buffer is copied losslessly. ``params`` are
@@ -58,6 +59,8 @@ def quantizes(buffer: Any, params: Mapping[str, Any] | None, dtypes: Iterable[in
     """
     params = params or {}
     roles = {ROLE_NAMES[r] for r in split_list(params.get("lossless_roles", ""))} | {Role.OTHER}
+    if roles & {Role.KEY, Role.VALUE}:
+        roles.add(Role.KEY_VALUE)  # it holds both: kept whole when either is
     layers = {int(x) for x in split_list(params.get("lossless_layers", ""))}
     shaped = buffer.tokens_per_page > 0 and buffer.num_heads > 0 and buffer.head_dim > 0
     return (int(buffer.dtype) in {int(DType(d)) for d in dtypes} and shaped and Role(buffer.role) not in roles

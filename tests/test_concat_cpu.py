@@ -419,7 +419,11 @@ def _bad_layouts(mem):
         "empty buffer": (one(buf(bytes=0)), r"buffers\[0\] covers bytes \[0, 0\)"),
         "bad pool index": (one(buf(), buf(pool_index=3)), r"buffers\[1\]\.poolIndex is 3; valid pool indices are 0\.\.2"),
         "negative pool index": (one(buf(pool_index=-1)), r"buffers\[0\]\.poolIndex is -1"),
-        "bad role": (one(buf(role=7)), r"buffers\[0\]\.role is 7"),
+        "bad role": (one(buf(role=7)), r"buffers\[0\]\.role is 7; valid roles are 0 \(K\), 1 \(V\), 2 \(other\), 3"),
+        "odd K-and-V heads": (
+            one(buf(role=3, bytes=8, dtype=DType.FLOAT16, tokens_per_page=1, num_heads=1, head_dim=4)),
+            r"buffers\[0\]\.numHeads is 1; a K-and-V buffer \(role 3\) alternates K and V along its heads",
+        ),
         "bad dtype": (one(buf(dtype=42)), r"buffers\[0\]\.dtype is 42"),
         "shape/bytes mismatch": (
             one(buf(dtype=DType.FLOAT16, tokens_per_page=1, num_heads=2, head_dim=3)),

@@ -54,8 +54,19 @@ def read_buffer(tensors, group: kv.PoolGroupDesc, buf: kv.BufferDesc, slot: int,
     return raw[start:start + buf.bytes].view(np_dtype).reshape(buf.tokens_per_page, buf.num_heads, buf.head_dim)
 
 
+KV_ROLES = (kv.BufferRole.KEY, kv.BufferRole.VALUE, kv.BufferRole.KEY_VALUE)
+
+
 def kv_buffers(group: kv.PoolGroupDesc) -> list[kv.BufferDesc]:
-    return [b for b in group.lifecycles[0].buffers if b.role in (kv.BufferRole.KEY, kv.BufferRole.VALUE)]
+    return [b for b in group.lifecycles[0].buffers if b.role in KV_ROLES]
+
+
+def role_parts(b: kv.BufferDesc, part: np.ndarray, role: kv.BufferRole) -> np.ndarray | None:
+    """The (tokens, heads, dim) elements of ``role`` a buffer holds: all of a K or V buffer's, the
+    even (K) or odd (V) heads of a K-and-V buffer's; None when it holds none."""
+    if b.role == kv.BufferRole.KEY_VALUE:
+        return part[:, 0::2] if role == kv.BufferRole.KEY else part[:, 1::2]
+    return part if b.role == role else None
 
 
 @pytest.mark.parametrize("layout", KV_LAYOUTS)
@@ -79,15 +90,17 @@ def test_every_kv_element_is_where_the_descriptor_says(layout):
                 got = np.zeros_like(want)
                 seen = np.zeros(want.shape, bool)
                 for b in kv_buffers(group):
-                    if b.layer_id != layer or b.role != role:
+                    if b.layer_id != layer:
                         continue
                     assert b.pool_index == pool and b.dtype == kv.DataType.FLOAT32
-                    part = read_buffer(tensors, group, b, block, np.float32)
+                    part = role_parts(b, read_buffer(tensors, group, b, block, np.float32), role)
+                    if part is None:
+                        continue
                     # A buffer holds a run of tokens and heads; find where it sits in the block.
                     first = np.argwhere(want == part.flat[0])
                     assert len(first) == 1, "each value is distinct, so one place matches"
                     t0, h0, _ = first[0]
-                    sl = (slice(t0, t0 + b.tokens_per_page), slice(h0, h0 + b.num_heads))
+                    sl = (slice(t0, t0 + part.shape[0]), slice(h0, h0 + part.shape[1]))
                     assert not seen[sl].any(), "two buffers name the same element"
                     got[sl] = part
                     seen[sl] = True
@@ -99,8 +112,11 @@ def test_every_kv_element_is_where_the_descriptor_says(layout):
 def test_fewest_buffers_per_layout(layout):
     tensors = [engine_tensor(layout, 0)]
     buffers = kv_pool_group(tensors, layout=layout, num_heads=HEADS, head_dim=DIM, block_size=TOKENS).lifecycles[0].buffers
-    want = {"2NHC": 2, "2HNC": 2 * HEADS, "H2NC": 2 * HEADS, "HN2C": 2 * HEADS * TOKENS}[layout]
+    want = {"2NHC": 2, "2HNC": 2 * HEADS, "H2NC": 2 * HEADS, "HN2C": HEADS}[layout]
     assert len(buffers) == want
+    if layout == "HN2C":  # one K-and-V buffer per head: its tokens' K row, then V row
+        assert {(b.role, b.tokens_per_page, b.num_heads, b.head_dim) for b in buffers} == {
+            (kv.BufferRole.KEY_VALUE, TOKENS, 2, DIM)}
     if layout == "2NHC":
         assert (buffers[0].tokens_per_page, buffers[0].num_heads, buffers[0].head_dim) == (TOKENS, HEADS, DIM)
 
@@ -208,3 +224,16 @@ def test_codecs_encode_and_decode_engine_tensors_in_place(layout, codec_name):
                 problem = spec.check_error(x, y, buf, codec.params)
                 assert problem is None, problem
     codec.close()
+
+
+def test_vllm_gpu_blocks_quantize_as_one_key_value_buffer_per_head():
+    """HN2C (vLLM's FlashAttention blocks): one K-and-V buffer per head, so fp8 keeps a scale per
+    head's K and V (about half the bf16 bytes), not one per token's 32-element row."""
+    tensors = [engine_tensor("HN2C", l, torch.bfloat16) for l in range(LAYERS)]
+    _fill_kv_like(tensors, "HN2C", np.random.default_rng(9))
+    group = kv_pool_group(tensors, layout="HN2C", num_heads=HEADS, head_dim=DIM, block_size=TOKENS)
+    codec = kv.create_codec("fp8", device="cpu")
+    codec.configure([group])
+    ratio = codec.cold_page_bytes(0) / sum(p.slot_bytes for p in group.pools)
+    codec.close()
+    assert 0.5 < ratio < 0.52, ratio

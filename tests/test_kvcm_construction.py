@@ -45,6 +45,8 @@ def assert_consumed(codec):
         (lambda c: config([LayerGroupConfig([BufferDesc(0, Role.KEY, bytes=63, dtype=kv.DType.FLOAT16)])]),
          r"bytes is 63, not a multiple of the FLOAT16 item size 2"),
         (lambda c: config([group([0], [64])], index_ring_bytes=100), r"index_ring_bytes is 100; it must be a multiple of 8"),
+        (lambda c: config([LayerGroupConfig([BufferDesc(0, Role.KEY_VALUE, bytes=96, dtype=kv.DType.FLOAT16, tokens_per_page=4, num_heads=3, head_dim=4)])]),
+         r"buffers\[0\].num_heads is 3; a KEY_VALUE buffer alternates K and V along its heads, so it needs an even number"),
     ],
 )
 def test_config_errors_name_the_field(mutate, field):

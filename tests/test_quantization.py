@@ -42,6 +42,12 @@ def test_lossless_roles_and_layers_exclude_buffers():
     assert not q.quantizes(_buf(layer=0, role=kv.Role.KEY), params, HALF)
 
 
+@pytest.mark.parametrize("lossless, quantized", [("", True), ("key", False), ("value", False), ("other", True)])
+def test_a_key_value_buffer_is_quantized_unless_key_or_value_is_kept_lossless(lossless, quantized):
+    params = _spec().validate_params({"lossless_roles": lossless})
+    assert q.quantizes(_buf(role=kv.Role.KEY_VALUE), params, HALF) is quantized
+
+
 @pytest.mark.parametrize("params,words", [
     ({"lossless_roles": "key,query"}, ["'quant'", "'lossless_roles'", "'query'", "'key', 'value', 'other'"]),
     ({"lossless_layers": "0,-1"}, ["'quant'", "'lossless_layers'", "'-1'", "non-negative layer ids"]),

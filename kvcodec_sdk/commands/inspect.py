@@ -251,7 +251,7 @@ def summarize(layout: dict, pools: list, lifecycle: int) -> list[dict]:
             continue
         for b in lc["buffers"]:
             raw = pools[b["pool_index"]][b["byte_offset"]: b["byte_offset"] + b["bytes"]]
-            row = {"layer": b["layer_id"], "role": ("K", "V", "other")[b["role"]], "pool": b["pool_index"],
+            row = {"layer": b["layer_id"], "role": ("K", "V", "other", "K+V")[b["role"]], "pool": b["pool_index"],
                    "bytes": b["bytes"]}
             if b["dtype"] == 3:  # bfloat16: the high half of a float32
                 vals = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)

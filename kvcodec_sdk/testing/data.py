@@ -84,7 +84,8 @@ def nonzero_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def kv_like(rng: np.random.Generator, pages: int, tokens: int, heads: int, dim: int, role: Role) -> np.ndarray:
-    """float32 values shaped (pages, tokens, heads, dim) with the structure of real K or V.
+    """float32 values shaped (pages, tokens, heads, dim) with the structure of real K or V (for
+    ``Role.KEY_VALUE``: K in the even heads, V in the odd ones).
 
     - per-channel scales log-normally spread over about two orders of magnitude;
     - a few outlier channels (about 3%, at least one) 20-60x larger, more pronounced in K;
@@ -92,6 +93,11 @@ def kv_like(rng: np.random.Generator, pages: int, tokens: int, heads: int, dim: 
       neighbouring tokens are correlated;
     - small independent noise on top.
     """
+    if role == Role.KEY_VALUE:
+        out = np.empty((pages, tokens, heads, dim), np.float32)
+        out[:, :, 0::2] = kv_like(rng, pages, tokens, (heads + 1) // 2, dim, Role.KEY)
+        out[:, :, 1::2] = kv_like(rng, pages, tokens, heads // 2, dim, Role.VALUE)
+        return out
     scale = np.exp(rng.normal(0.0, 0.9, size=(heads, dim))).astype(np.float32)
     outliers = rng.random((heads, dim)) < 0.03
     outliers.flat[rng.integers(0, heads * dim)] = True

@@ -59,6 +59,10 @@ enum class BufferRole : int32_t
     kKey = 0,
     kValue = 1,
     kOther = 2, ///< Anything else (indexer keys, block scales, ...): codecs must not reinterpret it.
+    /// K and V side by side along the heads axis: of a shaped buffer's heads, 2h is KV head h's K
+    /// and 2h + 1 its V (an even number of heads; e.g. one KV head of vLLM's FlashAttention blocks,
+    /// whose tokens hold that head's K row and then its V row).
+    kKeyValue = 3,
 };
 
 /// Element type of a buffer inside a hot slot.

@@ -238,9 +238,15 @@ private:
                 + std::to_string(b.byteOffset + b.bytes) + ") but the slot of pool " + std::to_string(b.poolIndex)
                 + " has " + std::to_string(slot) + " bytes (a buffer must be non-empty and inside its slot)";
         }
-        if (int32_t(b.role) < 0 || int32_t(b.role) > int32_t(BufferRole::kOther))
+        if (int32_t(b.role) < 0 || int32_t(b.role) > int32_t(BufferRole::kKeyValue))
         {
-            return where + ".role is " + std::to_string(int32_t(b.role)) + "; valid roles are 0 (K), 1 (V), 2 (other)";
+            return where + ".role is " + std::to_string(int32_t(b.role))
+                + "; valid roles are 0 (K), 1 (V), 2 (other), 3 (K and V side by side)";
+        }
+        if (b.role == BufferRole::kKeyValue && b.numHeads % 2 != 0)
+        {
+            return where + ".numHeads is " + std::to_string(b.numHeads)
+                + "; a K-and-V buffer (role 3) alternates K and V along its heads, so it needs an even number";
         }
         size_t const elem = dataTypeBytes(b.dtype);
         if (elem == 0)

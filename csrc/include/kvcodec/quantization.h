@@ -71,13 +71,15 @@ struct LosslessPolicy
     }
 };
 
-/// True when the lossless policy leaves buffer `b` to quantize: a K or V buffer shaped as tokens x
-/// heads x head dim, of a role and a layer not kept lossless. The codec adds the dtypes it takes.
+/// True when the lossless policy leaves buffer `b` to quantize: a K, V or K-and-V buffer shaped as
+/// tokens x heads x head dim, of a role and a layer not kept lossless (a K-and-V buffer holds both:
+/// it stays lossless when either role is). The codec adds the dtypes it takes.
 inline bool quantizableKv(BufferDesc const& b, LosslessPolicy const& params)
 {
     bool const shaped = b.tokensPerPage > 0 && b.numHeads > 0 && b.headDim > 0;
     bool const role = (b.role == BufferRole::kKey && !params.losslessKey)
-        || (b.role == BufferRole::kValue && !params.losslessValue);
+        || (b.role == BufferRole::kValue && !params.losslessValue)
+        || (b.role == BufferRole::kKeyValue && !params.losslessKey && !params.losslessValue);
     return shaped && role && params.losslessLayers.count(b.layerId) == 0;
 }
 

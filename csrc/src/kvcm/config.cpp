@@ -49,9 +49,15 @@ void validateConfig(KvcmConfig const& config)
             {
                 fail(bw + ".dtype is " + std::to_string(int(buf.dtype)) + "; not a kvcodec::DataType");
             }
-            if (int(buf.role) < 0 || int(buf.role) > int(BufferRole::kOther))
+            if (int(buf.role) < 0 || int(buf.role) > int(BufferRole::kKeyValue))
             {
-                fail(bw + ".role is " + std::to_string(int(buf.role)) + "; valid roles are 0 (K), 1 (V), 2 (other)");
+                fail(bw + ".role is " + std::to_string(int(buf.role))
+                    + "; valid roles are 0 (K), 1 (V), 2 (other), 3 (K and V side by side)");
+            }
+            if (buf.role == BufferRole::kKeyValue && buf.numHeads % 2 != 0)
+            {
+                fail(bw + ".numHeads is " + std::to_string(buf.numHeads)
+                    + "; a K-and-V buffer (role 3) alternates K and V along its heads, so it needs an even number");
             }
             bool const shaped = buf.tokensPerPage > 0 && buf.numHeads > 0 && buf.headDim > 0;
             bool const opaque = buf.tokensPerPage == 0 && buf.numHeads == 0 && buf.headDim == 0;

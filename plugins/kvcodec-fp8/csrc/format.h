@@ -11,7 +11,7 @@
 // Blob of one lifecycle (all offsets little-endian, from the blob start):
 //
 //   for each buffer b of the lifecycle, in LifeCycleDesc order:
-//     quantized buffer (role K or V, dtype bf16/fp16/fp32, shaped, not excluded by parameters):
+//     quantized buffer (role K, V or K-and-V, dtype bf16/fp16/fp32, shaped, not excluded by parameters):
 //       codes   : N bytes, one fp8 code per element, in the hot buffer's own element order
 //                 ([token][head][dim]); then zero bytes up to a multiple of 16
 //       scales  : S little-endian fp32 scales, one per scale block (see Granularity for the

@@ -27,7 +27,7 @@ struct LifeCyclePlan
     uint64_t tileDecodeSmem = 0; ///< Tile variant: largest decode tile's shared memory.
 };
 
-/// True when the policy quantizes a buffer (K or V role, float dtype, shaped, not excluded).
+/// True when the policy quantizes a buffer (K, V or K-and-V role, float dtype, shaped, not excluded).
 inline bool quantizes(BufferDesc const& b, Fp8Params const& p)
 {
     bool const floatType

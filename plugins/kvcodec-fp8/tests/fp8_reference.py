@@ -23,6 +23,8 @@ def _align(n: int) -> int:
 def quantizes(b, params) -> bool:
     roles = {"key": Role.KEY, "value": Role.VALUE, "other": Role.OTHER}
     lossless = {roles[r.strip()] for r in params.get("lossless_roles", "").split(",") if r.strip()} | {Role.OTHER}
+    if lossless & {Role.KEY, Role.VALUE}:  # a K-and-V buffer holds both roles
+        lossless.add(Role.KEY_VALUE)
     layers = {int(x) for x in params.get("lossless_layers", "").split(",") if x.strip()}
     return (b.dtype in (DType.BFLOAT16, DType.FLOAT16, DType.FLOAT32) and b.tokens_per_page > 0
             and b.num_heads > 0 and b.head_dim > 0 and b.role not in lossless and b.layer_id not in layers)

@@ -399,3 +399,37 @@ def test_tuning_knobs_stay_out_of_a_disk_regions_identity():
     assert tuned.param_hash == default.param_hash
     assert "kernel" not in tuned.params and tuned.params["granularity"] == "page_head"
     assert CodecIdentity.from_name("fp8", {"format": "e5m2"}).param_hash != default.param_hash
+
+
+def _one_buffer_blob(role, params, hot):
+    """The blob of one page holding one (16 tokens, 2 heads, 128) bf16 buffer of ``role``."""
+    buf = BufferDesc(0, role, 0, 0, hot.shape[1], DType.BFLOAT16, 16, 2, 128)
+    codec = kv.create_codec("fp8", params, device="cpu")
+    codec.configure([PoolGroupDesc([PoolDesc(hot.ctypes.data, hot.shape[1], hot.shape[0])], [LifeCycleDesc(0, (buf,))])])
+    cold = np.zeros((1, codec.cold_page_bytes(0)), np.uint8)
+    codec.encode(0, cold, pairs([0], [1]))
+    codec.close()
+    return cold[0], buf
+
+
+@pytest.mark.parametrize("params", ALL_PARAMS, ids=IDS)
+def test_a_key_value_buffer_is_quantized_like_a_key_buffer_of_its_shape(params):
+    """Role KEY_VALUE (the heads axis alternates K and V; vLLM's GPU blocks per head) is stored
+    exactly as a K buffer of the same shape, and as the numpy model says."""
+    rng = np.random.default_rng(31)
+    hot = np.zeros((2, 16 * 2 * 128 * 2), np.uint8)
+    hot[1] = kv_like(rng, (16, 2, 128), DType.BFLOAT16)
+    as_key, _ = _one_buffer_blob(Role.KEY, params, hot)
+    as_kv, buf = _one_buffer_blob(Role.KEY_VALUE, params, hot)
+    assert as_kv.size < hot.shape[1] * 0.6, "a K-and-V buffer is quantized"
+    np.testing.assert_array_equal(as_kv, as_key)
+    np.testing.assert_array_equal(as_kv, np.frombuffer(ref.encode_page([buf], lambda b: hot[1], params), np.uint8))
+
+
+@pytest.mark.parametrize("lossless", ["key", "value"])
+def test_a_key_value_buffer_stays_lossless_when_either_role_is_listed(lossless):
+    rng = np.random.default_rng(32)
+    hot = np.zeros((2, 16 * 2 * 128 * 2), np.uint8)
+    hot[1] = kv_like(rng, (16, 2, 128), DType.BFLOAT16)
+    blob, _ = _one_buffer_blob(Role.KEY_VALUE, {"lossless_roles": lossless}, hot)
+    assert blob.size == hot.shape[1] and np.array_equal(blob, hot[1])

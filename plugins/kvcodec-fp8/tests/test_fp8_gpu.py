@@ -29,6 +29,13 @@ LARGE = [  # 64-token pages (blocks too large for the register cache), 16-token 
      (2, Role.KEY, DType.FLOAT32, (16, 2, 64)), (2, Role.OTHER, DType.UINT8, 4096 + 3)],
 ]
 
+# vLLM's GPU blocks per KV head (HN2C): one K-and-V buffer (16 tokens, K and V, 128) per head and
+# layer, and an fp16 one with 64 tokens.
+KEY_VALUE = [
+    [(layer, Role.KEY_VALUE, DType.BFLOAT16, (16, 2, 128)) for layer in range(2) for _ in range(8)],
+    [(2, Role.KEY_VALUE, DType.FLOAT16, (64, 2, 64)), (2, Role.KEY_VALUE, DType.FLOAT16, (64, 2, 64))],
+]
+
 
 @pytest.fixture
 def stream():
@@ -66,7 +73,7 @@ def dev_pairs(dst, src):
 
 
 @pytest.mark.parametrize("params", ALL_PARAMS, ids=IDS)
-@pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
+@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE], ids=["mixed", "large", "key-value"])
 @pytest.mark.parametrize("cold_kind", ["pinned", "device"])
 def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(params, spec, cold_kind, stream):
     check_against_cpu(params, spec, cold_kind, stream)

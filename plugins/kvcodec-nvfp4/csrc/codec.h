@@ -7,7 +7,7 @@
 // Blob format, version 1 (one format for the CUDA kernel and the CPU reference; offsets from the
 // blob start, little-endian). For each buffer of the lifecycle, in LifeCycleDesc order:
 //
-//   quantized buffer (role K or V, dtype bf16/fp16, tokens T, heads H, head dim D all set, neither
+//   quantized buffer (role K, V or K-and-V, dtype bf16/fp16, tokens T, heads H, head dim D all set, neither
 //   its role in lossless_roles nor its layer in lossless_layers); rows r = t*H + h in hot order,
 //   B = ceil(D / 16) blocks per row, block j of a row = elements [16j, min(16j + 16, D)):
 //     codes         : T*H rows of ceil(D / 2) bytes; element i of a row in byte i / 2, the low

@@ -17,7 +17,7 @@ _HALF_DTYPES = (kv.DType.BFLOAT16, kv.DType.FLOAT16)
 
 
 def quantizes(buffer: Any, params: Mapping[str, Any] | None = None) -> bool:
-    """True when the codec quantizes ``buffer`` (a BufferDesc) under ``params``: role K or V,
+    """True when the codec quantizes ``buffer`` (a BufferDesc) under ``params``: role K, V or both,
     dtype bf16/fp16, shaped, and neither its role in ``lossless_roles`` nor its layer in
     ``lossless_layers`` (:func:`kvcodec_sdk.quantization.quantizes`). Every other buffer is
     copied losslessly."""

@@ -25,6 +25,8 @@ def align16(n: int) -> int:
 def quantized(b, params: dict) -> bool:
     roles = {"key": Role.KEY, "value": Role.VALUE, "other": Role.OTHER}
     lossless = {roles[r.strip()] for r in params.get("lossless_roles", "").split(",") if r.strip()} | {Role.OTHER}
+    if lossless & {Role.KEY, Role.VALUE}:  # a K-and-V buffer holds both roles
+        lossless.add(Role.KEY_VALUE)
     layers = {int(x) for x in params.get("lossless_layers", "").split(",") if x.strip()}
     shaped = b.tokens_per_page > 0 and b.num_heads > 0 and b.head_dim > 0
     return (DType(b.dtype) in HALF and shaped and Role(b.role) not in lossless and b.layer_id not in layers)

@@ -211,3 +211,41 @@ def test_the_native_codec_refuses_what_the_spec_would(params, fragment):
         dataclasses.replace(p, choices=None) if p.name == "granularity" else p for p in SPEC.params)))
     with pytest.raises(Exception, match=fragment):
         registry.create_codec("nvfp4", params, "cpu")
+
+
+def _one_buffer_blob(role, params, hot):
+    """The blob of one page holding one (16 tokens, 2 heads, 128) bf16 buffer of ``role``."""
+    buf = BufferDesc(0, role, 0, 0, hot.shape[1], BF, 16, 2, 128)
+    codec = kv.create_codec("nvfp4", params, device="cpu")
+    codec.configure([PoolGroupDesc([PoolDesc(hot.ctypes.data, hot.shape[1], hot.shape[0])], [LifeCycleDesc(0, (buf,))])])
+    cold = np.zeros((1, codec.cold_page_bytes(0)), np.uint8)
+    codec.encode(0, cold, pairs([0], [1]))
+    codec.close()
+    return cold[0], buf
+
+
+def _key_value_page(seed):
+    rng = np.random.default_rng(seed)
+    hot = np.zeros((2, 16 * 2 * 128 * 2), np.uint8)
+    hot[1] = to_hot(rng.standard_normal((16, 2, 128)) * np.array([3.0, 0.5])[None, :, None], BF).reshape(-1)
+    return hot
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_a_key_value_buffer_is_quantized_like_a_key_buffer_of_its_shape(granularity):
+    """Role KEY_VALUE (the heads axis alternates K and V; vLLM's GPU blocks per head) is stored
+    exactly as a K buffer of the same shape, and as the numpy model says."""
+    hot = _key_value_page(41)
+    params = {"granularity": granularity}
+    as_key, _ = _one_buffer_blob(kv.Role.KEY, params, hot)
+    as_kv, buf = _one_buffer_blob(kv.Role.KEY_VALUE, params, hot)
+    assert as_kv.size < hot.shape[1] * 0.3, "a K-and-V buffer is quantized"
+    np.testing.assert_array_equal(as_kv, as_key)
+    np.testing.assert_array_equal(as_kv, np.frombuffer(encode_page([buf], lambda b: hot[1], params), np.uint8))
+
+
+@pytest.mark.parametrize("lossless", ["key", "value"])
+def test_a_key_value_buffer_stays_lossless_when_either_role_is_listed(lossless):
+    hot = _key_value_page(42)
+    blob, _ = _one_buffer_blob(kv.Role.KEY_VALUE, {"lossless_roles": lossless}, hot)
+    assert blob.size == hot.shape[1] and np.array_equal(blob, hot[1])

@@ -22,6 +22,12 @@ LARGE = [  # 64-token pages with 8 heads (several blocks per thread), fp16 next 
     [(0, K, BF, (64, 8, 128)), (0, V, BF, (64, 8, 128))],
     [(1, K, BF, (16, 8, 128)), (1, V, FP, (16, 8, 128)), (1, O, kv.DType.UINT8, 3 * 8192 + 5)],
 ]
+# vLLM's GPU blocks per KV head (HN2C): one K-and-V buffer (16 tokens, K and V, 128) per head and
+# layer, and an fp16 one with 64 tokens.
+KEY_VALUE = [
+    [(layer, kv.Role.KEY_VALUE, BF, (16, 2, 128)) for layer in range(2) for _ in range(8)],
+    [(2, kv.Role.KEY_VALUE, FP, (64, 2, 64)), (2, kv.Role.KEY_VALUE, FP, (64, 2, 64))],
+]
 GRANULARITIES = ("page_head", "page")
 
 
@@ -75,7 +81,7 @@ def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, specia
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-@pytest.mark.parametrize("spec", [MIXED, LARGE], ids=["mixed", "large"])
+@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE], ids=["mixed", "large", "key-value"])
 @pytest.mark.parametrize("cold_kind", ["device", "pinned"])
 def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(granularity, spec, cold_kind, stream):
     check_against_cpu({"granularity": granularity}, spec, cold_kind, stream)

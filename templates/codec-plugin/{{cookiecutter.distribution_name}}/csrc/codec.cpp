@@ -50,11 +50,13 @@ private:
 {%- if cookiecutter.lossless == "no" %}
         for (auto const& lc : layout.lifeCycles())
         {
-            // K/V buffers of 16-bit floats, word-aligned: where drop_bits applies.
+            // K/V buffers (K, V, or both side by side) of 16-bit floats, word-aligned: where
+            // drop_bits applies.
             auto& ranges = ranges_[lc.id];
             for (auto const& b : lc.buffers)
             {
-                bool const kv = b.role == kvcodec::BufferRole::kKey || b.role == kvcodec::BufferRole::kValue;
+                bool const kv = b.role == kvcodec::BufferRole::kKey || b.role == kvcodec::BufferRole::kValue
+                    || b.role == kvcodec::BufferRole::kKeyValue;
                 bool const half = b.dtype == kvcodec::DataType::kBFloat16 || b.dtype == kvcodec::DataType::kFloat16;
                 if (kv && half && b.byteOffset % 2 == 0)
                 {
