@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -99,8 +100,8 @@ public:
             {
                 return fail(err);
             }
-            DeviceScope scope(isCpu() ? 0 : device_);
-            if (!isCpu() && !scope.ok())
+            std::optional<DeviceScope> scope; // A CPU codec touches no device (and creates no context).
+            if (!isCpu() && !scope.emplace(device_).ok())
             {
                 return fail("cannot make CUDA device " + std::to_string(device_) + " current");
             }

@@ -10,17 +10,22 @@
 
 namespace kvcodec {
 
-/// Makes `device` current for the scope and restores the caller's device on exit. Never throws;
-/// `ok()` is false when the switch failed (the caller's device is then unchanged).
+/// Makes `device` current for the scope, its primary context current on this thread (for driver
+/// API calls too), and restores the caller's device on exit. The device is set even when it is
+/// already the current one: a thread that has made no runtime call yet (an engine's worker, a
+/// manager's I/O thread) reports device 0 but has no current context until cudaSetDevice. Never
+/// throws; `ok()` is false when the switch failed (the caller's device is then unchanged).
 class DeviceScope
 {
 public:
     explicit DeviceScope(int device) noexcept
     {
-        if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+        bool const known = cudaGetDevice(&previous_) == cudaSuccess;
+        ok_ = cudaSetDevice(device) == cudaSuccess;
+        restore_ = ok_ && known && previous_ != device;
+        if (!ok_)
         {
-            ok_ = cudaSetDevice(device) == cudaSuccess;
-            restore_ = ok_;
+            cudaGetLastError();
         }
     }
 

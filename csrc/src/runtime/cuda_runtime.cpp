@@ -39,33 +39,6 @@ private:
     DeviceScope scope_;
 };
 
-// Makes the device's primary context current for a driver API call (restoring the caller's
-// device afterwards). Unlike DeviceScope it sets the device even when it is already the current
-// one: a thread that has made no runtime call yet (an engine's worker, the manager's I/O thread)
-// has no current context, and cudaSetDevice makes it current.
-class ContextScope
-{
-public:
-    explicit ContextScope(int device) noexcept
-    {
-        bool const known = cudaGetDevice(&previous_) == cudaSuccess;
-        restore_ = cudaSetDevice(device) == cudaSuccess && known && previous_ != device;
-    }
-    ~ContextScope()
-    {
-        if (restore_)
-        {
-            cudaSetDevice(previous_);
-        }
-    }
-    ContextScope(ContextScope const&) = delete;
-    ContextScope& operator=(ContextScope const&) = delete;
-
-private:
-    int previous_ = 0;
-    bool restore_ = false;
-};
-
 class CudaEvent final : public Event
 {
 public:
@@ -326,7 +299,7 @@ bool CudaRuntime::copyBatch(void* const* dsts, void const* const* srcs, size_t c
     }
     auto const& api = driverApi();
     auto const cuStream = reinterpret_cast<CUstream>(stream);
-    ContextScope scope(ordinal_); // The driver calls need the context current on this thread.
+    DeviceScope scope(ordinal_); // The driver calls need the context current on this thread.
     // The legacy stream falls back to per-copy calls.
     if (batchable(api, stream))
     {
@@ -365,7 +338,7 @@ bool CudaRuntime::uploadFromPageable(
         return true;
     }
     auto const& api = driverApi();
-    ContextScope scope(ordinal_); // The driver call needs the context current on this thread.
+    DeviceScope scope(ordinal_); // The driver call needs the context current on this thread.
     if (batchable(api, stream))
     {
         // One entry; the driver finishes reading the pageable source before returning, while the
