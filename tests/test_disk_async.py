@@ -389,6 +389,44 @@ def test_with_the_page_ring_held_encodes_stage_in_free_host_slots(tmp_path, rng)
     check_hot(m, pages, model)
 
 
+def test_non_blocking_evictions_beyond_the_page_ring_do_not_wait_for_a_write(tmp_path, rng):
+    # Three calls of 32 pages of 1 MiB and no host tier: the 64 MiB page ring holds two of their
+    # slices. The first write is held, yet the third call returns at once: its job waits for a
+    # slice with its encode (submitted when the first job frees its slice), not the caller.
+    groups = [group([0], [1 << 20])]
+    m = make(tmp_path, hold_first_write(), groups=groups, gpu_quota=97 << 20, host_quota=0,
+             max_bytes=128 << 20, container_bytes=8 << 20, io_threads=1)
+    pages = m.allocate(0, 96)
+    model = write_random(m, pages, rng)
+    handles = [m.evict(pages[i:i + 32], level=CacheLevel.DISK, blocking=False) for i in (0, 32, 64)]
+    assert not handles[0].done(), "a call waited for the held write"
+    assert all(p.in_flight and p.level == CacheLevel.HOT for p in pages)
+    assert m.page_ring()["live_leases"] == 2  # the third job holds no slice yet
+    assert [h.wait().moved for h in handles] == [32, 32, 32]
+    assert all(p.level == CacheLevel.DISK and not p.in_flight for p in pages)
+    assert m.page_ring()["live_leases"] == 0 and m.in_flight_transfers() == 0
+    scribble(m)
+    m.onboard(pages, source=CacheLevel.DISK)
+    check_hot(m, pages, model)
+
+
+def test_a_blocking_eviction_behind_a_full_page_ring_lands_in_order(tmp_path, rng):
+    # The ring is held by non-blocking writes; a blocking eviction queues behind them and returns
+    # once its own pages are on disk, its encode submitted when a slice freed.
+    groups = [group([0], [1 << 20])]
+    m = make(tmp_path, hold_first_write(), groups=groups, gpu_quota=97 << 20, host_quota=0,
+             max_bytes=128 << 20, container_bytes=8 << 20)
+    pages = m.allocate(0, 96)
+    model = write_random(m, pages, rng)
+    first = [m.evict(pages[i:i + 32], level=CacheLevel.DISK, blocking=False) for i in (0, 32)]
+    assert m.evict(pages[64:], level=CacheLevel.DISK).moved == 32
+    assert all(p.level == CacheLevel.DISK for p in pages[64:])
+    assert [h.wait().moved for h in first] == [32, 32]
+    scribble(m)
+    m.onboard(pages, source=CacheLevel.DISK)
+    check_hot(m, pages, model)
+
+
 def hold_first_read(us=HOLD_US):
     """A fault rule that only delays the first container read (no error)."""
     return [{"op": "pread", "path": "containers", "errno": 0, "delay_us": us, "count": 1}]

@@ -176,3 +176,29 @@ def test_non_blocking_onboard_from_disk_decodes_behind_the_read(kit, tmp_path, c
         assert np.array_equal(hot_bytes(m, p), expected[p.id])
     assert m.page_ring()["live_leases"] == 0 and m.in_flight_transfers() == 0
     m.close()
+
+
+def test_evictions_beyond_the_page_ring_encode_later_on_the_call_stream(kit, tmp_path):
+    """No host tier and three calls of 32 pages of 1 MiB behind a busy stream: the 64 MiB page ring
+    holds two of their slices, so the third call's job waits for one with its encode (submitted
+    on the call's stream once a slice frees) and the call returns at once; every page lands
+    byte-exact."""
+    disk = DiskTierConfig(str(tmp_path), max_bytes=256 << 20, container_bytes=64 << 20, io_mode="auto")
+    m = KVCacheManager(config([group([0], [1 << 20])], device="cuda:0", gpu_quota=97 << 20, host_quota=0,
+                              disk=disk))
+    s = kit.stream()
+    pages = m.allocate(0, 96)
+    expected = write_on_stream(kit, m, pages, s)
+    kit.delay(s, 0.05)  # the first encodes wait behind tens of ms of GPU work
+    handles = [m.evict(pages[i:i + 32], stream=s, level=CacheLevel.DISK, blocking=False) for i in (0, 32, 64)]
+    assert not kit.idle(s), "the caller waited for the stream"
+    assert m.page_ring()["live_leases"] == 2  # the third job holds no slice yet
+    assert all(p.in_flight and p.level == CacheLevel.HOT for p in pages)
+    assert [h.wait().moved for h in handles] == [32, 32, 32]
+    assert m.page_ring()["live_leases"] == 0
+    zero_hot(kit, m)
+    m.onboard(pages, stream=s, source=CacheLevel.DISK)
+    kit.sync(s)
+    for p in pages:
+        assert np.array_equal(hot_bytes(m, p), expected[p.id])
+    m.close()

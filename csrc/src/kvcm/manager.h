@@ -476,6 +476,7 @@ private:
     // submission order, and queues them for their reads.
     void stageWaiting();
     void useSlice(Job& job, StagingBuffer lease);
+    bool encodeStaged(Job& job, StagingBuffer lease, std::string& error);
     // Under the manager's lock: waits for every job holding one of the pages.
     void waitForPages(PageId const* ids, size_t count);
     void stopIoThread() noexcept;

@@ -280,27 +280,94 @@ void KvCacheManager::stageWaiting()
         {
             continue;
         }
+        // A read's slice is written by the host (its earlier decodes waited for); a write's by
+        // its encode, ordered on the call's stream.
+        bool const write = job->write;
         std::string error;
-        std::optional<StagingBuffer> lease
-            = storage_->coldLevel(job->key.src)->stage(job->key.srcGroup, job->pages.size(), std::nullopt, error);
-        if (!lease && held)
+        std::optional<StagingBuffer> lease;
+        if (!job->cancelled)
         {
-            return; // Later ones wait too: slices are taken in submission order.
+            lease = storage_->coldLevel(write ? job->key.dst : job->key.src)
+                        ->stage(write ? job->key.dstGroup : job->key.srcGroup, job->pages.size(),
+                            write ? std::optional<Stream>(job->stream) : std::nullopt, error);
+            if (!lease && held)
+            {
+                return; // Later ones wait too: slices are taken in submission order.
+            }
+        }
+        if (lease && write && !encodeStaged(*job, std::move(*lease), error))
+        {
+            lease.reset();
+            error = "encoding the pages for the " + std::string(levelName(job->key.dst)) + " level failed: " + error;
+        }
+        else if (lease && !write)
+        {
+            useSlice(*job, std::move(*lease));
         }
         std::lock_guard<std::mutex> lock(jobsMu_);
         job->unstaged = false;
-        if (!lease)
+        if (!job->lease)
         {
-            job->error = error; // No job holds a slice, and still none fits: it fails, nothing moved.
+            // Cancelled, or no job holds a slice and still none fits, or its encode failed: it
+            // fails, nothing moved.
+            job->error = job->cancelled ? "" : error;
             job->ioDone = true;
             ++ioDoneJobs_;
             --job->owner->ioLeft_;
             continue;
         }
-        useSlice(*job, std::move(*lease));
         held = true;
         queue_.push_back(job.get());
     }
+}
+
+// A deferred write's encode (Job::encodeLater), once stageWaiting() found it a slice: submitted on
+// the call's stream, after whatever the call found and left there, and host-waited for by the I/O
+// thread as an encode the call submitted itself would be. On failure the slice goes back behind
+// the stream and `error` says why. Uses no per-thread scratch: it runs inside whichever call
+// commits jobs.
+bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& error)
+{
+    size_t n = job.pages.size();
+    std::vector<PageIndexPair> pairs(n);
+    for (size_t i = 0; i < n; ++i)
+    {
+        pairs[i] = {int32_t(i), job.srcSlots[i]};
+    }
+    Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
+        storage_->slots(job.key.src, job.key.srcGroup), storage_->slots(job.key.dst, job.key.dstGroup), false, 0,
+        nullptr, false, 0, std::nullopt};
+    uint64_t const callsBefore = storage_->codecCalls();
+    bool ok = false;
+    try
+    {
+        ok = transcode(t, true, lease.data(), pairs.data(), nullptr);
+    }
+    catch (std::exception const& e)
+    {
+        error = e.what();
+    }
+    if (!ok)
+    {
+        lease.setStream(job.stream); // Released behind whatever the codec submitted.
+        return false;
+    }
+    job.calls = storage_->codecCalls() - callsBefore;
+    job.seconds += t.seconds;
+    job.finish = runtime_->record(job.stream);
+    job.waits.clear();
+    if (job.finish)
+    {
+        job.waits.push_back(job.finish);
+    }
+    uint64_t const pageBytes = storage_->coldLevel(job.key.dst)->pageBytes(job.key.dstGroup);
+    job.blobs.resize(n);
+    for (size_t i = 0; i < n; ++i)
+    {
+        job.blobs[i] = lease.data() + i * pageBytes;
+    }
+    job.lease = std::move(lease);
+    return true;
 }
 
 bool KvCacheManager::commitJob(Job& job)

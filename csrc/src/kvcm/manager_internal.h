@@ -15,6 +15,29 @@
 
 namespace kvcodec::kvcm {
 
+// The state one transfer's path works on.
+struct KvCacheManager::Transfer
+{
+    TransferKey const& key;
+    uint32_t* pages;   ///< Page indices; compacted in place when pages are dropped.
+    int32_t* dstSlots; ///< Destination slot per page; compacted with `pages`.
+    size_t& count;
+    Stream stream;
+    MigrationResult& result;
+    std::string& error;
+    SlotPool& srcPool;
+    SlotPool& dstPool;
+    bool hostCheck; ///< A declared envelope is checked on the host before decoding.
+    uint16_t envelope;
+    uint8_t* status;    ///< Status bytes of a checked decode (read in finishChecks), else null.
+    bool checked;       ///< A checked decode: `status` is this transfer's range of the buffer.
+    double seconds = 0; ///< Host time inside the codec.
+    // A staging slice (the level's): released, recording its event on the stream when it owns
+    // one, when the transfer returns.
+    std::optional<StagingBuffer> lease;
+    bool deferred = false; ///< The pages went to the I/O thread as a job: nothing to commit here.
+};
+
 // One staged transfer handed to the manager's I/O thread: a write of blobs (encoded into a
 // staging slice, or raw from an addressable level's slots) or a read of blobs into an
 // addressable level's slots. The pages stay at their source, in flight, until commitJob().
@@ -50,7 +73,10 @@ struct KvCacheManager::Job
     // Staged -> hot: the blobs are read into a staging slice (`lease`) and decoded from it when
     // the job commits; a checked decode's statuses are read once the I/O thread waited for it.
     bool decode = false;
-    bool unstaged = false;  ///< Waits for a slice (every one was held): not queued for I/O yet.
+    bool unstaged = false; ///< Waits for a slice (every one was held): not queued for I/O yet.
+    /// A write whose encode waits with it for a slice (srcSlots: the hot slots it reads): the
+    /// encode is submitted on the call's stream once stageWaiting() gives it one.
+    bool encodeLater = false;
     bool decoded = false;   ///< The decode was submitted; the job is queued again for its wait.
     bool hostCheck = false; ///< The envelopes are checked on the host before decoding.
     uint16_t envelope = 0;

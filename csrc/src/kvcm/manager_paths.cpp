@@ -47,29 +47,6 @@ enum PathId : uint8_t
 
 } // namespace
 
-// The state one transfer's path works on.
-struct KvCacheManager::Transfer
-{
-    TransferKey const& key;
-    uint32_t* pages;   ///< Page indices; compacted in place when pages are dropped.
-    int32_t* dstSlots; ///< Destination slot per page; compacted with `pages`.
-    size_t& count;
-    Stream stream;
-    MigrationResult& result;
-    std::string& error;
-    SlotPool& srcPool;
-    SlotPool& dstPool;
-    bool hostCheck; ///< A declared envelope is checked on the host before decoding.
-    uint16_t envelope;
-    uint8_t* status;    ///< Status bytes of a checked decode (read in finishChecks), else null.
-    bool checked;       ///< A checked decode: `status` is this transfer's range of the buffer.
-    double seconds = 0; ///< Host time inside the codec.
-    // A staging slice (the level's): released, recording its event on the stream when it owns
-    // one, when the transfer returns.
-    std::optional<StagingBuffer> lease;
-    bool deferred = false; ///< The pages went to the I/O thread as a job: nothing to commit here.
-};
-
 uint8_t KvCacheManager::pathFor(LevelKind src, LevelKind dst) noexcept
 {
     // A staged level has no path to itself: it places its blobs itself (no relocation).
@@ -403,20 +380,32 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     detail::Scratch& s = detail::scratch();
     waitForSlots(t);
     // Encode into a staging slice on the stream; a job's I/O thread waits for the encode's event
-    // (never the caller), then writes the blobs. The slice is released when the job commits;
-    // while every slice is held by jobs in flight, the oldest is waited for.
+    // (never the caller), then writes the blobs. The slice is released when the job commits.
+    // While every slice is held by jobs in flight, free host-tier slots stage the blobs instead,
+    // or the job waits for a slice with its encode (stageWaiting()): the caller waits for no
+    // earlier write.
     ColdLevel* cold = storage_->coldLevel(t.key.dst);
     uint64_t const pageBytes = cold->pageBytes(t.key.dstGroup);
     t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
-    if (!t.lease && hasJobs() && encodeToHostSlots(t))
+    if (!t.lease && hasJobs())
     {
-        return true; // The ring is busy with earlier writes: the caller does not wait for them.
-    }
-    while (!t.lease && hasJobs())
-    {
-        waitAnyJob();
         t.error.clear();
-        t.lease = cold->stage(t.key.dstGroup, t.count, t.stream, t.error);
+        if (encodeToHostSlots(t))
+        {
+            return true;
+        }
+        auto job = std::make_unique<Job>();
+        job->write = true;
+        job->unstaged = true;
+        job->encodeLater = true;
+        job->srcSlots.resize(t.count);
+        for (size_t i = 0; i < t.count; ++i)
+        {
+            job->srcSlots[i] = s.pairs[i].src;
+        }
+        fillJob(t, *job);
+        enqueue(std::move(job));
+        return true;
     }
     if (!t.lease)
     {
