@@ -389,15 +389,19 @@ def test_with_the_page_ring_held_encodes_stage_in_free_host_slots(tmp_path, rng)
     check_hot(m, pages, model)
 
 
-def test_non_blocking_evictions_beyond_the_page_ring_do_not_wait_for_a_write(tmp_path, rng):
-    # Three calls of 32 pages of 1 MiB and no host tier: the 64 MiB page ring holds two of their
-    # slices. The first write is held, yet the third call returns at once: its job waits for a
-    # slice with its encode (submitted when the first job frees its slice), not the caller.
-    groups = [group([0], [1 << 20])]
-    m = make(tmp_path, hold_first_write(), groups=groups, gpu_quota=97 << 20, host_quota=0,
-             max_bytes=128 << 20, container_bytes=8 << 20, io_threads=1)
+def ring_sized_pages(tmp_path, rng, **disk):
+    """96 pages of 1 MiB and no host tier (the 64 MiB page ring holds two slices of 32), the first
+    write held: the manager, the pages and their bytes."""
+    m = make(tmp_path, hold_first_write(), groups=[group([0], [1 << 20])], gpu_quota=97 << 20, host_quota=0,
+             max_bytes=128 << 20, container_bytes=8 << 20, **disk)
     pages = m.allocate(0, 96)
-    model = write_random(m, pages, rng)
+    return m, pages, write_random(m, pages, rng)
+
+
+def test_non_blocking_evictions_beyond_the_page_ring_do_not_wait_for_a_write(tmp_path, rng):
+    # Three calls of 32 pages: the third call returns at once although the first write is held:
+    # its job waits for a slice with its encode (submitted when the first job frees its slice).
+    m, pages, model = ring_sized_pages(tmp_path, rng, io_threads=1)
     handles = [m.evict(pages[i:i + 32], level=CacheLevel.DISK, blocking=False) for i in (0, 32, 64)]
     assert not handles[0].done(), "a call waited for the held write"
     assert all(p.in_flight and p.level == CacheLevel.HOT for p in pages)
@@ -413,11 +417,7 @@ def test_non_blocking_evictions_beyond_the_page_ring_do_not_wait_for_a_write(tmp
 def test_a_blocking_eviction_behind_a_full_page_ring_lands_in_order(tmp_path, rng):
     # The ring is held by non-blocking writes; a blocking eviction queues behind them and returns
     # once its own pages are on disk, its encode submitted when a slice freed.
-    groups = [group([0], [1 << 20])]
-    m = make(tmp_path, hold_first_write(), groups=groups, gpu_quota=97 << 20, host_quota=0,
-             max_bytes=128 << 20, container_bytes=8 << 20)
-    pages = m.allocate(0, 96)
-    model = write_random(m, pages, rng)
+    m, pages, model = ring_sized_pages(tmp_path, rng)
     first = [m.evict(pages[i:i + 32], level=CacheLevel.DISK, blocking=False) for i in (0, 32)]
     assert m.evict(pages[64:], level=CacheLevel.DISK).moved == 32
     assert all(p.level == CacheLevel.DISK for p in pages[64:])
