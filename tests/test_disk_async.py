@@ -82,7 +82,9 @@ def test_calls_on_in_flight_pages_wait_for_their_transfer(tmp_path, rng):
     model = write_random(m, pages, rng)
     m.evict(pages, level=CacheLevel.DISK, blocking=False)
     assert all(p.in_flight for p in pages)
-    # Onboarding pages still in flight to disk: ordered after the write, byte-exact.
+    # Onboarding pages still in flight to disk: ordered after the write, byte-exact. (Scribbling
+    # the hot pools of pages in flight relies on the CPU backend's encode having run in the call,
+    # which it does while the page ring has room; users keep them unchanged until done().)
     scribble(m)
     assert m.onboard(pages[:3], source=CacheLevel.DISK).moved == 3
     check_hot(m, pages[:3], model)
