@@ -295,14 +295,13 @@ void KvCacheManager::stageWaiting()
                 return; // Later ones wait too: slices are taken in submission order.
             }
         }
-        if (lease && write && !encodeStaged(*job, std::move(*lease), error))
-        {
-            lease.reset();
-            error = "encoding the pages for the " + std::string(levelName(job->key.dst)) + " level failed: " + error;
-        }
-        else if (lease && !write)
+        if (lease && !write)
         {
             useSlice(*job, std::move(*lease));
+        }
+        else if (lease && !encodeStaged(*job, std::move(*lease), error))
+        {
+            error = "encoding the pages for the " + std::string(levelName(job->key.dst)) + " level failed: " + error;
         }
         std::lock_guard<std::mutex> lock(jobsMu_);
         job->unstaged = false;
@@ -360,13 +359,7 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
     {
         job.waits.push_back(job.finish);
     }
-    uint64_t const pageBytes = storage_->coldLevel(job.key.dst)->pageBytes(job.key.dstGroup);
-    job.blobs.resize(n);
-    for (size_t i = 0; i < n; ++i)
-    {
-        job.blobs[i] = lease.data() + i * pageBytes;
-    }
-    job.lease = std::move(lease);
+    useSlice(job, std::move(lease));
     return true;
 }
 

@@ -324,11 +324,13 @@ bool KvCacheManager::decodeFromStaged(Transfer& t)
     return true;
 }
 
-// A staged decode job's slice: the blobs are read into it in order.
+// A staged job's slice: blob i of its pages lies at data() + i * the blob size (read into it, or
+// encoded into it for a deferred write).
 void KvCacheManager::useSlice(Job& job, StagingBuffer lease)
 {
-    uint64_t const pageBytes = storage_->pageBytes(job.key.src, job.key.srcGroup);
-    job.blobs.resize(job.srcSlots.size());
+    uint64_t const pageBytes = job.write ? storage_->pageBytes(job.key.dst, job.key.dstGroup)
+                                         : storage_->pageBytes(job.key.src, job.key.srcGroup);
+    job.blobs.resize(job.pages.size());
     for (size_t i = 0; i < job.blobs.size(); ++i)
     {
         job.blobs[i] = lease.data() + i * pageBytes;
