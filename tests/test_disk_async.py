@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -233,7 +234,7 @@ def test_prefetch_by_content_key_after_a_restart(tmp_path, rng):
 
 def test_cancel_gives_up_reads_not_yet_started(tmp_path, rng):
     # Every container write is slowed down: the I/O thread is busy with one while a prefetch queues.
-    m = make(tmp_path, [{"op": "pwrite", "path": "containers", "errno": 0, "delay_us": 100_000}], io_threads=1)
+    m = make(tmp_path, [{"op": "pwrite", "path": "containers", "errno": 0, "delay_us": 300_000}], io_threads=1)
     early = m.allocate(0, 4)
     write_random(m, early, rng)
     m.evict(early, level=CacheLevel.HOST)
@@ -242,6 +243,9 @@ def test_cancel_gives_up_reads_not_yet_started(tmp_path, rng):
     m.evict(late, level=CacheLevel.DISK)
     # Hold the I/O thread with another write, then queue a prefetch behind it and cancel it.
     m.migrate(early, CacheLevel.DISK, blocking=False)
+    # The I/O thread takes every queued job at once: let it take the write alone first (it wakes
+    # within microseconds; a loaded machine once took it together with the prefetch).
+    time.sleep(0.05)
     pending = m.prefetch(late)
     pending.cancel()
     r = pending.wait()
