@@ -73,6 +73,7 @@ __all__ = [
     "DType",
     "DiskTierConfig",
     "RemoteTierConfig",
+    "SharedTierConfig",
     "KVCacheConfig",
     "KVCacheConfigError",
     "KVCacheManager",
@@ -129,6 +130,7 @@ def get_cmake_dir() -> str:
 _LAZY = {
     "DiskTierConfig": "kvcm_config",
     "RemoteTierConfig": "kvcm_config",
+    "SharedTierConfig": "kvcm_config",
     "KVCacheConfig": "kvcm_config",
     "KVCacheConfigError": "kvcm_config",
     "LayerGroupConfig": "kvcm_config",
@@ -140,7 +142,14 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers see of the names above; at run time they load on first use
-    from .kvcm_config import DiskTierConfig, KVCacheConfig, KVCacheConfigError, LayerGroupConfig, RemoteTierConfig
+    from .kvcm_config import (
+        DiskTierConfig,
+        KVCacheConfig,
+        KVCacheConfigError,
+        LayerGroupConfig,
+        RemoteTierConfig,
+        SharedTierConfig,
+    )
     from .manager import CacheLevel, KVCacheManager, PageHandle, PageList
 
 

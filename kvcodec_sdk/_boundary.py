@@ -144,4 +144,14 @@ def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
         remote.max_pages = int(config.remote.max_pages)
         remote.queue = remote_queue
     out.remote = remote
+    shared = _native.kvcm.SharedTierConfig()
+    if config.shared is not None:
+        if identity is None:
+            raise ValueError("a shared host tier needs the codec identity that names its arena regions")
+        shared.socket_path = str(config.shared.socket)
+        shared.identity = f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}"
+        shared.region_slots = int(config.shared.region_slots or 0)
+        shared.verify_crc = bool(config.shared.verify_crc)
+        shared.timeout_s = float(config.shared.timeout_s)
+    out.shared = shared
     return out

@@ -156,6 +156,45 @@ class RemoteTierConfig:
 
 
 @dataclass(frozen=True)
+class SharedTierConfig:
+    """The host tier in the per-host cache daemon's shared arena (``kvcodec daemon``), so every
+    manager on the host with the same codec and layer groups finds the pages the others evicted
+    (:meth:`~kvcodec_sdk.KVCacheManager.find_shared`) and decodes them where they lie.
+
+    The manager keeps ``host_quota`` bytes of the arena leased as its host tier; the pages it
+    evicts there with a content key are published under it once their encode completed.
+
+    :param socket: The daemon's Unix socket path.
+    :param region_slots: Slots each cold pool group's region asks for when this manager is the
+        first to use it (None: eight times the group's share of ``host_quota``); a region that
+        exists keeps its size. Every manager's share and the pages kept for others come out of it.
+    :param verify_crc: Check each shared blob's CRC-32C on the host before it is decoded or copied
+        (a blob another process scribbled over is then a miss). With False only the slot's header
+        (version, region, key digest) is checked: the daemon never reuses a slot a reader pinned,
+        so only a misbehaving process on the host could change the bytes.
+    :param timeout_s: How long a call waits for the daemon before the level stops sharing (the
+        manager goes on with the slots it holds).
+    """
+
+    socket: str
+    region_slots: int | None = None
+    verify_crc: bool = True
+    timeout_s: float = 5.0
+
+    def validate(self, where: str = "KVCacheConfig.shared") -> None:
+        """Raises :class:`KVCacheConfigError` naming the first invalid field."""
+        if not isinstance(self.socket, str) or not self.socket:
+            raise KVCacheConfigError(f"{where}.socket is {self.socket!r}; it must be the daemon's socket path")
+        if self.region_slots is not None:
+            _int(f"{where}.region_slots", self.region_slots, 1, (1 << 32) - 1)
+        if not isinstance(self.verify_crc, bool):
+            raise KVCacheConfigError(f"{where}.verify_crc is {self.verify_crc!r}; it must be True or False")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not (
+                math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise KVCacheConfigError(f"{where}.timeout_s is {self.timeout_s!r}; it must be a positive number of seconds")
+
+
+@dataclass(frozen=True)
 class KVCacheConfig:
     """Everything a :class:`~kvcodec_sdk.KVCacheManager` needs.
 
@@ -170,6 +209,8 @@ class KVCacheConfig:
         codec takes device-resident page indices.
     :param disk: A :class:`DiskTierConfig` for a disk level (``CacheLevel.DISK``), or None.
     :param remote: A :class:`RemoteTierConfig` for a remote level (``CacheLevel.REMOTE``), or None.
+    :param shared: A :class:`SharedTierConfig` to keep the host tier in the per-host cache daemon's
+        shared arena instead of this process's memory (needs ``host_quota``), or None.
     :param min_hot_slots: Hot-only feasibility floors: the minimum hot slots of each layer group
         (one integer >= 0 per layer group, or None). They may clamp the hot split given by
         ``pool_ratio``; the cold levels are sized from ``pool_ratio`` alone.
@@ -191,6 +232,7 @@ class KVCacheConfig:
     auto_evict: bool = True
     max_gpu_quota: int | None = None
     remote: RemoteTierConfig | None = None
+    shared: SharedTierConfig | None = None
 
     def validate(self) -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
@@ -281,6 +323,15 @@ class KVCacheConfig:
                     f"{w}.remote is a {type(self.remote).__name__}; it must be a RemoteTierConfig or None"
                 )
             self.remote.validate(f"{w}.remote")
+        if self.shared is not None:
+            if not isinstance(self.shared, SharedTierConfig):
+                raise KVCacheConfigError(
+                    f"{w}.shared is a {type(self.shared).__name__}; it must be a SharedTierConfig or None")
+            self.shared.validate(f"{w}.shared")
+            if self.host_quota == 0:
+                raise KVCacheConfigError(
+                    f"{w}.host_quota is 0; a shared host tier needs the bytes of the daemon's arena this manager "
+                    "keeps (host_quota > 0)")
         if not isinstance(self.device, str):
             raise KVCacheConfigError(f"{w}.device is {self.device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 

@@ -142,7 +142,7 @@ class KVCacheManager:
             native = created._consume()
         envelope = int(spec.format_version) if spec is not None and spec.envelope else -1
         identity = None
-        if config.disk is not None or config.remote is not None:
+        if config.disk is not None or config.remote is not None or config.shared is not None:
             from .disk import CodecIdentity
 
             # Recorded per region: a restart with another codec, parameters or layer groups
@@ -291,6 +291,44 @@ class KVCacheManager:
         with _native_errors():
             ids = find(self._remote, self._live(), raw, lifecycle)
         return [PageHandle(self, int(i)) if i else None for i in ids]
+
+    def find_shared(self, keys: Sequence[bytes | str], *, lifecycle: int | None = None) -> list[PageHandle | None]:
+        """Pages in the shared host tier (``KVCacheConfig.shared``) under each content key, or None
+        per key no manager on the host published there.
+
+        A key a live page of this manager holds at the host level gives that page. Any other key
+        is looked up in the cache daemon (one batched lookup per lifecycle tried: ``lifecycle``,
+        or every lifecycle in order when None); a hit becomes a host-level page of this manager in
+        the very arena slot another manager's encode wrote, pinned there until the page leaves
+        the host level, ready for ``onboard(pages, source=CacheLevel.HOST)``. Its blob is checked
+        (header, and CRC-32C unless ``verify_crc`` is off) before it is decoded: one that fails is
+        dropped, never decoded. Raises ValueError without a shared host tier.
+        """
+        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        if any(not k for k in raw):
+            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        if self.config.shared is None:
+            raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
+        if lifecycle is not None and not 0 <= int(lifecycle) < len(self.config.layer_groups):
+            raise ValueError(
+                f"lifecycle is {lifecycle!r}; configured layer groups are 0..{len(self.config.layer_groups) - 1}")
+        lifecycles = [-1 if lifecycle is None else int(lifecycle)] * len(raw)
+        with _native_errors():
+            ids = self._live().find_shared(raw, lifecycles)
+        return [PageHandle(self, int(i)) if i else None for i in ids]
+
+    def shared_stats(self) -> dict:
+        """The shared host tier's counters: ``published`` (pages committed to the daemon under
+        their keys), ``found`` / ``missed`` / ``rejected`` (keys of :meth:`find_shared` hit,
+        absent, or refused because their slot no longer held them), ``released`` (slots given up
+        when their pages left), ``leased`` (slots taken from the daemon), and ``connected`` (False
+        once the daemon stopped answering: the host tier then goes on unshared). Raises ValueError
+        without a shared host tier."""
+        with _native_errors():
+            stats = self._live().shared_stats()
+        if stats is None:
+            raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
+        return dict(stats)
 
     def remote_stats(self) -> dict:
         """The remote tier's counters: the backend's (``puts``, ``hits``, ``misses``, ``mismatches``,

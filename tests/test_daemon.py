@@ -399,3 +399,27 @@ def test_start_warnings_name_the_sizing_problem_and_the_remedy(tmp_path):
     assert "sysctl vm.nr_hugepages=4096" in huge
     assert start_warnings(DaemonConfig(str(tmp_path / "s.sock"), 8 * gib, hugepages=False), False,
                           {"MemTotal": 64 * gib}) == []
+
+
+def test_a_packed_region_puts_slots_a_page_apart_and_a_pinned_commit_stays_pinned(client):
+    odd = 6000  # not a multiple of 4 KiB
+    packed = client.region("packed/" + IDENTITY, odd, 8, packed=True)
+    assert packed.layout.stride == odd and packed.layout.data_offset(3) == packed.layout.data + 3 * odd
+    assert client.region("loose/" + IDENTITY, odd, 8).layout.stride == 8192
+    slots = client.lease(packed, 2)
+    for s, page in zip(slots.tolist(), pages(2, 3, odd)):
+        client.slot_view(packed, s)[:] = page.tobytes()
+    assert client.commit(packed, slots, [b"a", b"b"], [odd, odd], pin=True) == [0, 0]
+    st = client.stats()
+    assert st["slots_pinned"] == 2 and st["slots_stored"] == 2
+    # Pinned by its writer: a full region's leases cannot evict it...
+    others = client.lease(packed, 8)
+    assert len(others) == 6
+    client.abort(packed, others)
+    hits = client.get(packed, [b"a", b"b"])
+    assert [h.slot for h in hits] == slots.tolist()
+    client.release(packed, hits)
+    # ...until the writer releases its pins like a reader's: then it joins the LRU.
+    client.release(packed, [h for h in hits])
+    wait_for(lambda: client.stats()["slots_pinned"] == 0)
+    assert len(client.lease(packed, 8)) == 8 and client.stats()["evictions"] == 2

@@ -205,7 +205,7 @@ void bindDaemon(py::module_& parent)
             py::call_guard<py::gil_scoped_release>())
         .def("reconnect", &Client::reconnect, py::call_guard<py::gil_scoped_release>())
         .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
-        .def("region", &Client::region, "identity"_a, "page_bytes"_a, "slots"_a,
+        .def("region", &Client::region, "identity"_a, "page_bytes"_a, "slots"_a, "packed"_a = false,
             py::call_guard<py::gil_scoped_release>())
         .def(
             "lease",
@@ -222,13 +222,13 @@ void bindDaemon(py::module_& parent)
             "commit",
             [](Client& c, RegionLayout const& r,
                 py::array_t<uint32_t, py::array::c_style | py::array::forcecast> const& slots, py::handle keys,
-                std::vector<uint32_t> const& lengths, bool ephemeral) {
+                std::vector<uint32_t> const& lengths, bool ephemeral, bool pin) {
                 std::vector<uint32_t> const s = slotsOf(slots);
                 Keys const k = keysOf(keys);
                 py::gil_scoped_release nogil;
-                return c.commit(r, s, k.views, lengths, ephemeral);
+                return c.commit(r, s, k.views, lengths, ephemeral, pin);
             },
-            "region"_a, "slots"_a, "keys"_a, "lengths"_a, "ephemeral"_a)
+            "region"_a, "slots"_a, "keys"_a, "lengths"_a, "ephemeral"_a, "pin"_a = false)
         .def("abort", &withSlots<&Client::abort>, "region"_a, "slots"_a)
         .def(
             "set",

@@ -553,6 +553,33 @@ void bindKvcm(py::module_& m)
                 m.findOnDisk(k.data(), k.size(), out.mutable_data());
                 return out;
             })
+        .def("find_shared",
+            [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles) {
+                PyGuard guard(m, "find_shared");
+                std::vector<std::string> k(keys.begin(), keys.end());
+                if (lifeCycles.size() != k.size())
+                    throw std::invalid_argument("find_shared: one lifecycle per key");
+                py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
+                m.findShared(k.data(), lifeCycles.data(), k.size(), out.mutable_data());
+                return out;
+            })
+        .def("shared_stats",
+            [](kvcm::KvCacheManager& m) -> py::object {
+                PyGuard guard(m, "shared_stats");
+                auto const st = m.sharedStats();
+                if (!st)
+                    return py::none();
+                py::dict d;
+                d["connected"] = st->connected;
+                d["published"] = st->counters.published;
+                d["found"] = st->counters.found;
+                d["missed"] = st->counters.missed;
+                d["rejected"] = st->counters.rejected;
+                d["released"] = st->counters.released;
+                d["leased"] = st->counters.leased;
+                d["short"] = st->counters.short_;
+                return d;
+            })
         .def("forget_unclaimed_on_disk",
             guarded("forget_unclaimed_on_disk", &kvcm::KvCacheManager::forgetUnclaimedOnDisk))
         .def("unclaimed_on_disk", guarded("unclaimed_on_disk", &kvcm::KvCacheManager::unclaimedOnDisk))

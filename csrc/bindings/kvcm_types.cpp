@@ -62,7 +62,8 @@ void bindKvcmConfig(py::module_& k)
         .def_readwrite("index_ring_bytes", &kvcm::KvcmConfig::indexRingBytes)
         .def_readwrite("envelope_format_version", &kvcm::KvcmConfig::envelopeFormatVersion)
         .def_readwrite("disk", &kvcm::KvcmConfig::disk)
-        .def_readwrite("remote", &kvcm::KvcmConfig::remote);
+        .def_readwrite("remote", &kvcm::KvcmConfig::remote)
+        .def_readwrite("shared", &kvcm::KvcmConfig::shared);
 }
 
 // The remote level's hand-off to the worker thread that runs its store's client
@@ -108,6 +109,14 @@ void bindRemoteQueue(py::module_& k)
         .def_property_readonly("closed", &kvcm::RemoteQueue::closed)
         .def_property_readonly("queued", &kvcm::RemoteQueue::queued)
         .def_property_readonly("taken", &kvcm::RemoteQueue::taken);
+    py::class_<kvcm::SharedTierConfig>(
+        k, "SharedTierConfig", "The shared host level (kvcm::SharedTierConfig); an empty socket path: none.")
+        .def(py::init<>())
+        .def_readwrite("socket_path", &kvcm::SharedTierConfig::socketPath)
+        .def_readwrite("identity", &kvcm::SharedTierConfig::identity)
+        .def_readwrite("region_slots", &kvcm::SharedTierConfig::regionSlots)
+        .def_readwrite("verify_crc", &kvcm::SharedTierConfig::verifyCrc)
+        .def_readwrite("timeout_s", &kvcm::SharedTierConfig::timeoutS);
     py::class_<kvcm::RemoteTierConfig>(
         k, "RemoteTierConfig", "The remote tier (kvcm::RemoteTierConfig); 0 pages: none.")
         .def(py::init<>())

@@ -10,10 +10,11 @@ processes (a loaded machine). The client stores ``--pages`` KV-like pages, then 
   copying the same pages from this process's own memory (the baseline of a host tier inside one
   process), in GB/s of page bytes;
 - the bytes on the socket per page moved (pages travel through the arena, not the socket);
-- through the KV-cache manager (CPU backend, concat): the same pages evicted to and onboarded
-  from the daemon (the remote level on :class:`~kvcodec_sdk.remote.daemon.DaemonBackend`) against
-  the host tier inside the process, in GB/s of page bytes (the target: onboard from L2 at least
-  0.9× the host tier).
+- through the KV-cache manager (``--device``, concat): the same pages evicted to and onboarded
+  from the daemon (the remote level on :class:`~kvcodec_sdk.remote.daemon.DaemonBackend`, and the
+  shared host level, ``KVCacheConfig.shared``) against the host tier inside the process, and the
+  L2 hit: another manager finding the pages in the shared host level and onboarding them, in GB/s
+  of page bytes (the target: an L2 hit at least 0.9× the host tier's onboard).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_f
                    help="microseconds the client polls for a reply before sleeping (default: the client's default)")
     p.add_argument("--daemon-busy-poll-us", type=float, default=0.0, metavar="US",
                    help="microseconds the daemon polls for a request before sleeping (default 0)")
+    p.add_argument("--device", default="cpu", help="the managers' device: cpu (default) or cuda[:N]")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
 
 
@@ -59,10 +61,33 @@ def kv_page(rng: np.random.Generator, page_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(raw[:page_bytes])
 
 
-def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> dict:
-    """Evict and onboard ``pages`` KV-like pages through a CPU manager, once with a host tier and
-    once with the daemon as its remote level: GB/s of page bytes per direction (best of
-    ``rounds``), every onboarded page checked byte for byte."""
+def _put(m: Any, page: Any, raw: np.ndarray) -> None:
+    """Writes ``raw`` into a hot page (one pool: the page's K and V side by side)."""
+    view = m.page_view(page, framework="numpy" if m.device == "cpu" else "torch")[0]
+    if m.device == "cpu":
+        view[:] = raw
+    else:
+        import torch
+
+        view.copy_(torch.from_numpy(raw))
+
+
+def _get(m: Any, page: Any) -> np.ndarray:
+    view = m.page_view(page, framework="numpy" if m.device == "cpu" else "torch")[0]
+    return np.asarray(view) if m.device == "cpu" else view.cpu().numpy()
+
+
+def _timed_rounds(rounds: int, step: Any) -> list[tuple[float, ...]]:
+    """``step()`` returns its phases' seconds; the first of ``rounds + 1`` warms up (dropped)."""
+    return [step() for _ in range(rounds + 1)][1:]
+
+
+def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, device: str = "cpu") -> dict:
+    """Evict and onboard ``pages`` KV-like pages through managers on ``device`` (concat): with a
+    host tier of their own (the baseline), with the daemon as their remote level, and with the
+    shared host level in the daemon's arena (their own pages, and another manager's pages found
+    in L2, with and without the CRC-32C check). GB/s of page bytes per direction (best of
+    ``rounds``); every onboarded page is checked byte for byte."""
     import kvcodec_sdk as kv
 
     from ..remote.daemon import DaemonBackend
@@ -70,21 +95,36 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> 
     half = page_bytes // 2
     groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=half), kv.BufferDesc(0, kv.Role.VALUE, bytes=half)])]
     quota = pages * 2 * half
-    out = {}
-    for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE)):
-        remote = None if name == "host" else kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages)
-        m = kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=quota, host_quota=quota if name == "host" else 0,
-                                               device="cpu", remote=remote), cold_page_codec="concat")
+    moved = pages * 2 * half
+    keys = [f"bench-manager/{i}".encode() for i in range(pages)]
+    model = [kv_page(np.random.default_rng(1000 + i), 2 * half) for i in range(pages)]
+
+    def manager(host: bool = False, remote: bool = False, shared: bool = True, verify_crc: bool = True) -> Any:
+        return kv.KVCacheManager(kv.KVCacheConfig(
+            groups, gpu_quota=quota, host_quota=quota if host or shared and not remote else 0, device=device,
+            remote=kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages) if remote else None,
+            shared=kv.SharedTierConfig(sock, region_slots=8 * pages + 64, verify_crc=verify_crc)
+            if shared and not remote and not host else None), cold_page_codec="concat")
+
+    def filled(m: Any) -> Any:
+        ps = m.allocate(0, pages)
+        for p, raw in zip(ps, model):
+            _put(m, p, raw)
+        m.set_keys(ps, keys)
+        return ps
+
+    def check(m: Any, ps: Any, what: str) -> None:
+        for p, raw in zip(ps, model):
+            if not np.array_equal(_get(m, p), raw):
+                raise RuntimeError(f"a page onboarded from {what} differs from the page evicted")
+
+    out: dict = {}
+    for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE), ("shared", kv.CacheLevel.HOST)):
+        m = manager(host=name == "host", remote=name == "daemon", shared=name == "shared")
         try:
-            ps = m.allocate(0, pages)
-            model = []
-            for i, p in enumerate(ps):
-                raw = kv_page(np.random.default_rng(1000 + i), 2 * half)
-                m.page_view(p, framework="numpy")[0][:] = raw  # one pool: the page's K and V side by side
-                model.append(raw)
-            m.set_keys(ps, [f"bench-manager/{i}".encode() for i in range(pages)])
-            evict, onboard = [], []
-            for _ in range(rounds + 1):  # the first round warms the level up (untimed)
+            ps = filled(m)
+
+            def step() -> tuple[float, float]:
                 t0 = time.perf_counter()
                 m.evict(ps, level=level)
                 t1 = time.perf_counter()
@@ -92,22 +132,58 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5) -> 
                 t2 = time.perf_counter()
                 if r.moved != pages:
                     raise RuntimeError(f"the {name} level onboarded {r.moved} of {pages} pages ({len(r.dropped)} dropped)")
-                evict.append(t1 - t0)
-                onboard.append(t2 - t1)
-            for p, raw in zip(ps, model):
-                if not np.array_equal(m.page_view(p, framework="numpy")[0], raw):
-                    raise RuntimeError(f"a page onboarded from the {name} level differs from the page evicted")
+                return t1 - t0, t2 - t1
+
+            times = _timed_rounds(rounds, step)
+            check(m, ps, f"the {name} level")
         finally:
             m.close()
-        moved = pages * 2 * half
-        out[name] = {"evict_gbps": moved / min(evict[1:]) / 1e9, "onboard_gbps": moved / min(onboard[1:]) / 1e9}
-    out["onboard_vs_host"] = out["daemon"]["onboard_gbps"] / out["host"]["onboard_gbps"]
-    out["evict_vs_host"] = out["daemon"]["evict_gbps"] / out["host"]["evict_gbps"]
+        out[name] = {"evict_gbps": moved / min(t[0] for t in times) / 1e9,
+                     "onboard_gbps": moved / min(t[1] for t in times) / 1e9}
+    # L2 hits: a writer keeps its pages in the shared host level; a reader finds and onboards them.
+    writer = manager()
+    try:
+        ps = filled(writer)
+        writer.evict(ps)
+        for name, crc in (("shared_found", True), ("shared_found_no_crc", False)):
+            reader = manager(verify_crc=crc)
+            try:
+                def found_step() -> tuple[float, float]:
+                    t0 = time.perf_counter()
+                    found = reader.find_shared(keys)
+                    t1 = time.perf_counter()
+                    if any(f is None for f in found):
+                        raise RuntimeError(f"{sum(f is None for f in found)} of {pages} pages were not found in L2")
+                    r = reader.onboard(found)
+                    t2 = time.perf_counter()
+                    if r.moved != pages:
+                        raise RuntimeError(f"onboarded {r.moved} of {pages} pages found in L2 ({len(r.dropped)} dropped)")
+                    check(reader, found, "L2")
+                    reader.free(found)
+                    return t2 - t0, t2 - t1, t1 - t0
+
+                times = _timed_rounds(rounds, found_step)
+            finally:
+                reader.close()
+            # "hit": find_shared and onboard together; "onboard": the onboard alone.
+            out[name] = {"hit_gbps": moved / min(t[0] for t in times) / 1e9,
+                         "onboard_gbps": moved / min(t[1] for t in times) / 1e9,
+                         "find_us": 1e6 * float(np.median([t[2] for t in times]))}
+    finally:
+        writer.close()
+    for name in ("daemon", "shared"):
+        out[name]["evict_vs_host"] = out[name]["evict_gbps"] / out["host"]["evict_gbps"]
+    for name in ("daemon", "shared", "shared_found", "shared_found_no_crc"):
+        out[name]["onboard_vs_host"] = out[name]["onboard_gbps"] / out["host"]["onboard_gbps"]
+    for name in ("shared_found", "shared_found_no_crc"):
+        out[name]["hit_vs_host"] = out[name]["hit_gbps"] / out["host"]["onboard_gbps"]
+    out["onboard_vs_host"] = out["daemon"]["onboard_vs_host"]
+    out["evict_vs_host"] = out["daemon"]["evict_vs_host"]
     return out
 
 
 def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0,
-        busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0) -> dict:
+        busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0, device: str = "cpu") -> dict:
     """Measures the daemon (see the module docstring); returns the report."""
     from ..daemon import DaemonClient
     from ..daemon.client import DEFAULT_BUSY_POLL_US
@@ -115,7 +191,8 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
     poll = DEFAULT_BUSY_POLL_US if busy_poll_us is None else busy_poll_us
     folder = tempfile.mkdtemp(prefix="kvcodec-bench-daemon-")
     sock = os.path.join(folder, "l2.sock")
-    l2 = max(64 << 20, 2 * pages * (page_bytes + 4096))
+    # The client's region, the remote level's values and the shared host level's region.
+    l2 = max(64 << 20, 11 * pages * (page_bytes + 4096) + (64 << 20))
     daemon = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", str(l2),
                                "--no-hugepages", "--busy-poll-us", str(daemon_busy_poll_us)], stderr=subprocess.PIPE, text=True)
     busy = []
@@ -150,7 +227,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 
             base = wall_times(local_copy, 5)
             stats = client.stats()  # the client's figures; the manager's run comes after
-            manager = through_manager(sock, pages, page_bytes)
+            manager = through_manager(sock, pages, page_bytes, device=device)
     finally:
         for b in busy:
             b.kill()
@@ -161,7 +238,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
             daemon.kill()
     hit_gbps, base_gbps = moved / min(hit) / 1e9, moved / min(base) / 1e9
     return {"pages": pages, "page_bytes": page_bytes, "batch": batch, "rounds": rounds, "load": load,
-            "busy_poll_us": poll, "daemon_busy_poll_us": daemon_busy_poll_us,
+            "busy_poll_us": poll, "daemon_busy_poll_us": daemon_busy_poll_us, "device": device,
             "cpus": os.cpu_count(), "rtt_p50_us": float(np.percentile(lat, 50)),
             "rtt_p99_us": float(np.percentile(lat, 99)), "target_p50_us": TARGET_P50_US,
             "target_p99_us": TARGET_P99_US, "l2_hit_gbps": hit_gbps, "local_copy_gbps": base_gbps,
@@ -172,7 +249,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 def table(r: dict) -> Table:
     title = [f"kvcodec daemon from one client: {r['pages']} KV-like pages of {r['page_bytes'] >> 10} KiB, lookups "
              f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs, client polls {r['busy_poll_us']:g} us, daemon {r['daemon_busy_poll_us']:g} us"]
-    t = Table(title, [Column("figure", 34, "<"), Column("measured", 12), Column("target / baseline", 20, "<", "  ")])
+    t = Table(title, [Column("figure", 44, "<"), Column("measured", 10), Column("target / baseline", 20, "<", "  ")])
     t.rows = [
         ["lookup round trip p50 (us)", f"{r['rtt_p50_us']:.1f}", f"<= {r['target_p50_us']:.0f}"],
         ["lookup round trip p99 (us)", f"{r['rtt_p99_us']:.1f}", f"<= {r['target_p99_us']:.0f}"],
@@ -181,14 +258,20 @@ def table(r: dict) -> Table:
         ["socket bytes per page moved", f"{r['socket_bytes_per_page']:.1f}", f"of {r['page_bytes']} page bytes"],
     ]
     m = r["manager"]
-    for d in ("evict", "onboard"):
-        t.rows.append([f"manager {d}, daemon L2 (GB/s)", f"{m['daemon'][d + '_gbps']:.2f}",
-                       f"{m[d + '_vs_host']:.2f}x of the host tier ({m['host'][d + '_gbps']:.2f})"
-                       + (", target 0.9x" if d == "onboard" else "")])
+    rows = [("evict", "daemon", "remote level on daemon"), ("onboard", "daemon", "remote level on daemon"),
+            ("evict", "shared", "shared host level"), ("onboard", "shared", "shared host level"),
+            ("hit", "shared_found", "L2 hit: find + onboard"), ("onboard", "shared_found", "L2 hit: onboard"),
+            ("hit", "shared_found_no_crc", "L2 hit, no CRC: find + onboard"),
+            ("onboard", "shared_found_no_crc", "L2 hit, no CRC: onboard")]
+    for d, name, what in rows:
+        base = "evict" if d == "evict" else "onboard"
+        target = ", target 0.9x" if name.startswith("shared_found") else ""
+        t.rows.append([f"{what if d == 'hit' else 'manager ' + d + ', ' + what} (GB/s)", f"{m[name][d + '_gbps']:.2f}",
+                       f"{m[name][d + '_vs_host']:.2f}x host tier {base} ({m['host'][base + '_gbps']:.2f}){target}"])
     return t
 
 
 def main_with(args: argparse.Namespace) -> int:
     report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
-                 args.daemon_busy_poll_us)
+                 args.daemon_busy_poll_us, args.device)
     return emit(table(report), args.json, report)

@@ -119,13 +119,14 @@ class DaemonClient:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def region(self, identity: str, page_bytes: int, slots: int) -> RegionHandle:
+    def region(self, identity: str, page_bytes: int, slots: int, *, packed: bool = False) -> RegionHandle:
         """The arena region of (identity, page bytes): created by the first client that asks, with
         up to ``slots`` slots (fewer when the arena has less room); every client of the same
-        identity and page size shares it."""
+        identity and page size shares it. A ``packed`` new region puts slot s at
+        ``data + s * page_bytes`` (the layout a codec addresses) instead of 4 KiB-aligned slots."""
         if int(page_bytes) <= 0 or int(slots) <= 0:
             raise ValueError(f"page_bytes {page_bytes} and slots {slots} must be positive")
-        return RegionHandle(str(identity), self._native.region(str(identity), int(page_bytes), int(slots)))
+        return RegionHandle(str(identity), self._native.region(str(identity), int(page_bytes), int(slots), bool(packed)))
 
     def find_region(self, identity: str) -> RegionHandle | None:
         """The region of ``identity`` some client created (of the lowest page size, if several), or
@@ -162,12 +163,14 @@ class DaemonClient:
         return self._native.lease(region.layout, int(count))
 
     def commit(self, region: RegionHandle, slots: Sequence[int], keys: Sequence[bytes], lengths: Sequence[int], *,
-               ephemeral: bool = False) -> list[int]:
+               ephemeral: bool = False, pin: bool = False) -> list[int]:
         """Stores leased slots holding ``lengths[i]`` bytes under ``keys[i]`` (the CRC-32C of each
         is computed from the arena here). Per slot: 0 stored, 1 not this client's lease, 2 a
-        length over the region's page bytes."""
+        length over the region's page bytes. With ``pin``, each stored slot stays pinned for this
+        client, as a :meth:`get` hit would (:meth:`release` it the same way), so the writer keeps
+        it from eviction while it goes on reading it."""
         return self._native.commit(region.layout, np.asarray(slots, np.uint32), keys, [int(n) for n in lengths],
-                                   bool(ephemeral))
+                                   bool(ephemeral), bool(pin))
 
     def abort(self, region: RegionHandle, slots: Sequence[int]) -> None:
         """Gives back leased slots that will not be committed."""

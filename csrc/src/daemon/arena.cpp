@@ -76,9 +76,9 @@ KeyDigest keyDigest(std::string_view key) noexcept
     return out;
 }
 
-uint64_t RegionLayout::bytesFor(uint64_t pageBytes, uint64_t slots) noexcept
+uint64_t RegionLayout::bytesFor(uint64_t stride, uint64_t slots) noexcept
 {
-    return roundUp(slots * kHeaderBytes, kArenaPage) + slots * roundUp(pageBytes, kArenaPage);
+    return roundUp(slots * kHeaderBytes, kArenaPage) + roundUp(slots * stride, kArenaPage);
 }
 
 std::shared_ptr<Mapping> Mapping::create(uint64_t bytes, bool hugepages)

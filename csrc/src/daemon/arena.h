@@ -51,7 +51,7 @@ struct RegionLayout
     uint32_t region = 0;
     uint64_t table = 0;  ///< offset of the header table
     uint64_t data = 0;   ///< offset of slot 0's data (page-aligned)
-    uint64_t stride = 0; ///< bytes between slots' data (page bytes rounded up to 4 KiB)
+    uint64_t stride = 0; ///< bytes between slots' data (page bytes, rounded up to 4 KiB unless packed)
     uint32_t slots = 0;
     uint64_t pageBytes = 0;
 
@@ -67,8 +67,8 @@ struct RegionLayout
     {
         return data + uint64_t(slot) * stride;
     }
-    /// Arena bytes a region of `slots` slots of `pageBytes` takes.
-    [[nodiscard]] static uint64_t bytesFor(uint64_t pageBytes, uint64_t slots) noexcept;
+    /// Arena bytes a region of `slots` slots `stride` bytes apart takes.
+    [[nodiscard]] static uint64_t bytesFor(uint64_t stride, uint64_t slots) noexcept;
 };
 
 /// A shared memory file mapped read-write; unmapped (and its descriptor closed) when the last

@@ -247,11 +247,14 @@ std::string Client::call(std::string const& frame)
     return reply.substr(1);
 }
 
-RegionLayout Client::region(std::string_view identity, uint64_t pageBytes, uint32_t slots)
+RegionLayout Client::region(std::string_view identity, uint64_t pageBytes, uint32_t slots, bool packed)
 {
     std::lock_guard lock(mutex_);
-    std::string const reply
-        = call(frameOf(Op::Region, [&](FrameWriter& w) { w.put(pageBytes).put(slots).str(identity); }));
+    std::string const reply = call(frameOf(Op::Region, [&](FrameWriter& w) {
+        w.put(pageBytes).put(slots).str(identity);
+        if (packed)
+            w.put(kRegionPacked);
+    }));
     FrameReader r(reply.data(), reply.size());
     RegionLayout l;
     l.region = r.get<uint32_t>();
@@ -284,14 +287,14 @@ std::vector<uint32_t> Client::leaseLocked(RegionLayout const& l, uint32_t count)
 }
 
 std::vector<uint8_t> Client::commit(RegionLayout const& r, std::vector<uint32_t> const& slots,
-    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral)
+    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral, bool pin)
 {
     std::lock_guard lock(mutex_);
-    return commitLocked(r, slots, keys, lengths, ephemeral);
+    return commitLocked(r, slots, keys, lengths, uint8_t((ephemeral ? kCommitEphemeral : 0) | (pin ? kCommitPin : 0)));
 }
 
 std::vector<uint8_t> Client::commitLocked(RegionLayout const& l, std::vector<uint32_t> const& slots,
-    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
+    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, uint8_t flags,
     uint32_t const* crcs)
 {
     checkLengths(keys.size(), slots.size(), "slots");
@@ -299,7 +302,7 @@ std::vector<uint8_t> Client::commitLocked(RegionLayout const& l, std::vector<uin
     if (!arena_)
         throw DaemonGone("this client is closed (reconnect() to use it again)");
     std::string const reply = call(frameOf(Op::Commit, [&](FrameWriter& w) {
-        w.put(l.region).put(uint8_t(ephemeral)).put(uint32_t(slots.size()));
+        w.put(l.region).put(flags).put(uint32_t(slots.size()));
         for (size_t i = 0; i < slots.size(); ++i)
         {
             bool const inside = slots[i] < l.slots && lengths[i] <= l.pageBytes;
@@ -348,7 +351,7 @@ std::vector<bool> Client::set(RegionLayout const& l, std::vector<std::string_vie
         lengths[i] = uint32_t(pages[i].second);
     }
     std::vector<std::string_view> const first(keys.begin(), keys.begin() + std::ptrdiff_t(slots.size()));
-    std::vector<uint8_t> const st = commitLocked(l, slots, first, lengths, ephemeral);
+    std::vector<uint8_t> const st = commitLocked(l, slots, first, lengths, ephemeral ? kCommitEphemeral : uint8_t(0));
     std::vector<bool> out(keys.size(), false);
     for (size_t i = 0; i < st.size(); ++i)
         out[i] = st[i] == kStored;
@@ -494,7 +497,7 @@ std::vector<uint8_t> Client::putValues(RegionLayout const& l, std::vector<std::s
         lengths[j] = uint32_t(kValueHeaderBytes + bytes);
         leasedKeys[j] = keys[i];
     }
-    std::vector<uint8_t> const st = commitLocked(l, slots, leasedKeys, lengths, false, crcs.data());
+    std::vector<uint8_t> const st = commitLocked(l, slots, leasedKeys, lengths, 0, crcs.data());
     for (size_t j = 0; j < fits.size(); ++j)
         statuses[fits[j]] = j < st.size() && st[j] == kStored ? 0 : 1;
     return statuses;

@@ -61,13 +61,16 @@ public:
     /// Disconnects (the daemon releases whatever this client still pinned). Idempotent.
     void close();
 
-    RegionLayout region(std::string_view identity, uint64_t pageBytes, uint32_t slots);
+    /// The region of (identity, page bytes); a `packed` new one puts slot s at data + s * page bytes.
+    RegionLayout region(std::string_view identity, uint64_t pageBytes, uint32_t slots, bool packed = false);
     /// Up to `count` slots to write (fewer when L2 has no more that nobody pinned).
     std::vector<uint32_t> lease(RegionLayout const& r, uint32_t count);
     /// Commits leased slots holding `lengths[i]` bytes under `keys[i]`; the CRC-32C of each is
     /// computed here from the arena. Per slot: 0 stored, 1 not this client's lease, 2 a bad length.
+    /// With `pin`, each stored slot stays pinned for this client (release() it like a get's hit).
     std::vector<uint8_t> commit(RegionLayout const& r, std::vector<uint32_t> const& slots,
-        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral);
+        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
+        bool pin = false);
     void abort(RegionLayout const& r, std::vector<uint32_t> const& slots);
     /// Leases, copies `pages` in and commits them: per page, true when stored.
     std::vector<bool> set(RegionLayout const& r, std::vector<std::string_view> const& keys,
@@ -124,7 +127,7 @@ private:
     std::vector<Found> getLocked(RegionLayout const& r, std::vector<std::string_view> const& keys);
     void releaseLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
     std::vector<uint8_t> commitLocked(RegionLayout const& r, std::vector<uint32_t> const& slots,
-        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
+        std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, uint8_t flags,
         uint32_t const* crcs = nullptr);
     void abortLocked(RegionLayout const& r, std::vector<uint32_t> const& slots);
     std::vector<uint32_t> leaseLocked(RegionLayout const& r, uint32_t count);

@@ -14,7 +14,7 @@ uint64_t roundUp(uint64_t n, uint64_t to) noexcept
 
 } // namespace
 
-RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageBytes, uint32_t slots)
+RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageBytes, uint32_t slots, bool packed)
 {
     if (pageBytes == 0 && slots == 0)
     {
@@ -31,9 +31,10 @@ RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageByte
     if (found != byIdentity_.end())
         return regions_[found->second]->layout;
     uint64_t const room = arena_->size() - nextOffset_;
-    uint64_t const perSlot = roundUp(pageBytes, kArenaPage) + kHeaderBytes;
-    uint64_t fit = room > kArenaPage ? std::min<uint64_t>(slots, (room - kArenaPage) / perSlot) : 0;
-    while (fit > 0 && RegionLayout::bytesFor(pageBytes, fit) > room)
+    uint64_t const stride = packed ? pageBytes : roundUp(pageBytes, kArenaPage);
+    uint64_t const perSlot = stride + kHeaderBytes;
+    uint64_t fit = room > 2 * kArenaPage ? std::min<uint64_t>(slots, (room - 2 * kArenaPage) / perSlot) : 0;
+    while (fit > 0 && RegionLayout::bytesFor(stride, fit) > room)
         --fit;
     if (fit == 0)
         throw std::invalid_argument("the arena has " + std::to_string(room) + " bytes left, not enough for one slot of "
@@ -44,10 +45,10 @@ RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageByte
     l.region = uint32_t(regions_.size());
     l.table = nextOffset_;
     l.data = l.table + roundUp(fit * kHeaderBytes, kArenaPage);
-    l.stride = roundUp(pageBytes, kArenaPage);
+    l.stride = stride;
     l.slots = uint32_t(fit);
     l.pageBytes = pageBytes;
-    nextOffset_ = l.end();
+    nextOffset_ = roundUp(l.end(), kArenaPage);
     r->versions.assign(fit, 0);
     r->state.assign(fit, State::Free);
     r->length.assign(fit, 0);
@@ -123,8 +124,8 @@ std::vector<uint32_t> L2Index::lease(uint32_t client, uint32_t region, uint32_t 
     return slots;
 }
 
-CommitStatus L2Index::commit(
-    uint32_t client, uint32_t region, uint32_t s, std::string_view key, uint32_t length, uint32_t crc, bool ephemeral)
+CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::string_view key, uint32_t length,
+    uint32_t crc, bool ephemeral, bool pin)
 {
     Region& r = at(region);
     if (s >= r.layout.slots || r.state[s] != State::Leased || r.leasedBy[s] != client)
@@ -145,7 +146,10 @@ CommitStatus L2Index::commit(
     arena_->writeHeader(r.layout, s, r.versions[s], length, crc, keyDigest(key));
     r.keys.emplace(k, s);
     r.keyOf[s] = std::move(k);
-    lruPush(r, s);
+    if (pin)
+        this->pin(client, r, s);
+    else
+        lruPush(r, s);
     counters_.sets += 1;
     counters_.setBytes += length;
     counters_.ephemeral += ephemeral ? 1 : 0;
@@ -174,6 +178,14 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
         return {};
     }
     uint32_t const s = it->second;
+    pin(client, r, s);
+    counters_.hits += 1;
+    counters_.hitBytes += r.length[s];
+    return Found{s, r.length[s], r.crc[s], r.versions[s]};
+}
+
+void L2Index::pin(uint32_t client, Region& r, uint32_t s)
+{
     lruRemove(r, s); // pinned: not evictable
     if (r.pins[s]++ == 0)
         r.pinnedSlots += 1;
@@ -182,10 +194,7 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
         pinsOwner_ = client;
         pinsOf_ = &clientPins_[client];
     }
-    (*pinsOf_)[(uint64_t(region) << 32) | s] += 1;
-    counters_.hits += 1;
-    counters_.hitBytes += r.length[s];
-    return Found{s, r.length[s], r.crc[s], r.versions[s]};
+    (*pinsOf_)[(uint64_t(r.layout.region) << 32) | s] += 1;
 }
 
 bool L2Index::erase(uint32_t region, std::string_view key)

@@ -56,16 +56,17 @@ public:
 
     /// The region of (identity, page bytes), created with up to `slots` slots (what is left of the
     /// arena, at least one) the first time it is asked for. With `pageBytes` and `slots` both 0,
-    /// finds the identity's region of the lowest page size without creating one. Throws
-    /// std::invalid_argument.
-    RegionLayout const& region(std::string_view identity, uint64_t pageBytes, uint32_t slots);
+    /// finds the identity's region of the lowest page size without creating one. A `packed` new
+    /// region puts its slots `pageBytes` apart (else 4 KiB-aligned). Throws std::invalid_argument.
+    RegionLayout const& region(std::string_view identity, uint64_t pageBytes, uint32_t slots, bool packed = false);
 
     /// Up to `count` slots for `client` to write, evicting least recently used stored slots that
     /// nobody pinned; their versions (odd) go to `versions`.
     std::vector<uint32_t> lease(uint32_t client, uint32_t region, uint32_t count, std::vector<uint64_t>& versions);
-    /// Stores a leased slot under its key.
+    /// Stores a leased slot under its key; with `pin`, the slot stays pinned for `client` (as after
+    /// a get of the key) instead of joining the LRU.
     CommitStatus commit(uint32_t client, uint32_t region, uint32_t slot, std::string_view key, uint32_t length,
-        uint32_t crc, bool ephemeral);
+        uint32_t crc, bool ephemeral, bool pin = false);
     /// Frees a slot leased to `client` that it will not commit (others are ignored).
     void abort(uint32_t client, uint32_t region, uint32_t slot);
     /// Where `key` is stored (the slot pinned for `client`), or a miss.
@@ -127,6 +128,7 @@ private:
     Region& at(uint32_t region);
     void lruPush(Region& r, uint32_t s) noexcept; // most recently used end
     void lruRemove(Region& r, uint32_t s) noexcept;
+    void pin(uint32_t client, Region& r, uint32_t s);
     void unpin(Region& r, uint32_t s);
     void unstore(Region& r, uint32_t s);
     bool evictOne(Region& r);

@@ -260,7 +260,8 @@ void Server::handle(Client& c, char const* p, size_t n)
             uint64_t const pageBytes = in.get<uint64_t>();
             uint32_t const slots = in.get<uint32_t>();
             std::string_view const identity = in.str();
-            RegionLayout const& r = index_.region(identity, pageBytes, slots);
+            bool const packed = in.left() > 0 && (in.get<uint8_t>() & kRegionPacked) != 0;
+            RegionLayout const& r = index_.region(identity, pageBytes, slots, packed);
             FrameWriter w(out);
             w.put(uint8_t(Status::Ok))
                 .put(r.region)
@@ -289,7 +290,9 @@ void Server::handle(Client& c, char const* p, size_t n)
         {
             uint32_t const region = in.get<uint32_t>();
             index_.checkRegion(region);
-            bool const ephemeral = in.get<uint8_t>() != 0;
+            uint8_t const flags = in.get<uint8_t>();
+            bool const ephemeral = (flags & kCommitEphemeral) != 0;
+            bool const pin = (flags & kCommitPin) != 0;
             uint32_t const count = in.count(12);
             std::vector<uint32_t> fields(3 * size_t(count));
             for (auto& f : fields)
@@ -301,8 +304,8 @@ void Server::handle(Client& c, char const* p, size_t n)
                 std::string_view const key = in.str();
                 if (key.empty())
                     throw std::invalid_argument("keys[" + std::to_string(i) + "] is empty");
-                auto const st
-                    = index_.commit(c.id, region, fields[3 * i], key, fields[3 * i + 1], fields[3 * i + 2], ephemeral);
+                auto const st = index_.commit(
+                    c.id, region, fields[3 * i], key, fields[3 * i + 1], fields[3 * i + 2], ephemeral, pin);
                 setRefused_ += st == kStored ? 0 : 1;
                 w.put(uint8_t(st));
             }

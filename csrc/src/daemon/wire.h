@@ -12,10 +12,14 @@
 //   1   hello    u32 version, u32 pid                           u32 version, u64 arena bytes, u32 client id,
 //                                                               u8 huge pages (and the arena descriptor)
 //   2   region   u64 page bytes, u32 slots wanted, str identity u32 region, u64 table, u64 data, u64 stride,
-//                (page bytes and slots 0: find, never create)   u32 slots, u64 page bytes
+//                [u8 flags] (page bytes and slots 0: find,      u32 slots, u64 page bytes
+//                never create; flags bit 0 "packed": a new region's stride is the page bytes, not
+//                rounded up to 4 KiB, so slot s lies at data + s * page bytes)
 //   3   lease    u32 region, u32 count                          u32 n, n x u32 slot, n x u64 version (odd)
-//   4   commit   u32 region, u8 ephemeral, u32 n,               u32 n, n x u8 status (0 stored, 1 not this
+//   4   commit   u32 region, u8 flags, u32 n,                   u32 n, n x u8 status (0 stored, 1 not this
 //                n x {u32 slot, u32 length, u32 crc}, n x str   client's lease, 2 a bad length)
+//                (flags bit 0: ephemeral; bit 1: keep each stored slot pinned for this client, as a get
+//                would, so the writer goes on reading it until it releases it)
 //   5   abort    u32 region, u32 n, n x u32 slot                (none)
 //   6   get      u32 region, u32 n, n x str key                 u32 n, n x {u32 slot (~0: a miss), u32 length,
 //                                                               u32 crc, u32 zero, u64 version}; hits pinned
@@ -39,6 +43,11 @@ inline constexpr uint32_t kProtocolVersion = 2;
 /// The largest frame either side accepts (a batch of many thousand keys fits).
 inline constexpr uint32_t kMaxFrame = 16u << 20;
 inline constexpr uint32_t kMiss = ~0u;
+/// Region flags.
+inline constexpr uint8_t kRegionPacked = 1;
+/// Commit flags.
+inline constexpr uint8_t kCommitEphemeral = 1;
+inline constexpr uint8_t kCommitPin = 2;
 
 enum class Op : uint8_t
 {

@@ -77,6 +77,20 @@ struct DiskTierConfig
     std::vector<disk::FaultRule> faults;
 };
 
+/// The shared host level: the host tier in the per-host daemon's L2 arena (shared_level.h).
+struct SharedTierConfig
+{
+    std::string socketPath; ///< Empty: the host tier is this process's own pinned memory.
+    /// Names the arena regions: the codec identity and layer-group layout (managers that share
+    /// pages must agree on it).
+    std::string identity;
+    /// Slots each pool group's region asks for when this manager creates it (0: eight times the
+    /// group's share of the host quota); a region that exists keeps its size.
+    uint64_t regionSlots = 0;
+    bool verifyCrc = true; ///< Check each shared blob's CRC-32C before decoding it.
+    double timeoutS = 5.0;
+};
+
 struct KvcmConfig
 {
     std::vector<LayerGroupConfig> layerGroups;
@@ -99,6 +113,7 @@ struct KvcmConfig
     int32_t envelopeFormatVersion = -1;
     DiskTierConfig disk;
     RemoteTierConfig remote;
+    SharedTierConfig shared;
 };
 
 /// The hot slot layout of one lifecycle: one pool per layer (in order of first appearance in

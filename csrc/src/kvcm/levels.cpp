@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace kvcodec::kvcm {
 
@@ -35,8 +36,100 @@ int32_t SlotPool::take() noexcept
 
 void SlotPool::give(int32_t slot, EventPtr ready) noexcept
 {
+    if (size_t(slot) < retireOnGive_.size() && retireOnGive_[size_t(slot)] != 0)
+    {
+        retireOnGive_[size_t(slot)] = 0;
+        withholdOne(slot);
+        retired_.emplace_back(slot, ready); // Reserved by ownOnly() and takeRetired().
+        ready_[size_t(slot)] = std::move(ready);
+        return;
+    }
     ready_[size_t(slot)] = std::move(ready);
     free_.push_back(slot);
+}
+
+void SlotPool::ownOnly(std::vector<int32_t> const& mine)
+{
+    std::vector<uint8_t> own(count_, 0);
+    for (int32_t s : mine)
+    {
+        own[size_t(s)] = 1;
+    }
+    free_.clear();
+    withheld_.clear();
+    // give() never allocates: every list can hold every slot.
+    free_.reserve(count_);
+    withheld_.reserve(count_);
+    retired_.reserve(count_);
+    withheldAt_.assign(count_, -1);
+    for (uint64_t s = count_; s-- > 0;)
+    {
+        if (own[s] != 0)
+        {
+            free_.push_back(int32_t(s));
+        }
+        else
+        {
+            withholdOne(int32_t(s));
+        }
+    }
+    retireOnGive_.assign(count_, 0);
+}
+
+void SlotPool::withholdOne(int32_t slot) noexcept
+{
+    withheldAt_[size_t(slot)] = int64_t(withheld_.size());
+    withheld_.push_back(slot);
+}
+
+bool SlotPool::unwithholdOne(int32_t slot) noexcept
+{
+    int64_t const at = withheldAt_[size_t(slot)];
+    if (at < 0)
+    {
+        return false;
+    }
+    int32_t const last = withheld_.back();
+    withheld_[size_t(at)] = last;
+    withheldAt_[size_t(last)] = at;
+    withheld_.pop_back();
+    withheldAt_[size_t(slot)] = -1;
+    return true;
+}
+
+void SlotPool::adopt(std::vector<int32_t> const& slots, bool asFree) noexcept
+{
+    for (int32_t s : slots)
+    {
+        if (unwithholdOne(s) && asFree)
+        {
+            free_.push_back(s);
+        }
+    }
+    peak_ = std::max(peak_, usedSlots());
+}
+
+bool SlotPool::adoptOne(int32_t slot) noexcept
+{
+    if (!unwithholdOne(slot))
+    {
+        return false;
+    }
+    free_.push_back(slot);
+    return true;
+}
+
+void SlotPool::retireOnGive(int32_t slot)
+{
+    retireOnGive_[size_t(slot)] = 1;
+}
+
+std::vector<std::pair<int32_t, EventPtr>> SlotPool::takeRetired()
+{
+    std::vector<std::pair<int32_t, EventPtr>> out = std::move(retired_);
+    retired_.clear();
+    retired_.reserve(count_);
+    return out;
 }
 
 void SlotPool::withhold(uint64_t limit)
@@ -187,8 +280,8 @@ void HostColdLevel::resize(PoolGroupIndex group, uint64_t numSlots)
     pool.slots.setNumSlots(numSlots);
 }
 
-bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts,
-    std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept
+bool copyBlobs(runtime::DeviceRuntime& runtime, std::byte* base, uint64_t pageBytes, int32_t const* slots,
+    std::byte* const* dsts, std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept
 {
     // Exactly one of `dsts` (copies out of the pool) and `srcs` (copies into it) is given.
     thread_local std::vector<void*> to;
@@ -196,13 +289,12 @@ bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* 
     thread_local std::vector<size_t> sizes;
     try
     {
-        Pool const& pool = groups_[size_t(group)];
         to.resize(count);
         from.resize(count);
-        sizes.assign(count, pool.pageBytes);
+        sizes.assign(count, pageBytes);
         for (size_t i = 0; i < count; ++i)
         {
-            std::byte* blob = pool.memory->data() + uint64_t(slots[i]) * pool.pageBytes;
+            std::byte* blob = base + uint64_t(slots[i]) * pageBytes;
             to[i] = dsts != nullptr ? static_cast<void*>(dsts[i]) : blob;
             from[i] = dsts != nullptr ? static_cast<void const*>(blob) : srcs[i];
         }
@@ -212,7 +304,14 @@ bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* 
         error = e.what();
         return false;
     }
-    return runtime_.copyBatch(to.data(), from.data(), sizes.data(), count, stream, error);
+    return runtime.copyBatch(to.data(), from.data(), sizes.data(), count, stream, error);
+}
+
+bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts,
+    std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept
+{
+    Pool const& pool = groups_[size_t(group)];
+    return copyBlobs(runtime_, pool.memory->data(), pool.pageBytes, slots, dsts, srcs, count, stream, error);
 }
 
 bool HostColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,

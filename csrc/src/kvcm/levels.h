@@ -78,9 +78,30 @@ public:
     /// its ready event (also across a shrink and a later grow).
     void setNumSlots(uint64_t numSlots);
 
+    // --- Slots shared with other processes (a level whose slots a daemon hands out) ----------
+    // Of such a pool's slots only those this manager holds are its own: the others stay withheld
+    // (never taken, not counted as used) until adopted.
+
+    /// Only `mine` are free; every other slot is withheld.
+    void ownOnly(std::vector<int32_t> const& mine);
+    /// Withheld slots become free (`asFree`) or used (a page already lies in them).
+    void adopt(std::vector<int32_t> const& slots, bool asFree) noexcept;
+    /// One withheld slot becomes free; false when it was not withheld.
+    bool adoptOne(int32_t slot) noexcept;
+    /// The next give() of `slot` withholds it instead of freeing it and lists it in retired().
+    void retireOnGive(int32_t slot);
+    /// Slots withheld by give() since the last call (with their ready events), emptied.
+    std::vector<std::pair<int32_t, EventPtr>> takeRetired();
+
 private:
     std::vector<int32_t> free_;
     std::vector<int32_t> withheld_;
+    std::vector<uint8_t> retireOnGive_;
+    std::vector<std::pair<int32_t, EventPtr>> retired_;
+    std::vector<int64_t> withheldAt_; // After ownOnly(): each slot's index in withheld_, or -1.
+
+    void withholdOne(int32_t slot) noexcept;
+    bool unwithholdOne(int32_t slot) noexcept;
     // Ready events of every slot the pool ever had: a slot cut off by a shrink keeps the event
     // of the copy that vacated it, so a later grow cannot hand it out before that copy finished.
     std::vector<EventPtr> ready_;
@@ -244,6 +265,39 @@ public:
         (void)io;
     }
 
+    /// A page of `lifeCycle` landed in `slot` (its transfer complete after `written`), under
+    /// content key `key` (empty: none). Called for every migration into the level.
+    virtual void landed(
+        PoolGroupIndex group, int32_t slot, LifeCycleId lifeCycle, std::string const& key, EventPtr const& written)
+    {
+        (void)group;
+        (void)slot;
+        (void)lifeCycle;
+        (void)key;
+        (void)written;
+    }
+    /// Work the level does between the manager's calls (the manager calls it at the start of
+    /// its migrations and lookups, under its lock). Default: nothing.
+    virtual void maintain() {}
+    /// True when blobs must pass verifyBlob() before a decode reads them.
+    [[nodiscard]] virtual bool verifiesBlobs() const noexcept
+    {
+        return false;
+    }
+    /// The slot still holds the blob its page put or found there (the host waited for the
+    /// slot's transfers first). A blob that fails is a miss.
+    [[nodiscard]] virtual bool verifyBlob(PoolGroupIndex group, int32_t slot) const noexcept
+    {
+        (void)group;
+        (void)slot;
+        return true;
+    }
+    /// Why the level's slots cannot be resized or compacted, or null when they can.
+    [[nodiscard]] virtual char const* fixedGeometry() const noexcept
+    {
+        return nullptr;
+    }
+
     // --- Content-keyed blobs kept across restarts -------------------------------------------
 
     /// True when a page's blob is written under its content key, which the page then keeps.
@@ -256,6 +310,20 @@ public:
     {
         (void)key;
         return std::nullopt;
+    }
+    /// claim() for `count` keys at once; `lifeCycles[i]` (or every lifecycle when negative or
+    /// when `lifeCycles` is null) is the lifecycle the page is looked for under.
+    virtual std::vector<std::optional<ClaimedBlob>> claimMany(
+        std::string const* keys, int32_t const* lifeCycles, size_t count)
+    {
+        (void)lifeCycles;
+        std::vector<std::optional<ClaimedBlob>> out;
+        out.reserve(count);
+        for (size_t i = 0; i < count; ++i)
+        {
+            out.push_back(claim(keys[i]));
+        }
+        return out;
     }
     /// Unclaimed blobs left by a previous manager (all groups, or one).
     [[nodiscard]] virtual size_t numUnclaimed() const noexcept
@@ -388,6 +456,11 @@ protected:
     StagingManager& ring_;
     char const* ringName_;
 };
+
+/// Raw copies of `count` blobs of an addressable pool (blob s at base + s * pageBytes): out of it
+/// into `dsts`, or into it from `srcs` (exactly one is given), ordered on `stream`.
+bool copyBlobs(runtime::DeviceRuntime& runtime, std::byte* base, uint64_t pageBytes, int32_t const* slots,
+    std::byte* const* dsts, std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept;
 
 /// One cold pool group of the host level: its pinned pool.
 struct HostLevelPool

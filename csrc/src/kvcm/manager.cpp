@@ -350,11 +350,18 @@ std::string KvCacheManager::key(PageId id) const
     return keys_.of(pages_.resolve(id, 0));
 }
 
-void KvCacheManager::findKept(CacheLevel level, char const* what, std::string const* keys, size_t count, PageId* out)
+void KvCacheManager::findKept(
+    CacheLevel level, char const* what, std::string const* keys, size_t count, PageId* out, int32_t const* lifeCycles)
 {
     CallGuard guard(*this, what);
     checkLevel(level, (std::string(what) + "'s level").c_str());
     ColdLevel* cold = storage_->coldLevel(level);
+    cold->maintain();
+    // Keys no live page holds are claimed from the level in one batch.
+    std::vector<std::string> ask;
+    std::vector<int32_t> askLifeCycles;
+    std::vector<size_t> where;
+    std::unordered_set<std::string_view> asked;
     for (size_t i = 0; i < count; ++i)
     {
         out[i] = 0;
@@ -368,21 +375,51 @@ void KvCacheManager::findKept(CacheLevel level, char const* what, std::string co
             }
             continue; // A live page elsewhere holds the key; a kept blob under it was replaced.
         }
-        auto const found = cold->claim(keys[i]);
-        if (!found)
+        if (asked.insert(keys[i]).second)
+        {
+            ask.push_back(keys[i]);
+            askLifeCycles.push_back(lifeCycles != nullptr ? lifeCycles[i] : -1);
+        }
+        where.push_back(i);
+    }
+    if (ask.empty())
+    {
+        return;
+    }
+    std::vector<std::optional<ClaimedBlob>> const found = cold->claimMany(ask.data(), askLifeCycles.data(), ask.size());
+    for (size_t j = 0; j < ask.size(); ++j)
+    {
+        if (!found[j])
         {
             continue;
         }
         uint32_t const index = pages_.add();
         Page& p = pages_[index];
-        p.lifeCycle = found->lifeCycle;
+        p.lifeCycle = found[j]->lifeCycle;
         p.level = int8_t(level);
-        p.slot = found->slot;
+        p.slot = found[j]->slot;
         p.tick = ++clock_;
         lru_.insert(index);
-        keys_.set(index, keys[i]);
-        out[i] = pages_.id(index);
+        keys_.set(index, ask[j]);
     }
+    for (size_t i : where)
+    {
+        if (auto const owner = keys_.owner(keys[i]))
+        {
+            out[i] = pages_.id(*owner); // The same key twice in one call finds the same page.
+        }
+    }
+}
+
+std::optional<KvCacheManager::SharedStats> KvCacheManager::sharedStats() const
+{
+    CallGuard guard(*this, "sharedStats");
+    auto const* shared = dynamic_cast<SharedColdLevel const*>(storage_->coldLevel(CacheLevel::kHost));
+    if (shared == nullptr)
+    {
+        return std::nullopt;
+    }
+    return SharedStats{shared->connected(), shared->counters()};
 }
 
 size_t KvCacheManager::forgetUnclaimed(CacheLevel level, char const* what)
@@ -569,6 +606,7 @@ void KvCacheManager::synchronize()
 {
     CallGuard guard(*this, "synchronize");
     synchronizeAll();
+    storage_->maintain();
 }
 
 void KvCacheManager::synchronizeAll()

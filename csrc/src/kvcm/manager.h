@@ -27,6 +27,7 @@
 #include "kvcm/content_keys.h"
 #include "kvcm/eviction_queues.h"
 #include "kvcm/page_table.h"
+#include "kvcm/shared_level.h"
 #include "kvcm/storage.h"
 #include "runtime/device_runtime.h"
 #include "runtime/owned_codec.h"
@@ -275,6 +276,21 @@ public:
     {
         findKept(CacheLevel::kDisk, "findOnDisk", keys, count, out);
     }
+    /// For each key: the live page holding it at the host level, or a page created for the blob
+    /// another manager on the host published under it in the shared host level (found in the
+    /// daemon's arena and pinned there, ready to be onboarded), or 0. `lifeCycles[i]` is the
+    /// lifecycle to look under (negative, or null: every lifecycle in order).
+    void findShared(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out)
+    {
+        findKept(CacheLevel::kHost, "findShared", keys, count, out, lifeCycles);
+    }
+    /// The shared host level's counters, or nullopt when the host tier is this process's own.
+    struct SharedStats
+    {
+        bool connected = false;
+        SharedColdLevel::Counters counters;
+    };
+    [[nodiscard]] std::optional<SharedStats> sharedStats() const;
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
     size_t forgetUnclaimedOnDisk()
     {
@@ -400,7 +416,8 @@ private:
     void buildTransferKeys();
     void checkLevel(CacheLevel level, char const* what) const;
     void releasePage(uint32_t index) noexcept;
-    void findKept(CacheLevel level, char const* what, std::string const* keys, size_t count, PageId* out);
+    void findKept(CacheLevel level, char const* what, std::string const* keys, size_t count, PageId* out,
+        int32_t const* lifeCycles = nullptr);
     size_t forgetUnclaimed(CacheLevel level, char const* what);
     [[nodiscard]] size_t unclaimed(CacheLevel level, char const* what) const;
     void closeLevel(CacheLevel level, char const* what);
@@ -442,6 +459,9 @@ private:
     bool writeToStaged(Transfer& t);
     bool readToAddressable(Transfer& t);
     bool checkEnvelopes(Transfer& t);
+    bool verifySources(Transfer& t);
+    void checkResizable(CacheLevel level) const;
+    void dropChecked(Transfer& t, size_t i, int reason);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
     void harvestGpuTimes() const noexcept;

@@ -41,6 +41,7 @@ MigrationResult KvCacheManager::migrate(
     result.dropped.insert(result.dropped.end(), async.dropped.begin(), async.dropped.end());
     result.failed = std::move(async.failed);
     result.error = std::move(async.error);
+    storage_->maintain(); // A blocking call's pages are where other processes find them at once.
     throwIfFailed(result, dst, count);
     if (pending->observerError_)
     {
@@ -67,6 +68,7 @@ MigrationResult KvCacheManager::migrateLocked(PageId const* ids, size_t count, C
 {
     nvtx::Range range("kvcodec migrate", count);
     checkLevel(dst, "the destination level");
+    storage_->maintain();
     waitForPages(ids, count); // Ordered after the staged transfers holding any of these pages.
     current_ = pending;
     struct Reset

@@ -264,8 +264,44 @@ bool KvCacheManager::checkEnvelopes(Transfer& t)
             ++kept;
             continue;
         }
-        t.dstPool.give(t.dstSlots[i], t.dstPool.ready(t.dstSlots[i]));
-        dropPage(index, t.key.src, t.key.srcGroup, int(st), t.result);
+        dropChecked(t, i, int(st));
+    }
+    t.count = kept;
+    return kept > 0;
+}
+
+// A page whose source blob failed a host check: its slots are released and it is dropped (a miss).
+void KvCacheManager::dropChecked(Transfer& t, size_t i, int reason)
+{
+    uint32_t const index = t.pages[i];
+    if (ColdLevel* cold = tracking(t.key.src))
+    {
+        cold->release(t.key.srcGroup, pages_[index].slot);
+    }
+    t.dstPool.give(t.dstSlots[i], t.dstPool.ready(t.dstSlots[i]));
+    dropPage(index, t.key.src, t.key.srcGroup, reason, t.result);
+}
+
+// A source level whose blobs other processes can reach (the shared host level) confirms each
+// blob before anything reads it; one that fails is dropped. False when every page was.
+bool KvCacheManager::verifySources(Transfer& t)
+{
+    ColdLevel* cold = storage_->coldLevel(t.key.src);
+    if (cold == nullptr || !cold->verifiesBlobs())
+    {
+        return true;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        if (cold->verifyBlob(t.key.srcGroup, pages_[t.pages[i]].slot))
+        {
+            t.pages[kept] = t.pages[i];
+            t.dstSlots[kept] = t.dstSlots[i];
+            ++kept;
+            continue;
+        }
+        dropChecked(t, i, int(EnvelopeStatus::kBadChecksum));
     }
     t.count = kept;
     return kept > 0;
@@ -273,7 +309,7 @@ bool KvCacheManager::checkEnvelopes(Transfer& t)
 
 bool KvCacheManager::decodeFromAddressable(Transfer& t)
 {
-    if (t.hostCheck && !checkEnvelopes(t))
+    if (!verifySources(t) || (t.hostCheck && !checkEnvelopes(t)))
     {
         return true; // Every page was dropped.
     }
@@ -282,6 +318,10 @@ bool KvCacheManager::decodeFromAddressable(Transfer& t)
 
 bool KvCacheManager::copyAddressable(Transfer& t)
 {
+    if (!verifySources(t))
+    {
+        return true; // Every page was dropped.
+    }
     waitForSlots(t);
     return storage_->copyCold(t.key.src, t.key.srcGroup, t.key.dst, t.key.dstGroup, detail::scratch().pairs.data(),
         t.count, t.stream, t.error);
@@ -478,6 +518,10 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
 
 bool KvCacheManager::writeToStaged(Transfer& t)
 {
+    if (!verifySources(t))
+    {
+        return true; // Every page was dropped.
+    }
     detail::Scratch& s = detail::scratch();
     waitForSlots(t);
     // Raw blob writes straight from the source slots; the I/O thread host-waits for the slots'
@@ -674,6 +718,7 @@ void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
     LruQueue& srcQueue = lru_.queue(key.src, key.srcGroup);
     LruQueue& dstQueue = lru_.queue(key.dst, key.dstGroup);
     ColdLevel* const releaseFrom = tracking(key.src);
+    ColdLevel* const landsIn = tracking(key.dst);
     bool const hotter = key.dst < key.src;
     for (size_t i = 0; i < count; ++i)
     {
@@ -694,6 +739,10 @@ void KvCacheManager::commit(Transfer& t, uint64_t calls, EventPtr const& finish)
         }
         p.level = int8_t(key.dst);
         p.slot = t.dstSlots[i];
+        if (landsIn != nullptr)
+        {
+            landsIn->landed(key.dstGroup, p.slot, p.lifeCycle, keys_.of(t.pages[i]), finish);
+        }
         if (hotter)
         {
             p.tick = ++clock_; // Brought hotter to be used; an eviction keeps the page's age.

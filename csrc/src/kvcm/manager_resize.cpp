@@ -21,6 +21,15 @@ uint64_t KvCacheManager::hotCapacitySlots(PoolGroupIndex group) const
     return groups[size_t(group)].capacitySlots;
 }
 
+void KvCacheManager::checkResizable(CacheLevel level) const
+{
+    ColdLevel const* cold = storage_->coldLevel(level);
+    if (char const* why = cold != nullptr ? cold->fixedGeometry() : nullptr)
+    {
+        throw std::invalid_argument(why);
+    }
+}
+
 uint64_t KvCacheManager::compact(CacheLevel level, std::vector<uint64_t> const& limits, Stream stream)
 {
     // Page indices in slots at or above their group's limit; every other free slot of the group
@@ -68,6 +77,7 @@ void KvCacheManager::resize(CacheLevel level, uint64_t quotaBytes, std::optional
     CallGuard guard(*this, "resize");
     waitJobs(nullptr);          // No staged transfer may hold a page or slot that moves.
     checkLevel(level, "level"); // Every level the manager has can be resized.
+    checkResizable(level);
     if (quotaBytes == 0)
     {
         throw std::invalid_argument(std::string("quota_bytes is 0; a level's quota must be positive (the ")
@@ -143,6 +153,7 @@ uint64_t KvCacheManager::defragment(CacheLevel level, std::optional<Stream> stre
     CallGuard guard(*this, "defragment");
     waitJobs(nullptr);          // No staged transfer may hold a page or slot that moves.
     checkLevel(level, "level"); // Every level the manager has can be defragmented.
+    checkResizable(level);
     if (kindOf(level) == LevelKind::kStaged)
     {
         return defragmentStaged(level);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "codecs/concat/concat_codec.h"
+#include "kvcm/shared_level.h"
 #include "kvcodec/plugin.h"
 
 namespace kvcodec::kvcm {
@@ -375,12 +376,25 @@ void StorageManager::allocateCold()
     if (config_.hostQuotaBytes != 0)
     {
         std::vector<uint64_t> const slots = projectCold(config_.hostQuotaBytes);
-        std::vector<std::pair<uint64_t, uint64_t>> groups;
-        for (size_t g = 0; g < numGroups; ++g)
+        if (!config_.shared.socketPath.empty())
         {
-            groups.emplace_back(pageBytes[g], slots[g]);
+            // The host tier in the per-host daemon's shared arena.
+            std::vector<SharedColdLevel::GroupSpec> groups;
+            for (size_t g = 0; g < numGroups; ++g)
+            {
+                groups.push_back({pageBytes[g], slots[g], members[g]});
+            }
+            host_ = std::make_unique<SharedColdLevel>(runtime_, config_.shared, std::move(groups));
         }
-        host_ = std::make_unique<HostColdLevel>(runtime_, groups);
+        else
+        {
+            std::vector<std::pair<uint64_t, uint64_t>> groups;
+            for (size_t g = 0; g < numGroups; ++g)
+            {
+                groups.emplace_back(pageBytes[g], slots[g]);
+            }
+            host_ = std::make_unique<HostColdLevel>(runtime_, groups);
+        }
     }
     if (hasDisk)
     {

@@ -85,10 +85,17 @@ public:
     {
         return hot_[size_t(group)];
     }
-    /// The host tier, or null without one.
-    [[nodiscard]] HostColdLevel* hostLevel() const noexcept
+    /// Work every cold level does between the manager's calls (ColdLevel::maintain()).
+    void maintain()
     {
-        return static_cast<HostColdLevel*>(host_.get()); // host_ is always a HostColdLevel.
+        for (ColdLevel* level :
+            {host_.get(), static_cast<ColdLevel*>(disk_.get()), static_cast<ColdLevel*>(remote_.get())})
+        {
+            if (level != nullptr)
+            {
+                level->maintain();
+            }
+        }
     }
 
     /// Slots per pool group of `level` for a quota of `quota` bytes, with the construction's

@@ -84,7 +84,7 @@ public:
     }
 
     // Completed without blocking (the completion is remembered); throws on a device error.
-    bool query()
+    bool query() override
     {
         if (!complete_)
         {
@@ -206,6 +206,36 @@ void* CudaRuntime::allocate(MemoryKind kind, size_t bytes)
     }
     std::memset(p, 0, bytes);
     return p;
+}
+
+void CudaRuntime::registerHost(void* ptr, size_t bytes)
+{
+    DeviceScope scope(ordinal_);
+    cudaError_t st = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (st != cudaSuccess)
+    {
+        cudaGetLastError();
+        throw std::runtime_error("cannot register " + std::to_string(bytes) + " bytes of shared host memory with CUDA ("
+            + "cudaHostRegister): " + cudaErrorText(st));
+    }
+    void* devicePtr = nullptr;
+    st = cudaHostGetDevicePointer(&devicePtr, ptr, 0);
+    if (st != cudaSuccess || devicePtr != ptr)
+    {
+        cudaGetLastError();
+        cudaHostUnregister(ptr);
+        throw std::runtime_error("registered host memory is not mapped at its host address (unified addressing is "
+                                 "required)");
+    }
+}
+
+void CudaRuntime::unregisterHost(void* ptr) noexcept
+{
+    DeviceScope scope(ordinal_);
+    if (cudaHostUnregister(ptr) != cudaSuccess)
+    {
+        cudaGetLastError();
+    }
 }
 
 void CudaRuntime::deallocate(MemoryKind kind, void* ptr) noexcept

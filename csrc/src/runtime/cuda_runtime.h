@@ -18,6 +18,8 @@ public:
     [[nodiscard]] int32_t codecDevice() const noexcept override;
     void* allocate(MemoryKind kind, size_t bytes) override;
     void deallocate(MemoryKind kind, void* ptr) noexcept override;
+    void registerHost(void* ptr, size_t bytes) override;
+    void unregisterHost(void* ptr) noexcept override;
     Stream createStream() override;
     void destroyStream(Stream stream) noexcept override;
     EventPtr record(Stream stream) override;

@@ -36,6 +36,14 @@ public:
 
     /// The stream the event was recorded on: waits from that same stream are implied by order.
     [[nodiscard]] virtual Stream stream() const noexcept = 0;
+
+    /// True once the work before the event completed, without blocking where the backend can
+    /// tell (the default waits for it). Throws on a device error.
+    virtual bool query()
+    {
+        synchronize();
+        return true;
+    }
 };
 
 using EventPtr = std::shared_ptr<Event>;
@@ -62,6 +70,19 @@ public:
     /// size and reason on failure.
     virtual void* allocate(MemoryKind kind, size_t bytes) = 0;
     virtual void deallocate(MemoryKind kind, void* ptr) noexcept = 0;
+
+    /// Makes `bytes` of host memory at `ptr` (allocated elsewhere, e.g. a shared mapping) pinned
+    /// and device-mapped at the same address, like kMappedHost memory, until unregisterHost().
+    /// Throws naming the failed call. The host backend has nothing to do.
+    virtual void registerHost(void* ptr, size_t bytes)
+    {
+        (void)ptr;
+        (void)bytes;
+    }
+    virtual void unregisterHost(void* ptr) noexcept
+    {
+        (void)ptr;
+    }
 
     /// A stream owned by the caller (destroyStream). On CUDA it is a blocking stream, so it is
     /// ordered after work on the legacy default stream.

@@ -1,0 +1,427 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kvcm/shared_level.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string_view>
+
+#include <sys/mman.h>
+
+#include "kvcodec/crc32c.h"
+#include "runtime/log.h"
+
+namespace kvcodec::kvcm {
+namespace {
+
+constexpr char kFixed[] = "the shared host level's slots are leased from the per-host daemon; its size is the host "
+                          "quota given at construction, and it cannot be resized or defragmented";
+
+std::string daemonKey(LifeCycleId lifeCycle, std::string const& key)
+{
+    return "L" + std::to_string(lifeCycle) + "/" + key;
+}
+
+std::vector<int32_t> asSlots(std::vector<uint32_t> const& in)
+{
+    return {in.begin(), in.end()};
+}
+
+} // namespace
+
+SharedColdLevel::SharedColdLevel(
+    runtime::DeviceRuntime& runtime, SharedTierConfig const& config, std::vector<GroupSpec> groups)
+    : runtime_(runtime)
+    , socketPath_(config.socketPath)
+    , identity_(config.identity)
+    , verifyCrc_(config.verifyCrc)
+{
+    try
+    {
+        client_ = std::make_unique<daemon::Client>(config.socketPath, config.timeoutS, 30.0);
+    }
+    catch (daemon::DaemonRefused const& e)
+    {
+        throw std::invalid_argument(
+            "config.shared.socket: no cache daemon answers at '" + config.socketPath + "' (" + e.what() + ")");
+    }
+    arena_ = client_->arena();
+    try
+    {
+        for (size_t gi = 0; gi < groups.size(); ++gi)
+        {
+            GroupSpec const& spec = groups[gi];
+            SharedLevelGroup g;
+            g.pageBytes = spec.pageBytes;
+            g.quotaSlots = spec.slots;
+            g.members = spec.members;
+            uint64_t const want = config.regionSlots != 0 ? config.regionSlots : 8 * std::max<uint64_t>(spec.slots, 1);
+            std::string const name = identity_ + "/g" + std::to_string(gi);
+            g.layout = client_->region(name, spec.pageBytes, uint32_t(std::min<uint64_t>(want, UINT32_MAX)), true);
+            if (g.layout.stride != spec.pageBytes)
+            {
+                throw std::invalid_argument("config.shared: the daemon's region '" + name + "' puts its slots "
+                    + std::to_string(g.layout.stride) + " bytes apart, not " + std::to_string(spec.pageBytes)
+                    + " (a client of another kind created it); the shared level needs a packed region");
+            }
+            uint64_t const bytes = (uint64_t(g.layout.slots) * g.layout.stride + daemon::kArenaPage - 1)
+                / daemon::kArenaPage * daemon::kArenaPage;
+            void* data = arena_->data(g.layout, 0);
+#ifdef MADV_POPULATE_WRITE
+            // The region's pages are mapped now, not faulted in one by one by the first codec call
+            // that writes them (what the private host tier's allocation does too). Best effort.
+            (void)madvise(data, size_t(bytes), MADV_POPULATE_WRITE);
+#endif
+            runtime_.registerHost(data, size_t(bytes));
+            registered_.emplace_back(data, size_t(bytes));
+            g.spareTarget = std::clamp<uint64_t>(spec.slots / 16, 8, 256);
+            uint64_t const lease = std::min<uint64_t>(spec.slots, g.layout.slots);
+            std::vector<uint32_t> mine = client_->lease(g.layout, uint32_t(lease));
+            if (mine.size() < spec.slots)
+            {
+                log::write(log::Level::kWarning,
+                    "the shared host level's pool group " + std::to_string(gi) + " holds " + std::to_string(mine.size())
+                        + " of the " + std::to_string(spec.slots) + " slots of its quota: the daemon's region '" + name
+                        + "' has " + std::to_string(g.layout.slots)
+                        + " slots and the others are pinned or being written by other clients");
+            }
+            counters_.leased += mine.size();
+            g.slots = SlotPool(g.layout.slots);
+            g.slots.ownOnly(asSlots(mine));
+            g.pinned.assign(g.layout.slots, 0);
+            refillSpares(g);
+            g.expected.assign(g.layout.slots, daemon::Found{});
+            g.daemonKey.resize(g.layout.slots);
+            for (LifeCycleId l : g.members)
+            {
+                groupOf_.resize(std::max<size_t>(groupOf_.size(), size_t(l) + 1), PoolGroupIndex(0));
+                groupOf_[size_t(l)] = PoolGroupIndex(gi);
+            }
+            groups_.push_back(std::move(g));
+        }
+    }
+    catch (...)
+    {
+        for (auto const& [ptr, bytes] : registered_)
+        {
+            runtime_.unregisterHost(ptr);
+        }
+        throw;
+    }
+}
+
+SharedColdLevel::~SharedColdLevel()
+{
+    // Transfers still reading or writing the arena were waited for by the manager's close.
+    for (auto const& [ptr, bytes] : registered_)
+    {
+        runtime_.unregisterHost(ptr);
+    }
+    if (client_)
+    {
+        client_->close(); // The daemon releases this client's pins and frees its leases.
+    }
+}
+
+std::byte* SharedColdLevel::accessibleBase(PoolGroupIndex group) const noexcept
+{
+    SharedLevelGroup const& g = groups_[size_t(group)];
+    return reinterpret_cast<std::byte*>(arena_->data(g.layout, 0));
+}
+
+std::shared_ptr<void const> SharedColdLevel::memoryOwner(PoolGroupIndex group) const
+{
+    (void)group;
+    return arena_;
+}
+
+std::byte const* SharedColdLevel::hostBlob(PoolGroupIndex group, int32_t slot) const noexcept
+{
+    return accessibleBase(group) + uint64_t(slot) * groups_[size_t(group)].pageBytes;
+}
+
+bool SharedColdLevel::copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count,
+    Stream stream, std::string& error) noexcept
+{
+    return copyBlobs(
+        runtime_, accessibleBase(group), groups_[size_t(group)].pageBytes, slots, dsts, nullptr, count, stream, error);
+}
+
+bool SharedColdLevel::copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count,
+    Stream stream, std::string& error) noexcept
+{
+    return copyBlobs(
+        runtime_, accessibleBase(group), groups_[size_t(group)].pageBytes, slots, nullptr, srcs, count, stream, error);
+}
+
+void SharedColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
+{
+    SharedLevelGroup& g = groups_[size_t(group)];
+    auto const it = std::find_if(g.publish.begin(), g.publish.end(), [slot](auto const& p) { return p.slot == slot; });
+    if (it != g.publish.end())
+    {
+        g.publish.erase(it); // Left before it was published: the slot is still this manager's lease.
+    }
+    uint8_t const kind = g.pinned[size_t(slot)];
+    if (kind == 0)
+    {
+        return;
+    }
+    g.pinned[size_t(slot)] = 0;
+    g.slots.retireOnGive(slot); // Not this manager's to reuse: given up once its readers finished.
+    if (kind != SharedLevelGroup::kPublished)
+    {
+        return; // A found page counted on top of the quota.
+    }
+    if (g.spare.empty() && client_)
+    {
+        try
+        {
+            refillSpares(g);
+        }
+        catch (std::exception const& e)
+        {
+            lostDaemon(e);
+        }
+    }
+    if (g.spare.empty())
+    {
+        ++counters_.short_; // The host level holds one slot fewer until a lease comes.
+        return;
+    }
+    g.slots.adoptOne(g.spare.back());
+    g.spare.pop_back();
+    ++g.givenUp;
+}
+
+void SharedColdLevel::landed(
+    PoolGroupIndex group, int32_t slot, LifeCycleId lifeCycle, std::string const& key, EventPtr const& written)
+{
+    if (!key.empty() && client_)
+    {
+        groups_[size_t(group)].publish.push_back({slot, daemonKey(lifeCycle, key), written});
+    }
+}
+
+void SharedColdLevel::maintain()
+{
+    if (!client_)
+    {
+        return;
+    }
+    try
+    {
+        for (SharedLevelGroup& g : groups_)
+        {
+            publish(g);
+            giveUp(g);
+        }
+    }
+    catch (daemon::DaemonRefused const& e)
+    {
+        lostDaemon(e);
+    }
+}
+
+// Commits the landed keyed pages whose encodes completed, each kept pinned for this manager.
+void SharedColdLevel::publish(SharedLevelGroup& g)
+{
+    std::vector<uint32_t> slots;
+    std::vector<std::string_view> keys;
+    std::vector<uint32_t> lengths;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < g.publish.size(); ++i)
+    {
+        auto const& p = g.publish[i];
+        if (p.written && !p.written->query())
+        {
+            continue;
+        }
+        slots.push_back(uint32_t(p.slot));
+        keys.emplace_back(p.key);
+        lengths.push_back(uint32_t(g.pageBytes));
+        which.push_back(i);
+    }
+    if (slots.empty())
+    {
+        return;
+    }
+    std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true);
+    for (size_t j = 0; j < which.size(); ++j)
+    {
+        auto& p = g.publish[which[j]];
+        if (j < st.size() && st[j] == daemon::kStored)
+        {
+            daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(p.slot));
+            g.pinned[size_t(p.slot)] = SharedLevelGroup::kPublished;
+            g.expected[size_t(p.slot)] = daemon::Found{uint32_t(p.slot), uint32_t(h.length), h.crc, h.version};
+            g.daemonKey[size_t(p.slot)] = std::move(p.key);
+            ++counters_.published;
+        }
+        p.slot = -1; // Done (a refused commit leaves the slot a private lease).
+    }
+    g.publish.erase(
+        std::remove_if(g.publish.begin(), g.publish.end(), [](auto const& p) { return p.slot < 0; }), g.publish.end());
+}
+
+// Releases the pins of given-up slots whose last readers finished, and leases their replacements.
+void SharedColdLevel::giveUp(SharedLevelGroup& g)
+{
+    for (auto& r : g.slots.takeRetired())
+    {
+        g.unpin.push_back(std::move(r));
+    }
+    std::vector<uint32_t> done;
+    size_t kept = 0;
+    for (auto& u : g.unpin)
+    {
+        if (!u.second || u.second->query())
+        {
+            done.push_back(uint32_t(u.first));
+            continue;
+        }
+        g.unpin[kept++] = std::move(u);
+    }
+    g.unpin.resize(kept);
+    if (!done.empty())
+    {
+        client_->release(g.layout, done);
+        counters_.released += done.size();
+    }
+    if (g.spare.size() < g.spareTarget / 2 + 1)
+    {
+        refillSpares(g);
+    }
+    g.givenUp = 0;
+}
+
+// Leases slots up to the spare target; they stay withheld in the pool until a release adopts one.
+void SharedColdLevel::refillSpares(SharedLevelGroup& g)
+{
+    if (g.spare.size() >= g.spareTarget)
+    {
+        return;
+    }
+    // Between two maintain() calls, each refill takes as many as were given up so far (at least
+    // the target): a batch of pages leaving costs a few round trips, not one per target's worth.
+    uint64_t const want = std::max<uint64_t>(g.spareTarget - g.spare.size(), g.givenUp);
+    std::vector<uint32_t> const got = client_->lease(g.layout, uint32_t(std::min<uint64_t>(want, g.quotaSlots)));
+    g.spare.insert(g.spare.end(), got.begin(), got.end());
+    counters_.leased += got.size();
+}
+
+std::vector<std::optional<ClaimedBlob>> SharedColdLevel::claimMany(
+    std::string const* keys, int32_t const* lifeCycles, size_t count)
+{
+    std::vector<std::optional<ClaimedBlob>> out(count);
+    if (!client_ || count == 0)
+    {
+        return out;
+    }
+    try
+    {
+        // One lookup per lifecycle tried, over the keys still missing.
+        for (size_t l = 0; l < groupOf_.size(); ++l)
+        {
+            SharedLevelGroup& g = groups_[size_t(groupOf_[l])];
+            if (std::find(g.members.begin(), g.members.end(), LifeCycleId(l)) == g.members.end())
+            {
+                continue;
+            }
+            std::vector<size_t> which;
+            std::vector<std::string> names;
+            for (size_t i = 0; i < count; ++i)
+            {
+                bool const tries = lifeCycles == nullptr || lifeCycles[i] < 0 || size_t(lifeCycles[i]) == l;
+                if (!out[i] && tries)
+                {
+                    which.push_back(i);
+                    names.push_back(daemonKey(LifeCycleId(l), keys[i]));
+                }
+            }
+            if (which.empty())
+            {
+                continue;
+            }
+            std::vector<std::string_view> const views(names.begin(), names.end());
+            std::vector<daemon::Found> const found = client_->get(g.layout, views);
+            std::vector<int32_t> adopted;
+            std::vector<uint32_t> bad;
+            for (size_t j = 0; j < which.size(); ++j)
+            {
+                daemon::Found const& f = found[j];
+                if (f.slot == daemon::Found::kMissSlot)
+                {
+                    ++counters_.missed;
+                    continue;
+                }
+                if (f.length != g.pageBytes || !client_->valid(g.layout, names[j], f, false))
+                {
+                    bad.push_back(f.slot); // Not a blob of this level's size, or already reused.
+                    ++counters_.rejected;
+                    continue;
+                }
+                int32_t const slot = int32_t(f.slot);
+                g.pinned[size_t(slot)] = SharedLevelGroup::kFound;
+                g.expected[size_t(slot)] = f;
+                g.daemonKey[size_t(slot)] = std::move(names[j]);
+                adopted.push_back(slot);
+                out[which[j]] = ClaimedBlob{groupOf_[l], slot, LifeCycleId(l)};
+                ++counters_.found;
+            }
+            g.slots.adopt(adopted, false);
+            if (!bad.empty())
+            {
+                client_->release(g.layout, bad);
+            }
+        }
+    }
+    catch (daemon::DaemonRefused const& e)
+    {
+        lostDaemon(e);
+    }
+    return out;
+}
+
+bool SharedColdLevel::verifyBlob(PoolGroupIndex group, int32_t slot) const noexcept
+{
+    SharedLevelGroup const& g = groups_[size_t(group)];
+    if (g.pinned[size_t(slot)] == 0)
+    {
+        return true; // A slot leased to this manager: nobody else writes it.
+    }
+    daemon::Found const& f = g.expected[size_t(slot)];
+    daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(slot));
+    if (h.version != f.version || h.length != f.length || h.crc != f.crc || h.region != g.layout.region
+        || h.key != daemon::keyDigest(g.daemonKey[size_t(slot)]))
+    {
+        return false;
+    }
+    return !verifyCrc_ || crc32cFast(arena_->data(g.layout, uint32_t(slot)), f.length) == f.crc;
+}
+
+char const* SharedColdLevel::fixedGeometry() const noexcept
+{
+    return kFixed;
+}
+
+void SharedColdLevel::applyQuota(std::vector<uint64_t> const& slots, uint64_t quota)
+{
+    (void)slots;
+    (void)quota;
+    throw std::invalid_argument(kFixed);
+}
+
+void SharedColdLevel::lostDaemon(std::exception const& e) noexcept
+{
+    log::write(log::Level::kWarning,
+        "the cache daemon at '" + socketPath_ + "' stopped answering (" + e.what()
+            + "); this manager's host level goes on with the slots it holds, unshared");
+    client_.reset();
+    for (SharedLevelGroup& g : groups_)
+    {
+        g.publish.clear();
+        g.unpin.clear();
+    }
+}
+
+} // namespace kvcodec::kvcm

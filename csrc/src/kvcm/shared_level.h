@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The shared host level: the host tier in the per-host daemon's L2 arena instead of this
+// process's own pinned memory, so every manager on the host (same codec and layer groups) finds
+// the pages the others evicted and decodes them in place.
+//
+// Each cold pool group is one packed region of the arena (slot s at data + s * page bytes, the
+// layout codecs address), registered with the device runtime as pinned, device-mapped memory.
+// The manager's slot numbers are the region's: of them, only the slots the daemon leased to this
+// manager are its own (SlotPool::ownOnly); the others stay withheld.
+//
+// - **Evicting** encodes into a leased slot, as into the private host tier. Once the encode has
+//   completed, a page with a content key is published: committed under its key with the CRC-32C
+//   of its bytes and kept pinned for this manager, so no other client's lease can take the slot
+//   while the page lives here.
+// - **Finding** (findShared) asks the daemon where each key is: a hit is pinned for this manager
+//   and becomes a host-level page in that very slot; no byte is copied.
+// - **Onboarding** a published or found page first checks its slot's header (version, region,
+//   key digest) and, unless switched off, the bytes' CRC-32C: a slot another process reused or
+//   scribbled over is a miss (the page is dropped), never decoded.
+// - **A page leaving** a published or found slot gives the slot up: once the last transfer that
+//   read it completed, the pin is released (the page stays in L2 for others, least recently used
+//   first to go). A published slot is replaced at once by a spare lease (refilled in batches), so
+//   the manager's share of the arena stays whole; found pages count on top of it while they stay.
+//
+// Round trips to the daemon happen in maintain() (batched, at the start of the manager's calls)
+// and in claimMany(); a daemon that went away stops the sharing, not the manager: the mapping
+// stays valid, the leased slots go on serving as a private host tier.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/client.h"
+#include "kvcm/levels.h"
+
+namespace kvcodec::kvcm {
+
+/// One cold pool group of the shared level: its arena region and what this manager holds of it.
+struct SharedLevelGroup
+{
+    daemon::RegionLayout layout;
+    uint64_t pageBytes = 0;
+    SlotPool slots{0};
+    uint64_t quotaSlots = 0; ///< Leased slots this manager keeps (its share of the host quota).
+    std::vector<LifeCycleId> members;
+    /// Per slot: kPublished (one of this manager's leases, committed) or kFound (another's page,
+    /// found) while pinned for this manager, else 0; with the header a read expects.
+    std::vector<uint8_t> pinned;
+    static constexpr uint8_t kPublished = 1;
+    static constexpr uint8_t kFound = 2;
+    std::vector<daemon::Found> expected;
+    std::vector<std::string> daemonKey;
+    struct Pending
+    {
+        int32_t slot;
+        std::string key; ///< The daemon key ("L<lifecycle>/<content key>").
+        EventPtr written;
+    };
+    std::vector<Pending> publish;                    ///< Landed keyed pages, not yet committed.
+    std::vector<std::pair<int32_t, EventPtr>> unpin; ///< Given-up slots, pins not yet released.
+    /// Leased slots held back (withheld in `slots`): a published slot given up is replaced by one
+    /// at once, so the level's free slots grow as pages leave it, like the private host tier's.
+    std::vector<int32_t> spare;
+    uint64_t spareTarget = 0;
+    uint64_t givenUp = 0; ///< Published slots given up since the last maintain().
+};
+
+class SharedColdLevel final : public GroupedColdLevel<SharedLevelGroup>
+{
+public:
+    struct GroupSpec
+    {
+        uint64_t pageBytes;
+        uint64_t slots; ///< This manager's share of the host quota.
+        std::vector<LifeCycleId> members;
+    };
+    SharedColdLevel(runtime::DeviceRuntime& runtime, SharedTierConfig const& config, std::vector<GroupSpec> groups);
+    ~SharedColdLevel() override;
+
+    [[nodiscard]] CacheLevel level() const noexcept override
+    {
+        return CacheLevel::kHost;
+    }
+    [[nodiscard]] std::byte* accessibleBase(PoolGroupIndex group) const noexcept override;
+    [[nodiscard]] std::shared_ptr<void const> memoryOwner(PoolGroupIndex group) const override;
+    [[nodiscard]] std::byte const* hostBlob(PoolGroupIndex group, int32_t slot) const noexcept override;
+    bool copyOut(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts, size_t count, Stream stream,
+        std::string& error) noexcept override;
+    bool copyIn(PoolGroupIndex group, int32_t const* slots, std::byte const* const* srcs, size_t count, Stream stream,
+        std::string& error) noexcept override;
+
+    [[nodiscard]] bool tracksBlobs() const noexcept override
+    {
+        return true;
+    }
+    void release(PoolGroupIndex group, int32_t slot) noexcept override;
+    void landed(PoolGroupIndex group, int32_t slot, LifeCycleId lifeCycle, std::string const& key,
+        EventPtr const& written) override;
+    void maintain() override;
+    std::vector<std::optional<ClaimedBlob>> claimMany(
+        std::string const* keys, int32_t const* lifeCycles, size_t count) override;
+    [[nodiscard]] bool verifiesBlobs() const noexcept override
+    {
+        return true;
+    }
+    [[nodiscard]] bool verifyBlob(PoolGroupIndex group, int32_t slot) const noexcept override;
+    [[nodiscard]] char const* fixedGeometry() const noexcept override;
+    void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) override;
+
+    /// The daemon's client (null once the daemon went away).
+    [[nodiscard]] bool connected() const noexcept
+    {
+        return client_ != nullptr;
+    }
+    struct Counters
+    {
+        uint64_t published = 0, found = 0, missed = 0, rejected = 0, released = 0, leased = 0, short_ = 0;
+    };
+    [[nodiscard]] Counters const& counters() const noexcept
+    {
+        return counters_;
+    }
+    [[nodiscard]] std::string const& socketPath() const noexcept
+    {
+        return socketPath_;
+    }
+
+private:
+    void lostDaemon(std::exception const& e) noexcept;
+    void publish(SharedLevelGroup& g);
+    void giveUp(SharedLevelGroup& g);
+    void refillSpares(SharedLevelGroup& g);
+
+    runtime::DeviceRuntime& runtime_;
+    std::string socketPath_;
+    std::string identity_;
+    bool verifyCrc_;
+    std::unique_ptr<daemon::Client> client_;
+    std::shared_ptr<daemon::Mapping> arena_;
+    std::vector<std::pair<void*, size_t>> registered_;
+    std::vector<PoolGroupIndex> groupOf_; ///< Per lifecycle.
+    Counters counters_;
+};
+
+} // namespace kvcodec::kvcm

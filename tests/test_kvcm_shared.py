@@ -1,0 +1,288 @@
+"""The shared host level: the manager's host tier in the per-host cache daemon's arena.
+
+Every test runs a real daemon and real managers (some in other processes); pages are KV-like
+random bytes, checked byte for byte after they crossed from one manager to another.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kvcodec_sdk as kv
+from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
+
+# 6000-byte pages: not a multiple of 4 KiB, so the packed region's layout is what codecs address.
+BUF = 3000
+PAGE = 2 * BUF
+HOST_PAGES = 16
+SPARES = 8  # leases a manager keeps beyond its quota to replace given-up slots at once (at least 8)
+
+
+def layer_groups():
+    return [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=BUF), kv.BufferDesc(0, kv.Role.VALUE, bytes=BUF)])]
+
+
+def config(socket_path, **shared):
+    shared.setdefault("region_slots", 256)  # room for a few managers' shares and the pages kept for others
+    return kv.KVCacheConfig(layer_groups(), gpu_quota=64 * PAGE, host_quota=HOST_PAGES * PAGE, device="cpu",
+                            shared=kv.SharedTierConfig(socket_path, **shared))
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def managers(daemon):
+    made = []
+
+    def make(**shared):
+        m = kv.KVCacheManager(config(daemon.config.socket_path, **shared), cold_page_codec="concat")
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
+
+
+def daemon_stats(daemon):
+    with DaemonClient(daemon.config.socket_path) as c:
+        return c.stats()
+
+
+def fill(m, pages, seed):
+    """Writes KV-like bytes (a smooth signal plus noise, as fp16) into each hot page; returns them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in pages:
+        views = m.page_view(p, framework="numpy")
+        for v in views:
+            base = np.sin(np.linspace(0, 8, v.size // 2)) + 0.05 * rng.standard_normal(v.size // 2)
+            v[:] = base.astype(np.float16).view(np.uint8)
+        out.append(np.concatenate([v.copy() for v in views]))
+    return out
+
+
+def contents(m, pages):
+    return [np.concatenate([v.copy() for v in m.page_view(p, framework="numpy")]) for p in pages]
+
+
+def keys(prefix, n):
+    return [f"{prefix}/{i}".encode() for i in range(n)]
+
+
+def test_a_page_one_manager_evicted_is_onboarded_byte_exact_by_another(daemon, managers):
+    a, b = managers(), managers()
+    pages = a.allocate(0, 8)
+    data = fill(a, pages, 1)
+    a.set_keys(pages, keys("p", 8))
+    a.evict(pages)
+    assert a.shared_stats()["published"] == 8
+    before = daemon_stats(daemon)
+    found = b.find_shared(keys("p", 8) + [b"absent"])
+    assert found[-1] is None and all(f is not None for f in found[:8])
+    assert [f.level for f in found[:8]] == [kv.CacheLevel.HOST] * 8
+    result = b.onboard(found[:8])
+    assert result.moved == 8 and len(result.dropped) == 0
+    assert all(np.array_equal(x, y) for x, y in zip(contents(b, found[:8]), data))
+    # No page byte crossed the socket: the lookup and the reads are slot references only.
+    after = daemon_stats(daemon)
+    socket = (after["socket_bytes_in"] + after["socket_bytes_out"]) - (before["socket_bytes_in"] + before["socket_bytes_out"])
+    assert socket < 8 * PAGE / 10, socket
+    st = b.shared_stats()
+    assert st["found"] == 8 and st["missed"] == 1 and st["connected"]
+
+
+def test_pages_decode_in_place_from_the_arena_slot_the_other_manager_wrote(daemon, managers):
+    a, b = managers(), managers()
+    pages = a.allocate(0, 2)
+    fill(a, pages, 2)
+    a.set_keys(pages, keys("q", 2))
+    a.evict(pages)
+    found = b.find_shared(keys("q", 2))
+    # Both managers see the page in the same slot of the same region: one copy of the bytes.
+    assert [f.slot for f in found] == [p.slot for p in pages]
+    assert np.array_equal(a.page_view(pages[0])[0], b.page_view(found[0])[0])
+
+
+def test_leaving_pages_give_their_slots_back_and_the_quota_is_made_up(daemon, managers):
+    a, b = managers(), managers()
+    pages = a.allocate(0, 6)
+    fill(a, pages, 3)
+    a.set_keys(pages, keys("r", 6))
+    a.evict(pages)
+    found = b.find_shared(keys("r", 6))
+    assert daemon_stats(daemon)["slots_pinned"] == 6  # a's publications, b's hits pin the same slots
+    b.onboard(found)
+    b.synchronize()
+    st = b.shared_stats()
+    assert st["released"] == 6 and st["leased"] == HOST_PAGES + SPARES  # found pages are replaced by nothing
+    a.onboard(pages)
+    assert a.slot_counts(kv.CacheLevel.HOST)[0][1] == HOST_PAGES  # spares replaced the given-up slots at once
+    a.synchronize()
+    st = a.shared_stats()
+    assert st["released"] == 6 and st["leased"] == HOST_PAGES + SPARES + 6 and st["short"] == 0
+    d = daemon_stats(daemon)
+    assert d["slots_pinned"] == 0 and d["slots_stored"] == 6  # kept in L2 for whoever asks next
+    assert d["slots_leased"] == 2 * (HOST_PAGES + SPARES)
+    # The pages left a's host level but stay findable by a third manager.
+    c = managers()
+    again = c.find_shared(keys("r", 6))
+    assert all(f is not None for f in again)
+
+
+def test_a_blob_scribbled_over_by_another_process_is_a_miss_never_decoded(daemon, managers):
+    a, b = managers(), managers()
+    pages = a.allocate(0, 3)
+    data = fill(a, pages, 4)
+    a.set_keys(pages, keys("s", 3))
+    a.evict(pages)
+    found = b.find_shared(keys("s", 3))
+    # A misbehaving process writes into the middle slot through its own mapping of the arena.
+    with DaemonClient(daemon.config.socket_path) as rogue:
+        region = rogue.find_region(rogue_region_name(a))
+        rogue.slot_view(region, found[1].slot)[100:108] = b"garbage!"
+    result = b.onboard(found)
+    assert result.moved == 2 and [p.id for p in result.dropped] == [found[1].id]
+    ok = [found[0], found[2]]
+    assert all(np.array_equal(x, y) for x, y in zip(contents(b, ok), [data[0], data[2]]))
+
+
+def rogue_region_name(m):
+    identity = kv.KVCacheManager.remote_identity(m.config, "concat")
+    return f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}/g0"
+
+
+def test_without_the_crc_check_the_header_still_catches_a_reused_slot(daemon, managers):
+    a, b = managers(), managers(verify_crc=False)
+    pages = a.allocate(0, 2)
+    data = fill(a, pages, 5)
+    a.set_keys(pages, keys("t", 2))
+    a.evict(pages)
+    found = b.find_shared(keys("t", 2))
+    # A rogue process rewrites the first slot's header version (what a reuse would do).
+    with DaemonClient(daemon.config.socket_path) as rogue:
+        region = rogue.find_region(rogue_region_name(a))
+        mm = rogue.arena
+        off = region.layout.header_offset(found[0].slot)
+        mm[off:off + 8] = (int.from_bytes(bytes(mm[off:off + 8]), "little") + 2).to_bytes(8, "little")
+    result = b.onboard(found)
+    assert [p.id for p in result.dropped] == [found[0].id]
+    assert np.array_equal(contents(b, [found[1]])[0], data[1])
+
+
+WRITER = """
+import sys, numpy as np, kvcodec_sdk as kv
+sys.path.insert(0, sys.argv[2])
+from test_kvcm_shared import config, fill, keys
+m = kv.KVCacheManager(config(sys.argv[1]), cold_page_codec="concat")
+pages = m.allocate(0, 4)
+data = fill(m, pages, 11)
+m.set_keys(pages, keys("w", 4))
+m.evict(pages)
+np.save(sys.argv[3], np.stack(data))
+print("published", m.shared_stats()["published"], flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_another_process_evicts_and_this_one_onboards(daemon, managers, tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = tmp_path / "data.npy"
+    p = subprocess.Popen([sys.executable, "-c", WRITER, daemon.config.socket_path, here, str(saved)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        assert p.stdout.readline().split() == ["published", "4"]
+        b = managers()
+        found = b.find_shared(keys("w", 4))
+        assert b.onboard(found).moved == 4
+        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), np.load(saved)))
+        # The writer is killed while it still holds its pages: the daemon takes its pins and
+        # leases back, and the published pages stay in L2 for everyone else.
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        p.kill()
+    deadline = time.monotonic() + 10
+    while daemon_stats(daemon)["reclaimed_leases"] < HOST_PAGES - 4:
+        assert time.monotonic() < deadline, daemon_stats(daemon)
+        time.sleep(0.01)
+    d = daemon_stats(daemon)
+    assert d["reclaimed_pins"] == 4 and d["slots_stored"] == 4
+    c = managers()
+    again = c.find_shared(keys("w", 4))
+    assert c.onboard(again).moved == 4
+    assert all(np.array_equal(x, y) for x, y in zip(contents(c, again), np.load(saved)))
+
+
+def test_a_daemon_that_goes_away_stops_the_sharing_not_the_manager(tmp_path):
+    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
+    m = kv.KVCacheManager(config(d.config.socket_path, timeout_s=1.0), cold_page_codec="concat")
+    try:
+        pages = m.allocate(0, 4)
+        data = fill(m, pages, 6)
+        m.set_keys(pages, keys("u", 4))
+        m.evict(pages[:2])
+        d.stop()
+        m.evict(pages[2:])  # into slots it already holds; publishing them finds the daemon gone
+        assert m.shared_stats()["connected"] is False
+        assert m.find_shared([b"anything"]) == [None]
+        assert m.onboard(pages).moved == 4
+        assert all(np.array_equal(x, y) for x, y in zip(contents(m, pages), data))
+    finally:
+        m.close()
+
+
+def test_configuration_errors_name_the_field(tmp_path, daemon):
+    with pytest.raises(kv.KVCacheConfigError, match=r"KVCacheConfig.host_quota is 0"):
+        kv.KVCacheConfig(layer_groups(), gpu_quota=64 * PAGE, device="cpu",
+                         shared=kv.SharedTierConfig(daemon.config.socket_path)).validate()
+    with pytest.raises(kv.KVCacheConfigError, match=r"KVCacheConfig.shared.region_slots is 0"):
+        config(daemon.config.socket_path, region_slots=0).validate()
+    with pytest.raises(kv.KVCacheConfigError, match=r"KVCacheConfig.shared.socket is ''"):
+        config("").validate()
+    with pytest.raises(ValueError, match=r"config.shared.socket: no cache daemon answers at"):
+        kv.KVCacheManager(config(str(tmp_path / "nobody.sock"), timeout_s=0.2), cold_page_codec="concat")
+
+
+def test_the_shared_host_level_refuses_resize_and_defragment(managers):
+    m = managers()
+    with pytest.raises(ValueError, match="leased from the per-host daemon"):
+        m.resize(kv.CacheLevel.HOST, 2 * HOST_PAGES * PAGE)
+    with pytest.raises(ValueError, match="leased from the per-host daemon"):
+        m.defragment(kv.CacheLevel.HOST)
+    with pytest.raises(ValueError, match="no shared host tier"):
+        private = kv.KVCacheManager(kv.KVCacheConfig(layer_groups(), gpu_quota=64 * PAGE, host_quota=PAGE * 4,
+                                                     device="cpu"), cold_page_codec="concat")
+        try:
+            private.find_shared([b"k"])
+        finally:
+            private.close()
+
+
+def test_making_room_drops_pages_from_the_host_level_but_not_from_l2(daemon, managers):
+    a = managers()
+    pages = a.allocate(0, HOST_PAGES + 4)
+    data = fill(a, pages, 7)
+    a.set_keys(pages, keys("v", len(pages)))
+    a.evict(pages[:HOST_PAGES])
+    a.make_room(kv.CacheLevel.HOST, 0, 4)  # the host level is a's last: its 4 oldest pages drop
+    a.evict(pages[HOST_PAGES:])
+    assert sum(p.is_live for p in pages) == HOST_PAGES
+    # The dropped pages left a, not L2: another manager finds all of them, byte-exact.
+    b = managers()
+    found = b.find_shared(keys("v", len(pages)))
+    assert all(f is not None for f in found)
+    assert b.onboard(found).moved == len(pages)
+    assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
