@@ -11,7 +11,7 @@
 # steps in order. KVCODEC_GPU_SKIP_BUILD=1 skips the wheels and the build.
 #
 # Steps: pytest memcheck conformance bench-concat no-torch fp8 nvfp4 kvcm (= kvcm-memcheck + kvcm-bench + kvcm-codecs)
-# workload disk blocks metrics remote template nvcomp check-plugins stress (the build always runs). check-plugins runs
+# workload disk blocks metrics remote daemon template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
 # for KVCODEC_CRASH_ITERATIONS (default 200). In "all", KVCODEC_GPU_BENCH_STEPS replaces the
@@ -87,7 +87,7 @@ if [[ "$STEPS" == ",all," && -z "${KVCODEC_GPU_CHILD:-}" ]]; then
   KVCODEC_GPU_STEPS=memcheck bash "$self" "$OUT_DIR" || status=1
   # Phase 2: benchmarks, one at a time.
   step "benchmarks one at a time"
-  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,no-torch,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk,remote} \
+  KVCODEC_GPU_STEPS=${KVCODEC_GPU_BENCH_STEPS:-check-plugins,stress,bench-concat,no-torch,kvcm-bench,kvcm-codecs,blocks,metrics,workload,disk,remote,daemon} \
     bash "$self" "$OUT_DIR" || status=1
   if [[ "${KVCODEC_GPU_PLUGIN_BENCH:-1}" != 0 ]]; then
     KVCODEC_GPU_PHASE=bench timeout 300 bash "$plugins/kvcodec-fp8/scripts/gpu-check.sh" "$OUT_DIR/fp8" || status=1
@@ -283,6 +283,16 @@ if want disk; then
 step "kvcodec bench disk (host-only: disk tier vs the file system's sequential ceiling)"
 (cd "$OUT_DIR" && timeout 300 kvcodec bench disk --json bench-disk.json) > "$OUT_DIR/bench-disk.txt" 2>&1 || status=1
 grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
+fi
+
+if want daemon; then
+step "cache daemon: the shared host level's CUDA tests, and kvcodec bench daemon with CUDA managers"
+(cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 python3 -X faulthandler -m pytest -v -p no:cacheprovider -c "$OLDPWD/pyproject.toml" \
+   --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_shared_gpu.py") > "$OUT_DIR/daemon-gpu.log" 2>&1 || status=1
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT_DIR/daemon-gpu.log" | tail -8
+(cd "$OUT_DIR" && timeout 300 kvcodec bench daemon --device cuda --rounds 2000 --json bench-daemon-cuda.json) \
+  > "$OUT_DIR/bench-daemon-cuda.txt" 2>&1 || status=1
+cat "$OUT_DIR/bench-daemon-cuda.txt"
 fi
 
 if want remote; then

@@ -1,0 +1,123 @@
+"""The shared host level on the CUDA backend: codecs encode into and decode from the daemon's
+arena regions registered as pinned memory; pages written on a side stream, evicted without
+blocking, published once their encode completed and onboarded byte-exact by another manager.
+Skips cleanly without a CUDA device and cuda-python."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_kvcm_support import hot_bytes, write_random
+
+import kvcodec_sdk as kv
+from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
+from kvcodec_sdk.testing.support import gpu_test_marks
+
+pytestmark = gpu_test_marks()
+
+BUF = 3000  # pages of 6000 bytes: a packed region, not 4 KiB-aligned slots
+PAGES = 64
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 64 << 20, hugepages=False)).start()
+    yield d
+    d.stop()
+
+
+def opaque_groups():
+    return [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=BUF), kv.BufferDesc(0, kv.Role.VALUE, bytes=BUF)])]
+
+
+def shaped_groups():  # what a quantizing codec needs: [token][head][dim] bf16
+    shape = dict(dtype=kv.DType.BFLOAT16, tokens_per_page=16, num_heads=2, head_dim=64)
+    return [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=4096, **shape),
+                                 kv.BufferDesc(0, kv.Role.VALUE, bytes=4096, **shape)])]
+
+
+def region_name(groups, codec):
+    identity = kv.KVCacheManager.remote_identity(kv.KVCacheConfig(groups, gpu_quota=1), codec)
+    return f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}/g0"
+
+
+def manager(sock, codec, verify_crc=True, groups=None):
+    groups = groups or opaque_groups()
+    return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=4 * PAGES * 2 * BUF, host_quota=PAGES * 2 * BUF,
+                                              device="cuda:0", shared=kv.SharedTierConfig(sock, region_slots=1024,
+                                                                                           verify_crc=verify_crc)),
+                             cold_page_codec=codec)
+
+
+@pytest.mark.parametrize("params", [{"path": "copy_engine"}, {"path": "sm"}])
+def test_another_manager_onboards_pages_evicted_without_blocking(daemon, params):
+    sock = daemon.config.socket_path
+    a = manager(sock, ("concat", params))
+    b = manager(sock, ("concat", params))
+    try:
+        pages = a.allocate(0, PAGES)
+        expected = write_random(a, pages, np.random.default_rng(3))
+        keys = [b"g/%d" % i for i in range(PAGES)]
+        a.set_keys(pages, keys)
+        pending = a.evict(pages, blocking=False)
+        pending.wait()
+        a.synchronize()  # publishes what the non-blocking call encoded
+        assert a.shared_stats()["published"] == PAGES
+        found = b.find_shared(keys)
+        assert all(f is not None for f in found)
+        assert b.onboard(found).moved == PAGES
+        assert all(np.array_equal(hot_bytes(b, f), expected[p.id]) for f, p in zip(found, pages))
+        # a's own pages come back from the same slots too.
+        assert a.onboard(pages).moved == PAGES
+        assert all(np.array_equal(hot_bytes(a, p), expected[p.id]) for p in pages)
+    finally:
+        a.close()
+        b.close()
+    with DaemonClient(sock) as c:
+        st = c.stats()
+    assert st["slots_pinned"] == 0 and st["slots_leased"] == 0 and st["slots_stored"] == PAGES
+
+
+def test_a_scribbled_blob_is_dropped_before_the_gpu_decodes_it(daemon):
+    sock = daemon.config.socket_path
+    a = manager(sock, "concat")
+    b = manager(sock, "concat")
+    try:
+        pages = a.allocate(0, 4)
+        expected = write_random(a, pages, np.random.default_rng(4))
+        a.set_keys(pages, [b"s/%d" % i for i in range(4)])
+        a.evict(pages)
+        found = b.find_shared([b"s/%d" % i for i in range(4)])
+        with DaemonClient(sock) as rogue:
+            region = rogue.find_region(region_name(opaque_groups(), "concat"))
+            rogue.slot_view(region, found[2].slot)[:8] = b"garbage!"
+        result = b.onboard(found)
+        assert [p.id for p in result.dropped] == [found[2].id]
+        kept = [0, 1, 3]
+        assert all(np.array_equal(hot_bytes(b, found[i]), expected[pages[i].id]) for i in kept)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_plugin_codec_shares_pages_through_the_arena(daemon):
+    if "fp8" not in [c.name for c in kv.list_codecs()]:
+        pytest.skip("the fp8 plugin is not installed")
+    sock = daemon.config.socket_path
+    a = manager(sock, "fp8", groups=shaped_groups())
+    b = manager(sock, "fp8", groups=shaped_groups())
+    try:
+        pages = a.allocate(0, 8)
+        write_random(a, pages, np.random.default_rng(5))
+        a.set_keys(pages, [b"f/%d" % i for i in range(8)])
+        a.evict(pages)
+        blobs = [a.page_view(p)[0] for p in pages]
+        found = b.find_shared([b"f/%d" % i for i in range(8)])
+        assert all(np.array_equal(np.asarray(b.page_view(f)[0]), np.asarray(x)) for f, x in zip(found, blobs))
+        assert b.onboard(found).moved == 8
+        assert a.onboard(pages).moved == 8
+        # Both decoded the same blob: the same (lossy) pages.
+        assert all(np.array_equal(hot_bytes(a, p), hot_bytes(b, f)) for p, f in zip(pages, found))
+    finally:
+        a.close()
+        b.close()
