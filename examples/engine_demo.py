@@ -12,6 +12,9 @@ Two engine processes sharing pages through the per-host cache daemon (``kvcodec 
 
     python examples/engine_demo.py --daemon S --share store    # evicts its pages, under content keys, into L2
     python examples/engine_demo.py --daemon S --share load     # another process finds and onboards them
+
+By default L2 is the manager's host level (``KVCacheConfig.shared``: codecs encode into and decode
+from the arena in place); ``--via remote`` makes it the manager's remote level instead.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kvcodec_sdk import (
     LayerGroupConfig,
     RemoteTierConfig,
     Role,
+    SharedTierConfig,
 )
 
 TOKENS, HEADS, HEAD_DIM, LAYERS = 32, 8, 128, 4
@@ -95,6 +99,8 @@ def main() -> None:
                         "(its L2 arena as the manager's remote level); with --share")
     parser.add_argument("--share", choices=("store", "load"), help="with --daemon: store this process's pages "
                         "under content keys, or load the pages another process stored (the same values: same seed)")
+    parser.add_argument("--via", choices=("host", "remote"), default="host", help="with --daemon: L2 as the "
+                        "manager's host level (default: the shared host level) or as its remote level")
     args = parser.parse_args()
     if bool(args.daemon) != bool(args.share):
         parser.error("--daemon and --share go together")
@@ -103,9 +109,12 @@ def main() -> None:
         # Two layer groups (e.g. full attention and sliding window) with identical page layouts:
         # they share one hot pool group; the host tier holds their cold pages.
         layer_groups=[LayerGroupConfig(kv_buffers(range(0, LAYERS))), LayerGroupConfig(kv_buffers(range(LAYERS, 2 * LAYERS)))],
-        gpu_quota=256 << 20, host_quota=512 << 20, pool_ratio=[3, 1], device=args.device,
+        # In the shared arena, the host tier is this process's share of L2: keep it modest.
+        gpu_quota=256 << 20, host_quota=(64 if args.daemon and args.via == "host" else 512) << 20, pool_ratio=[3, 1],
+        device=args.device,
         disk=DiskTierConfig(args.disk, max_bytes=1 << 30) if args.disk else None,
-        remote=shared_l2(args.daemon, args.pages) if args.daemon else None)
+        remote=shared_l2(args.daemon, args.pages) if args.daemon and args.via == "remote" else None,
+        shared=SharedTierConfig(args.daemon) if args.daemon and args.via == "host" else None)
     manager = KVCacheManager(config)  # the default lossless concat codec
     print(manager)
     if args.metrics_port is not None:
@@ -144,11 +153,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
 
     keys = [b"engine-demo/prefix/%d" % i for i in range(args.pages)]  # content keys: what other processes look up
+    level = CacheLevel.REMOTE if args.via == "remote" else CacheLevel.HOST
     if args.share == "load":
-        pages = [p for p in manager.find_remote(keys) if p is not None]  # claimed at the remote level
+        # Found in L2: pages of this manager at that level (the shared host level: in the very
+        # arena slots the other process's encode wrote).
+        found = manager.find_remote(keys) if args.via == "remote" else manager.find_shared(keys)
+        pages = [p for p in found if p is not None]
         if len(pages) != args.pages:
             raise SystemExit(f"the daemon holds {len(pages)} of the {args.pages} pages; run --share store first")
-        manager.onboard(pages, source=CacheLevel.REMOTE, stream=stream)  # L2 -> hot, decoded
+        manager.onboard(pages, source=level, stream=stream)  # L2 -> hot, decoded
         manager.synchronize()
         with on_stream:
             for page in pages:
@@ -172,7 +185,7 @@ def main() -> None:
 
     if args.share == "store":
         manager.set_keys(pages, keys)
-        manager.evict(pages, stream=stream, level=CacheLevel.REMOTE)  # encode, then written into the arena
+        manager.evict(pages, stream=stream, level=level)  # encoded into (host) or written to (remote) the arena
         print(f"{len(pages)} pages stored in the daemon's L2 from {manager.device} ({framework})", flush=True)
         manager.close()
         return

@@ -36,16 +36,18 @@ def test_engine_demo_through_a_disk_tier(tmp_path):
     assert "prefetched 16 pages to the host" in out and "16 pages evicted and onboarded byte-exact" in out
 
 
-def test_two_engine_processes_share_pages_through_the_daemon():
+@pytest.mark.parametrize("via", ["host", "remote"])
+def test_two_engine_processes_share_pages_through_the_daemon(via):
     """One demo process stores its pages in the cache daemon's L2 and exits; another finds them by
-    their content keys and onboards them byte-exact; the daemon's sockets carried no page."""
+    their content keys and onboards them byte-exact; the daemon's sockets carried no page. L2 is
+    the managers' shared host level, or their remote level."""
     from kvcodec_sdk.daemon import DaemonClient
     from kvcodec_sdk.remote.servers import DaemonProcess
 
     daemon = DaemonProcess()
     daemon.start()
     try:
-        share = ("--framework", "numpy", "--daemon", daemon.socket_path, "--share")
+        share = ("--framework", "numpy", "--daemon", daemon.socket_path, "--via", via, "--share")
         assert "16 pages stored in the daemon's L2" in run_demo("cpu", *share, "store")
         assert "16 pages loaded from the daemon's L2 byte-exact on cpu (numpy)" in run_demo("cpu", *share, "load")
         with DaemonClient(daemon.socket_path) as client:
