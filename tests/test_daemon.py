@@ -333,9 +333,12 @@ def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
     assert report["rtt_p50_us"] > 0 and report["rtt_p99_us"] >= report["rtt_p50_us"]
     assert report["daemon"]["sets"] == 16 and report["daemon"]["hits"] >= 16 * 5
     assert report["socket_bytes_per_page"] < report["page_bytes"] / 100  # pages never cross the socket
-    manager = report["manager"]  # through the manager: the daemon as its remote level, and its host tier
-    assert manager["daemon"]["onboard_gbps"] > 0 and manager["host"]["onboard_gbps"] > 0
-    assert "manager onboard, daemon L2" in r.stdout
+    manager = report["manager"]  # through the manager: the daemon as its remote and shared host level, and a host tier
+    for name in ("daemon", "shared", "shared_found", "shared_found_no_crc"):
+        assert manager[name]["onboard_gbps"] > 0 and manager[name]["onboard_vs_host"] > 0
+    assert manager["shared_found"]["hit_gbps"] < manager["shared_found"]["onboard_gbps"]  # the lookup costs time
+    assert manager["host"]["onboard_gbps"] > 0
+    assert "manager onboard, remote level on daemon" in r.stdout and "L2 hit: find + onboard" in r.stdout
 
 
 def test_the_documented_metrics_table_is_the_collectors():

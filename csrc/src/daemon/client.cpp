@@ -287,10 +287,12 @@ std::vector<uint32_t> Client::leaseLocked(RegionLayout const& l, uint32_t count)
 }
 
 std::vector<uint8_t> Client::commit(RegionLayout const& r, std::vector<uint32_t> const& slots,
-    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral, bool pin)
+    std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral, bool pin,
+    uint32_t const* crcs)
 {
     std::lock_guard lock(mutex_);
-    return commitLocked(r, slots, keys, lengths, uint8_t((ephemeral ? kCommitEphemeral : 0) | (pin ? kCommitPin : 0)));
+    return commitLocked(
+        r, slots, keys, lengths, uint8_t((ephemeral ? kCommitEphemeral : 0) | (pin ? kCommitPin : 0)), crcs);
 }
 
 std::vector<uint8_t> Client::commitLocked(RegionLayout const& l, std::vector<uint32_t> const& slots,

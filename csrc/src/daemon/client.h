@@ -68,9 +68,10 @@ public:
     /// Commits leased slots holding `lengths[i]` bytes under `keys[i]`; the CRC-32C of each is
     /// computed here from the arena. Per slot: 0 stored, 1 not this client's lease, 2 a bad length.
     /// With `pin`, each stored slot stays pinned for this client (release() it like a get's hit).
+    /// `crcs` (one per slot), when given, are the CRC-32C the caller computed already.
     std::vector<uint8_t> commit(RegionLayout const& r, std::vector<uint32_t> const& slots,
         std::vector<std::string_view> const& keys, std::vector<uint32_t> const& lengths, bool ephemeral,
-        bool pin = false);
+        bool pin = false, uint32_t const* crcs = nullptr);
     void abort(RegionLayout const& r, std::vector<uint32_t> const& slots);
     /// Leases, copies `pages` in and commits them: per page, true when stored.
     std::vector<bool> set(RegionLayout const& r, std::vector<std::string_view> const& keys,

@@ -8,6 +8,7 @@
 // implementations of ColdLevel.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -279,18 +280,18 @@ public:
     /// Work the level does between the manager's calls (the manager calls it at the start of
     /// its migrations and lookups, under its lock). Default: nothing.
     virtual void maintain() {}
-    /// True when blobs must pass verifyBlob() before a decode reads them.
+    /// True when blobs must pass verifyBlobs() before a decode reads them.
     [[nodiscard]] virtual bool verifiesBlobs() const noexcept
     {
         return false;
     }
-    /// The slot still holds the blob its page put or found there (the host waited for the
-    /// slot's transfers first). A blob that fails is a miss.
-    [[nodiscard]] virtual bool verifyBlob(PoolGroupIndex group, int32_t slot) const noexcept
+    /// Per slot, `ok[i]` = 1 when it still holds the blob its page put or found there, else 0
+    /// (a miss). Only slots whose writers completed are checked, so nothing is waited for.
+    virtual void verifyBlobs(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok) const noexcept
     {
         (void)group;
-        (void)slot;
-        return true;
+        (void)slots;
+        std::fill(ok, ok + count, uint8_t(1));
     }
     /// Why the level's slots cannot be resized or compacted, or null when they can.
     [[nodiscard]] virtual char const* fixedGeometry() const noexcept

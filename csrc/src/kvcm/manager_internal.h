@@ -108,6 +108,8 @@ struct Scratch
     std::vector<PageIndexPair> pairs;
     std::vector<runtime::Event*> events;
     std::vector<PageIndexPair> codecPairs;
+    std::vector<int32_t> verifySlots;
+    std::vector<uint8_t> verified;
 };
 Scratch& scratch() noexcept;
 

@@ -291,10 +291,18 @@ bool KvCacheManager::verifySources(Transfer& t)
     {
         return true;
     }
+    detail::Scratch& s = detail::scratch();
+    s.verifySlots.resize(t.count);
+    s.verified.resize(t.count);
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        s.verifySlots[i] = pages_[t.pages[i]].slot;
+    }
+    cold->verifyBlobs(t.key.srcGroup, s.verifySlots.data(), t.count, s.verified.data());
     size_t kept = 0;
     for (size_t i = 0; i < t.count; ++i)
     {
-        if (cold->verifyBlob(t.key.srcGroup, pages_[t.pages[i]].slot))
+        if (s.verified[i] != 0)
         {
             t.pages[kept] = t.pages[i];
             t.dstSlots[kept] = t.dstSlots[i];

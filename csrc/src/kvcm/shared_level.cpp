@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string_view>
+#include <thread>
 
 #include <sys/mman.h>
 
@@ -24,6 +25,44 @@ std::string daemonKey(LifeCycleId lifeCycle, std::string const& key)
 std::vector<int32_t> asSlots(std::vector<uint32_t> const& in)
 {
     return {in.begin(), in.end()};
+}
+
+// crc(i) for i in [0, count), split over one thread per 4 MiB of `bytes` (up to 8, the calling
+// thread one of them); threads that cannot start leave their share to the calling thread.
+template <class Crc>
+void parallelCrcs(size_t count, uint64_t bytes, Crc&& crc) noexcept
+{
+    size_t const threads = std::min<size_t>({8, std::max(1u, std::thread::hardware_concurrency()),
+        std::max<uint64_t>(1, bytes >> 22), std::max<size_t>(count, 1)});
+    auto share = [&](size_t first) {
+        for (size_t i = first; i < count; i += threads)
+        {
+            crc(i);
+        }
+    };
+    std::vector<std::thread> helpers;
+    size_t started = 0;
+    try
+    {
+        helpers.reserve(threads);
+        for (; started + 1 < threads; ++started)
+        {
+            helpers.emplace_back(share, started + 1);
+        }
+    }
+    catch (...)
+    {
+        // Fewer threads.
+    }
+    share(0);
+    for (size_t t = started + 1; t < threads; ++t)
+    {
+        share(t);
+    }
+    for (std::thread& h : helpers)
+    {
+        h.join();
+    }
 }
 
 } // namespace
@@ -245,7 +284,10 @@ void SharedColdLevel::publish(SharedLevelGroup& g)
     {
         return;
     }
-    std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true);
+    std::vector<uint32_t> crcs(slots.size());
+    parallelCrcs(slots.size(), slots.size() * g.pageBytes,
+        [&](size_t i) { crcs[i] = crc32cFast(arena_->data(g.layout, slots[i]), lengths[i]); });
+    std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true, crcs.data());
     for (size_t j = 0; j < which.size(); ++j)
     {
         auto& p = g.publish[which[j]];
@@ -382,21 +424,47 @@ std::vector<std::optional<ClaimedBlob>> SharedColdLevel::claimMany(
     return out;
 }
 
-bool SharedColdLevel::verifyBlob(PoolGroupIndex group, int32_t slot) const noexcept
+void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok) const noexcept
 {
     SharedLevelGroup const& g = groups_[size_t(group)];
-    if (g.pinned[size_t(slot)] == 0)
+    std::vector<size_t> crc; // Blobs whose bytes are checked too.
+    try
     {
-        return true; // A slot leased to this manager: nobody else writes it.
+        crc.reserve(verifyCrc_ ? count : 0);
     }
-    daemon::Found const& f = g.expected[size_t(slot)];
-    daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(slot));
-    if (h.version != f.version || h.length != f.length || h.crc != f.crc || h.region != g.layout.region
-        || h.key != daemon::keyDigest(g.daemonKey[size_t(slot)]))
+    catch (...)
     {
-        return false;
+        // No room to plan: every blob is checked on this thread below.
     }
-    return !verifyCrc_ || crc32cFast(arena_->data(g.layout, uint32_t(slot)), f.length) == f.crc;
+    for (size_t i = 0; i < count; ++i)
+    {
+        int32_t const slot = slots[i];
+        ok[i] = 1;
+        if (g.pinned[size_t(slot)] == 0)
+        {
+            continue; // A slot leased to this manager: nobody else writes it.
+        }
+        daemon::Found const& f = g.expected[size_t(slot)];
+        daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(slot));
+        if (h.version != f.version || h.length != f.length || h.crc != f.crc || h.region != g.layout.region
+            || h.key != daemon::keyDigest(g.daemonKey[size_t(slot)]))
+        {
+            ok[i] = 0;
+        }
+        else if (verifyCrc_ && crc.size() < crc.capacity())
+        {
+            crc.push_back(i);
+        }
+        else if (verifyCrc_)
+        {
+            ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slot)), f.length) == f.crc ? 1 : 0;
+        }
+    }
+    parallelCrcs(crc.size(), crc.size() * g.pageBytes, [&](size_t j) {
+        size_t const i = crc[j];
+        daemon::Found const& f = g.expected[size_t(slots[i])];
+        ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slots[i])), f.length) == f.crc ? 1 : 0;
+    });
 }
 
 char const* SharedColdLevel::fixedGeometry() const noexcept
