@@ -286,3 +286,53 @@ def test_making_room_drops_pages_from_the_host_level_but_not_from_l2(daemon, man
     assert all(f is not None for f in found)
     assert b.onboard(found).moved == len(pages)
     assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+
+
+def test_kill_9_of_the_daemon_under_load_serves_no_wrong_page():
+    """Two managers evict, find and onboard in a loop while the daemon is killed with SIGKILL: every
+    page onboarded is byte-exact, the managers go on unshared, and a daemon started again on the
+    same socket serves new managers from an empty L2."""
+    from kvcodec_sdk.remote.servers import DaemonProcess
+
+    daemon = DaemonProcess(l2_bytes=32 << 20)
+    daemon.start()
+    a = kv.KVCacheManager(config(daemon.socket_path, timeout_s=1.0), cold_page_codec="concat")
+    b = kv.KVCacheManager(config(daemon.socket_path, timeout_s=1.0), cold_page_codec="concat")
+    try:
+        served = 0
+        for round_ in range(12):
+            if round_ == 6:
+                daemon.kill()
+            pages = a.allocate(0, 4)
+            data = fill(a, pages, 100 + round_)
+            names = keys(f"x{round_}", 4)
+            a.set_keys(pages, names)
+            a.evict(pages)
+            found = [f for f in b.find_shared(names) if f is not None]
+            b.onboard(found)
+            for f in found:
+                assert np.array_equal(contents(b, [f])[0], data[names.index(f.key)])
+            served += len(found)
+            b.free(found)
+            assert a.onboard(pages).moved == 4  # a's own pages, shared or not
+            assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
+            a.free(pages)
+        assert served == 6 * 4  # every page before the kill, none after
+        assert not a.shared_stats()["connected"] and not b.shared_stats()["connected"]
+        daemon.start()
+        c, d = (kv.KVCacheManager(config(daemon.socket_path), cold_page_codec="concat") for _ in range(2))
+        try:
+            assert d.find_shared(keys("x0", 4)) == [None] * 4  # L2 died with the daemon
+            pages = c.allocate(0, 2)
+            data = fill(c, pages, 200)
+            c.set_keys(pages, keys("y", 2))
+            c.evict(pages)
+            found = d.find_shared(keys("y", 2))
+            assert d.onboard(found).moved == 2 and all(np.array_equal(x, y) for x, y in zip(contents(d, found), data))
+        finally:
+            c.close()
+            d.close()
+    finally:
+        a.close()
+        b.close()
+        daemon.stop()
