@@ -278,8 +278,12 @@ public:
         (void)written;
     }
     /// Work the level does between the manager's calls (the manager calls it at the start of
-    /// its migrations and lookups, under its lock). Default: nothing.
-    virtual void maintain() {}
+    /// its migrations and lookups, under its lock); with `waitWrites`, it first waits for the
+    /// transfers still writing blobs it would act on (the end of a blocking call). Default: nothing.
+    virtual void maintain(bool waitWrites)
+    {
+        (void)waitWrites;
+    }
     /// True when blobs must pass verifyBlobs() before a decode reads them.
     [[nodiscard]] virtual bool verifiesBlobs() const noexcept
     {

@@ -356,7 +356,7 @@ void KvCacheManager::findKept(
     CallGuard guard(*this, what);
     checkLevel(level, (std::string(what) + "'s level").c_str());
     ColdLevel* cold = storage_->coldLevel(level);
-    cold->maintain();
+    cold->maintain(false);
     // Keys no live page holds are claimed from the level in one batch.
     std::vector<std::string> ask;
     std::vector<int32_t> askLifeCycles;
@@ -606,7 +606,7 @@ void KvCacheManager::synchronize()
 {
     CallGuard guard(*this, "synchronize");
     synchronizeAll();
-    storage_->maintain();
+    storage_->maintain(true);
 }
 
 void KvCacheManager::synchronizeAll()

@@ -41,7 +41,7 @@ MigrationResult KvCacheManager::migrate(
     result.dropped.insert(result.dropped.end(), async.dropped.begin(), async.dropped.end());
     result.failed = std::move(async.failed);
     result.error = std::move(async.error);
-    storage_->maintain(); // A blocking call's pages are where other processes find them at once.
+    storage_->maintain(true); // A blocking call's pages are where other processes find them at once.
     throwIfFailed(result, dst, count);
     if (pending->observerError_)
     {

@@ -241,7 +241,7 @@ void SharedColdLevel::landed(
     }
 }
 
-void SharedColdLevel::maintain()
+void SharedColdLevel::maintain(bool waitWrites)
 {
     if (!client_)
     {
@@ -251,7 +251,7 @@ void SharedColdLevel::maintain()
     {
         for (SharedLevelGroup& g : groups_)
         {
-            publish(g);
+            publish(g, waitWrites);
             giveUp(g);
         }
     }
@@ -261,8 +261,9 @@ void SharedColdLevel::maintain()
     }
 }
 
-// Commits the landed keyed pages whose encodes completed, each kept pinned for this manager.
-void SharedColdLevel::publish(SharedLevelGroup& g)
+// Commits the landed keyed pages whose encodes completed (waited for with `waitWrites`), each
+// kept pinned for this manager.
+void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
 {
     std::vector<uint32_t> slots;
     std::vector<std::string_view> keys;
@@ -271,7 +272,11 @@ void SharedColdLevel::publish(SharedLevelGroup& g)
     for (size_t i = 0; i < g.publish.size(); ++i)
     {
         auto const& p = g.publish[i];
-        if (p.written && !p.written->query())
+        if (p.written && waitWrites)
+        {
+            p.written->synchronize();
+        }
+        else if (p.written && !p.written->query())
         {
             continue;
         }

@@ -99,7 +99,7 @@ public:
     void release(PoolGroupIndex group, int32_t slot) noexcept override;
     void landed(PoolGroupIndex group, int32_t slot, LifeCycleId lifeCycle, std::string const& key,
         EventPtr const& written) override;
-    void maintain() override;
+    void maintain(bool waitWrites) override;
     std::vector<std::optional<ClaimedBlob>> claimMany(
         std::string const* keys, int32_t const* lifeCycles, size_t count) override;
     [[nodiscard]] bool verifiesBlobs() const noexcept override
@@ -132,7 +132,7 @@ public:
 
 private:
     void lostDaemon(std::exception const& e) noexcept;
-    void publish(SharedLevelGroup& g);
+    void publish(SharedLevelGroup& g, bool waitWrites);
     void giveUp(SharedLevelGroup& g);
     void refillSpares(SharedLevelGroup& g);
 

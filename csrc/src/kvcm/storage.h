@@ -86,14 +86,14 @@ public:
         return hot_[size_t(group)];
     }
     /// Work every cold level does between the manager's calls (ColdLevel::maintain()).
-    void maintain()
+    void maintain(bool waitWrites = false)
     {
         for (ColdLevel* level :
             {host_.get(), static_cast<ColdLevel*>(disk_.get()), static_cast<ColdLevel*>(remote_.get())})
         {
             if (level != nullptr)
             {
-                level->maintain();
+                level->maintain(waitWrites);
             }
         }
     }
