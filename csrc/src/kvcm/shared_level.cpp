@@ -235,9 +235,17 @@ void SharedColdLevel::release(PoolGroupIndex group, int32_t slot) noexcept
 void SharedColdLevel::landed(
     PoolGroupIndex group, int32_t slot, LifeCycleId lifeCycle, std::string const& key, EventPtr const& written)
 {
-    if (!key.empty() && client_)
+    if (key.empty() || !client_)
+    {
+        return;
+    }
+    try
     {
         groups_[size_t(group)].publish.push_back({slot, daemonKey(lifeCycle, key), written});
+    }
+    catch (std::exception const&)
+    {
+        // Out of memory: the page stays this manager's own (unpublished); nothing is lost.
     }
 }
 
