@@ -33,7 +33,6 @@ import numpy as np
 from . import _interop, _native
 from ._boundary import buffer_from_native
 from .codec import Codec
-from .gpu import DeviceArray
 from .kvcm_config import KVCacheConfig
 from .layout import BufferDesc, BufferLayout, PageIndexLocation
 
@@ -75,7 +74,9 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     _CudaArray,
     _HostArray,
     _LevelName,
+    _lookup_keys,
     _native_errors,
+    _pool_views,
     _resolve_framework,
     _torch_dtype,
     page_ring_bytes,
@@ -263,9 +264,7 @@ class KVCacheManager:
         claimed here: they become disk-level pages of this manager, ready to be onboarded with
         ``onboard(pages, source=CacheLevel.DISK)`` (prefix reuse across restarts).
         """
-        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
-        if any(not k for k in raw):
-            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        raw = _lookup_keys(keys)
         with _native_errors():
             ids = self._live().find_on_disk(raw)
         return [PageHandle(self, int(i)) if i else None for i in ids]
@@ -283,9 +282,7 @@ class KVCacheManager:
         """
         from .remote.level import find
 
-        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
-        if any(not k for k in raw):
-            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        raw = _lookup_keys(keys)
         if self._remote is None:
             raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
         with _native_errors():
@@ -304,9 +301,7 @@ class KVCacheManager:
         (header, and CRC-32C unless ``verify_crc`` is off) before it is decoded: one that fails is
         dropped, never decoded. Raises ValueError without a shared host tier.
         """
-        raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
-        if any(not k for k in raw):
-            raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+        raw = _lookup_keys(keys)
         if self.config.shared is None:
             raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
         if lifecycle is not None and not 0 <= int(lifecycle) < len(self.config.layer_groups):
@@ -661,23 +656,8 @@ class KVCacheManager:
             # The core first (it owns the runtime that frees the memory), then the pool memory,
             # which a resize may replace while this view still reads it.
             owner = (core, memory)
-        out = []
-        for ptr, slot_bytes, slots in pools:
-            shape = (int(slots), int(slot_bytes))
-            on_device = self.device != "cpu" and level == CacheLevel.HOT
-            if on_device and framework == "cuda":
-                out.append(DeviceArray(ptr, shape, np.uint8, kind="device", device_id=self._ordinal, owner=owner))
-            elif on_device:
-                import torch
-
-                out.append(torch.as_tensor(_CudaArray(owner, ptr, shape), device=self.device))
-            else:
-                arr = np.asarray(_HostArray(owner, ptr, shape))
-                if framework == "torch":
-                    import torch
-
-                    arr = torch.from_numpy(arr)
-                out.append(arr)
+        out = _pool_views(pools, owner, self.device, self._ordinal, self.device != "cpu" and level == CacheLevel.HOT,
+                          framework)
         self._pools_cache[key] = out
         return out
 

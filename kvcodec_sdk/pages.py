@@ -385,6 +385,38 @@ class _CudaArray:
         }
 
 
+def _pool_views(pools: list, owner: Any, device: str, ordinal: int, on_device: bool, framework: str) -> list:
+    """One ``(slots, slot_bytes)`` uint8 view per ``(address, slot_bytes, slots)`` pool, of
+    ``framework``'s type, keeping ``owner`` alive (device pools when ``on_device``)."""
+    from .gpu import DeviceArray
+
+    out: list = []
+    for ptr, slot_bytes, slots in pools:
+        shape = (int(slots), int(slot_bytes))
+        if on_device and framework == "cuda":
+            out.append(DeviceArray(ptr, shape, np.uint8, kind="device", device_id=ordinal, owner=owner))
+        elif on_device:
+            import torch
+
+            out.append(torch.as_tensor(_CudaArray(owner, ptr, shape), device=device))
+        else:
+            arr = np.asarray(_HostArray(owner, ptr, shape))
+            if framework == "torch":
+                import torch
+
+                arr = torch.from_numpy(arr)
+            out.append(arr)
+    return out
+
+
+def _lookup_keys(keys: Any) -> list[bytes]:
+    """Content keys to look up, as bytes; ValueError for a missing or empty one."""
+    raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+    if any(not k for k in raw):
+        raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
+    return raw
+
+
 _NUMPY_DTYPES = {
     DataType.UINT8: np.uint8, DataType.INT8: np.int8, DataType.FLOAT16: np.float16, DataType.BFLOAT16: np.uint16,
     DataType.FLOAT32: np.float32, DataType.FLOAT8_E4M3: np.uint8, DataType.FLOAT8_E5M2: np.uint8, DataType.INT32: np.int32,
