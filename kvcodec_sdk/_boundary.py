@@ -149,7 +149,7 @@ def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
         if identity is None:
             raise ValueError("a shared host tier needs the codec identity that names its arena regions")
         shared.socket_path = str(config.shared.socket)
-        shared.identity = f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}"
+        shared.identity = config.shared.region_prefix(identity)
         shared.region_slots = int(config.shared.region_slots or 0)
         shared.verify_crc = bool(config.shared.verify_crc)
         shared.timeout_s = float(config.shared.timeout_s)

@@ -181,6 +181,13 @@ class SharedTierConfig:
     verify_crc: bool = True
     timeout_s: float = 5.0
 
+    @staticmethod
+    def region_prefix(identity: Any) -> str:
+        """What names the daemon's regions of a manager whose codec identity is ``identity`` (a
+        :class:`~kvcodec_sdk.disk.CodecIdentity`, :meth:`~kvcodec_sdk.KVCacheManager.remote_identity`
+        tells it): cold pool group ``g``'s region is this followed by ``/g<g>``."""
+        return f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}"
+
     def validate(self, where: str = "KVCacheConfig.shared") -> None:
         """Raises :class:`KVCacheConfigError` naming the first invalid field."""
         if not isinstance(self.socket, str) or not self.socket:

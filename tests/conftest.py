@@ -48,3 +48,13 @@ def configured(codec, layout):
 def _fresh_default_registry(fresh_default_registry):  # noqa: F811 (the fixture imported above)
     """Every test starts and ends with a fresh process-wide registry and no disabled plugins."""
     yield
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A cache daemon with a 16 MiB arena on its own thread, serving a socket in ``tmp_path``."""
+    from kvcodec_sdk.daemon import Daemon, DaemonConfig
+
+    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
+    yield d
+    d.stop()

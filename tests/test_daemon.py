@@ -37,13 +37,6 @@ IDENTITY = "concat/1/00112233aabbccdd"
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
 def client(daemon):
     with DaemonClient(daemon.config.socket_path) as c:
         yield c

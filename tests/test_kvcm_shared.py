@@ -36,13 +36,6 @@ def config(socket_path, **shared):
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 16 << 20, hugepages=False)).start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
 def managers(daemon):
     made = []
 
@@ -142,16 +135,25 @@ def test_leaving_pages_give_their_slots_back_and_the_quota_is_made_up(daemon, ma
     assert all(f is not None for f in again)
 
 
+def published_and_found(a, b, prefix, n, seed):
+    """``n`` pages of KV-like bytes that ``a`` evicted under keys and ``b`` found: (data, found)."""
+    pages = a.allocate(0, n)
+    data = fill(a, pages, seed)
+    a.set_keys(pages, keys(prefix, n))
+    a.evict(pages)
+    return data, b.find_shared(keys(prefix, n))
+
+
+def region_name(m):
+    return kv.SharedTierConfig.region_prefix(kv.KVCacheManager.remote_identity(m.config, "concat")) + "/g0"
+
+
 def test_a_blob_scribbled_over_by_another_process_is_a_miss_never_decoded(daemon, managers):
     a, b = managers(), managers()
-    pages = a.allocate(0, 3)
-    data = fill(a, pages, 4)
-    a.set_keys(pages, keys("s", 3))
-    a.evict(pages)
-    found = b.find_shared(keys("s", 3))
+    data, found = published_and_found(a, b, "s", 3, 4)
     # A misbehaving process writes into the middle slot through its own mapping of the arena.
     with DaemonClient(daemon.config.socket_path) as rogue:
-        region = rogue.find_region(rogue_region_name(a))
+        region = rogue.find_region(region_name(a))
         rogue.slot_view(region, found[1].slot)[100:108] = b"garbage!"
     result = b.onboard(found)
     assert result.moved == 2 and [p.id for p in result.dropped] == [found[1].id]
@@ -159,21 +161,12 @@ def test_a_blob_scribbled_over_by_another_process_is_a_miss_never_decoded(daemon
     assert all(np.array_equal(x, y) for x, y in zip(contents(b, ok), [data[0], data[2]]))
 
 
-def rogue_region_name(m):
-    identity = kv.KVCacheManager.remote_identity(m.config, "concat")
-    return f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}/g0"
-
-
 def test_without_the_crc_check_the_header_still_catches_a_reused_slot(daemon, managers):
     a, b = managers(), managers(verify_crc=False)
-    pages = a.allocate(0, 2)
-    data = fill(a, pages, 5)
-    a.set_keys(pages, keys("t", 2))
-    a.evict(pages)
-    found = b.find_shared(keys("t", 2))
+    data, found = published_and_found(a, b, "t", 2, 5)
     # A rogue process rewrites the first slot's header version (what a reuse would do).
     with DaemonClient(daemon.config.socket_path) as rogue:
-        region = rogue.find_region(rogue_region_name(a))
+        region = rogue.find_region(region_name(a))
         mm = rogue.arena
         off = region.layout.header_offset(found[0].slot)
         mm[off:off + 8] = (int.from_bytes(bytes(mm[off:off + 8]), "little") + 2).to_bytes(8, "little")

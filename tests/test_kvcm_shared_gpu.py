@@ -12,20 +12,13 @@ import pytest
 from test_kvcm_support import hot_bytes, write_random
 
 import kvcodec_sdk as kv
-from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
+from kvcodec_sdk.daemon import DaemonClient
 from kvcodec_sdk.testing.support import gpu_test_marks
 
 pytestmark = gpu_test_marks()
 
 BUF = 3000  # pages of 6000 bytes: a packed region, not 4 KiB-aligned slots
 PAGES = 64
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(DaemonConfig(str(tmp_path / "kvd.sock"), 64 << 20, hugepages=False)).start()
-    yield d
-    d.stop()
 
 
 def opaque_groups():
@@ -40,7 +33,7 @@ def shaped_groups():  # what a quantizing codec needs: [token][head][dim] bf16
 
 def region_name(groups, codec):
     identity = kv.KVCacheManager.remote_identity(kv.KVCacheConfig(groups, gpu_quota=1), codec)
-    return f"kvcm/{identity.name}/{identity.format_version}/{identity.param_hash}/g0"
+    return kv.SharedTierConfig.region_prefix(identity) + "/g0"
 
 
 def manager(sock, codec, verify_crc=True, groups=None):

@@ -99,12 +99,13 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, dev
     keys = [f"bench-manager/{i}".encode() for i in range(pages)]
     model = [kv_page(np.random.default_rng(1000 + i), 2 * half) for i in range(pages)]
 
-    def manager(host: bool = False, remote: bool = False, shared: bool = True, verify_crc: bool = True) -> Any:
+    def manager(level: str = "shared", verify_crc: bool = True) -> Any:
+        """A manager whose host ("host", "shared") or remote ("daemon") level is measured."""
         return kv.KVCacheManager(kv.KVCacheConfig(
-            groups, gpu_quota=quota, host_quota=quota if host or shared and not remote else 0, device=device,
-            remote=kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages) if remote else None,
+            groups, gpu_quota=quota, host_quota=0 if level == "daemon" else quota, device=device,
+            remote=kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages) if level == "daemon" else None,
             shared=kv.SharedTierConfig(sock, region_slots=8 * pages + 64, verify_crc=verify_crc)
-            if shared and not remote and not host else None), cold_page_codec="concat")
+            if level == "shared" else None), cold_page_codec="concat")
 
     def filled(m: Any) -> Any:
         ps = m.allocate(0, pages)
@@ -120,7 +121,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, dev
 
     out: dict = {}
     for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE), ("shared", kv.CacheLevel.HOST)):
-        m = manager(host=name == "host", remote=name == "daemon", shared=name == "shared")
+        m = manager(name)
         try:
             ps = filled(m)
 

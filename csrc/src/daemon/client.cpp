@@ -424,8 +424,7 @@ bool Client::valid(RegionLayout const& l, std::string_view key, Found const& f, 
         return false;
     std::shared_ptr<Mapping> const a = arena();
     SlotHeader const h = a->readHeader(l, f.slot);
-    if (h.version != f.version || h.length != f.length || h.crc != f.crc || h.region != l.region
-        || h.key != keyDigest(key))
+    if (!headerShows(h, l, f, keyDigest(key)))
         return false;
     return !checkCrc || crc32cFast(a->data(l, f.slot), f.length) == f.crc;
 }
@@ -465,8 +464,7 @@ std::vector<bool> Client::getInto(
         // Checked after the copy, on the bytes copied (their CRC was taken in the same pass): the
         // header still shows the version that was answered (the slot was not reused meanwhile).
         SlotHeader const h = arena_->readHeader(l, f.slot);
-        ok[i] = crc == f.crc && h.version == f.version && h.length == f.length && h.crc == f.crc && h.region == l.region
-            && h.key == keyDigest(keys[i]);
+        ok[i] = crc == f.crc && headerShows(h, l, f, keyDigest(keys[i]));
     });
     if (tooSmall < keys.size())
         throw std::invalid_argument("outs[" + std::to_string(tooSmall) + "] has " + std::to_string(outs[tooSmall].bytes)

@@ -38,6 +38,13 @@ struct Found
     static constexpr uint32_t kMissSlot = ~0u;
 };
 
+/// True when a slot's header still shows what a `get` answered (`f`) for the key whose digest is
+/// `key`: the slot was not reused nor its key replaced since.
+inline bool headerShows(SlotHeader const& h, RegionLayout const& r, Found const& f, KeyDigest const& key) noexcept
+{
+    return h.version == f.version && h.length == f.length && h.crc == f.crc && h.region == r.region && h.key == key;
+}
+
 /// Commit statuses.
 enum CommitStatus : uint8_t
 {

@@ -101,10 +101,7 @@ void SlotPool::adopt(std::vector<int32_t> const& slots, bool asFree) noexcept
 {
     for (int32_t s : slots)
     {
-        if (unwithholdOne(s) && asFree)
-        {
-            free_.push_back(s);
-        }
+        asFree ? adoptOne(s) : unwithholdOne(s);
     }
     peak_ = std::max(peak_, usedSlots());
 }

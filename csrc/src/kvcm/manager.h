@@ -462,6 +462,8 @@ private:
     bool verifySources(Transfer& t);
     void checkResizable(CacheLevel level) const;
     void dropChecked(Transfer& t, size_t i, int reason);
+    template <class Check>
+    bool keepChecked(Transfer& t, Check&& check);
     void waitForSlots(Transfer& t);
     bool transcode(Transfer& t, bool encode, std::byte* coldBase, PageIndexPair const* pairs, uint8_t* status);
     void harvestGpuTimes() const noexcept;

@@ -233,6 +233,29 @@ bool KvCacheManager::encodeToAddressable(Transfer& t)
     return transcodeAddressable(t, true);
 }
 
+// Keeps the pages whose source blob passes `check(i)` (EnvelopeStatus::kOk); each other one has
+// its slots released and is dropped (a miss), with the status as its reason. False when every
+// page was dropped.
+template <class Check>
+bool KvCacheManager::keepChecked(Transfer& t, Check&& check)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        EnvelopeStatus const st = check(i);
+        if (st == EnvelopeStatus::kOk)
+        {
+            t.pages[kept] = t.pages[i];
+            t.dstSlots[kept] = t.dstSlots[i];
+            ++kept;
+            continue;
+        }
+        dropChecked(t, i, int(st));
+    }
+    t.count = kept;
+    return kept > 0;
+}
+
 // Without a checked decode, a declared envelope is checked on the host before decoding: a blob
 // that did not fit or fails its checksum is dropped (the page becomes a miss), never decoded.
 // The host reads the blobs, so the transfers that wrote them must have finished: one wait per
@@ -249,25 +272,10 @@ bool KvCacheManager::checkEnvelopes(Transfer& t)
         collect(s.events, t.srcPool.ready(pages_[t.pages[i]].slot), last);
     }
     waitAll(s.events, std::nullopt);
-    size_t kept = 0;
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        uint32_t const index = t.pages[i];
-        Page const& p = pages_[index];
-        std::byte const* blob = cold->hostBlob(t.key.srcGroup, p.slot);
-        EnvelopeStatus const st
-            = blob == nullptr ? EnvelopeStatus::kOk : checkColdPageEnvelope(blob, blobBytes, t.envelope);
-        if (st == EnvelopeStatus::kOk)
-        {
-            t.pages[kept] = index;
-            t.dstSlots[kept] = t.dstSlots[i];
-            ++kept;
-            continue;
-        }
-        dropChecked(t, i, int(st));
-    }
-    t.count = kept;
-    return kept > 0;
+    return keepChecked(t, [&](size_t i) {
+        std::byte const* blob = cold->hostBlob(t.key.srcGroup, pages_[t.pages[i]].slot);
+        return blob == nullptr ? EnvelopeStatus::kOk : checkColdPageEnvelope(blob, blobBytes, t.envelope);
+    });
 }
 
 // A page whose source blob failed a host check: its slots are released and it is dropped (a miss).
@@ -299,20 +307,8 @@ bool KvCacheManager::verifySources(Transfer& t)
         s.verifySlots[i] = pages_[t.pages[i]].slot;
     }
     cold->verifyBlobs(t.key.srcGroup, s.verifySlots.data(), t.count, s.verified.data());
-    size_t kept = 0;
-    for (size_t i = 0; i < t.count; ++i)
-    {
-        if (s.verified[i] != 0)
-        {
-            t.pages[kept] = t.pages[i];
-            t.dstSlots[kept] = t.dstSlots[i];
-            ++kept;
-            continue;
-        }
-        dropChecked(t, i, int(EnvelopeStatus::kBadChecksum));
-    }
-    t.count = kept;
-    return kept > 0;
+    return keepChecked(
+        t, [&s](size_t i) { return s.verified[i] != 0 ? EnvelopeStatus::kOk : EnvelopeStatus::kBadChecksum; });
 }
 
 bool KvCacheManager::decodeFromAddressable(Transfer& t)

@@ -129,7 +129,8 @@ SharedColdLevel::SharedColdLevel(
             g.pinned.assign(g.layout.slots, 0);
             refillSpares(g);
             g.expected.assign(g.layout.slots, daemon::Found{});
-            g.daemonKey.resize(g.layout.slots);
+            g.digest.resize(g.layout.slots);
+            g.generation.assign(g.layout.slots, 0);
             for (LifeCycleId l : g.members)
             {
                 groupOf_.resize(std::max<size_t>(groupOf_.size(), size_t(l) + 1), PoolGroupIndex(0));
@@ -241,7 +242,8 @@ void SharedColdLevel::landed(
     }
     try
     {
-        groups_[size_t(group)].publish.push_back({slot, daemonKey(lifeCycle, key), written});
+        SharedLevelGroup& g = groups_[size_t(group)];
+        g.publish.push_back({slot, g.generation[size_t(slot)], daemonKey(lifeCycle, key), written});
     }
     catch (std::exception const&)
     {
@@ -279,7 +281,12 @@ void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
     std::vector<size_t> which;
     for (size_t i = 0; i < g.publish.size(); ++i)
     {
-        auto const& p = g.publish[i];
+        auto& p = g.publish[i];
+        if (p.generation != g.generation[size_t(p.slot)])
+        {
+            p.slot = -1; // The page left before it was published: the slot is still a private lease.
+            continue;
+        }
         if (p.written && waitWrites)
         {
             p.written->synchronize();
@@ -293,26 +300,25 @@ void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
         lengths.push_back(uint32_t(g.pageBytes));
         which.push_back(i);
     }
-    if (slots.empty())
+    if (!slots.empty())
     {
-        return;
-    }
-    std::vector<uint32_t> crcs(slots.size());
-    parallelCrcs(slots.size(), slots.size() * g.pageBytes,
-        [&](size_t i) { crcs[i] = crc32cFast(arena_->data(g.layout, slots[i]), lengths[i]); });
-    std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true, crcs.data());
-    for (size_t j = 0; j < which.size(); ++j)
-    {
-        auto& p = g.publish[which[j]];
-        if (j < st.size() && st[j] == daemon::kStored)
+        std::vector<uint32_t> crcs(slots.size());
+        parallelCrcs(slots.size(), slots.size() * g.pageBytes,
+            [&](size_t i) { crcs[i] = crc32cFast(arena_->data(g.layout, slots[i]), lengths[i]); });
+        std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true, crcs.data());
+        for (size_t j = 0; j < which.size(); ++j)
         {
-            daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(p.slot));
-            g.pinned[size_t(p.slot)] = SharedLevelGroup::kPublished;
-            g.expected[size_t(p.slot)] = daemon::Found{uint32_t(p.slot), uint32_t(h.length), h.crc, h.version};
-            g.daemonKey[size_t(p.slot)] = std::move(p.key);
-            ++counters_.published;
+            auto& p = g.publish[which[j]];
+            if (j < st.size() && st[j] == daemon::kStored)
+            {
+                daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(p.slot));
+                g.pinned[size_t(p.slot)] = SharedLevelGroup::kPublished;
+                g.expected[size_t(p.slot)] = daemon::Found{uint32_t(p.slot), uint32_t(h.length), h.crc, h.version};
+                g.digest[size_t(p.slot)] = daemon::keyDigest(p.key);
+                ++counters_.published;
+            }
+            p.slot = -1; // Done (a refused commit leaves the slot a private lease).
         }
-        p.slot = -1; // Done (a refused commit leaves the slot a private lease).
     }
     g.publish.erase(
         std::remove_if(g.publish.begin(), g.publish.end(), [](auto const& p) { return p.slot < 0; }), g.publish.end());
@@ -418,7 +424,7 @@ std::vector<std::optional<ClaimedBlob>> SharedColdLevel::claimMany(
                 int32_t const slot = int32_t(f.slot);
                 g.pinned[size_t(slot)] = SharedLevelGroup::kFound;
                 g.expected[size_t(slot)] = f;
-                g.daemonKey[size_t(slot)] = std::move(names[j]);
+                g.digest[size_t(slot)] = daemon::keyDigest(names[j]);
                 adopted.push_back(slot);
                 out[which[j]] = ClaimedBlob{groupOf_[l], slot, LifeCycleId(l)};
                 ++counters_.found;
@@ -443,35 +449,23 @@ void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, si
     std::vector<size_t> crc; // Blobs whose bytes are checked too.
     try
     {
-        crc.reserve(verifyCrc_ ? count : 0);
+        for (size_t i = 0; i < count; ++i)
+        {
+            auto const slot = size_t(slots[i]);
+            // A slot leased to this manager (not pinned) is written by nobody else.
+            ok[i] = g.pinned[slot] == 0
+                || daemon::headerShows(
+                    arena_->readHeader(g.layout, uint32_t(slot)), g.layout, g.expected[slot], g.digest[slot]);
+            if (ok[i] != 0 && g.pinned[slot] != 0 && verifyCrc_)
+            {
+                crc.push_back(i);
+            }
+        }
     }
     catch (...)
     {
-        // No room to plan: every blob is checked on this thread below.
-    }
-    for (size_t i = 0; i < count; ++i)
-    {
-        int32_t const slot = slots[i];
-        ok[i] = 1;
-        if (g.pinned[size_t(slot)] == 0)
-        {
-            continue; // A slot leased to this manager: nobody else writes it.
-        }
-        daemon::Found const& f = g.expected[size_t(slot)];
-        daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(slot));
-        if (h.version != f.version || h.length != f.length || h.crc != f.crc || h.region != g.layout.region
-            || h.key != daemon::keyDigest(g.daemonKey[size_t(slot)]))
-        {
-            ok[i] = 0;
-        }
-        else if (verifyCrc_ && crc.size() < crc.capacity())
-        {
-            crc.push_back(i);
-        }
-        else if (verifyCrc_)
-        {
-            ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slot)), f.length) == f.crc ? 1 : 0;
-        }
+        std::fill(ok, ok + count, uint8_t(0)); // No room to plan the checks: every page is a miss.
+        return;
     }
     parallelCrcs(crc.size(), crc.size() * g.pageBytes, [&](size_t j) {
         size_t const i = crc[j];

@@ -52,11 +52,14 @@ struct SharedLevelGroup
     static constexpr uint8_t kPublished = 1;
     static constexpr uint8_t kFound = 2;
     std::vector<daemon::Found> expected;
-    std::vector<std::string> daemonKey;
+    std::vector<daemon::KeyDigest> digest;
+    /// Per slot, bumped when its page leaves: a pending publication of an older page is stale.
+    std::vector<uint32_t> generation;
     struct Pending
     {
         int32_t slot;
-        std::string key; ///< The daemon key ("L<lifecycle>/<content key>").
+        uint32_t generation; ///< The slot's generation when the page landed.
+        std::string key;     ///< The daemon key ("L<lifecycle>/<content key>").
         EventPtr written;
     };
     std::vector<Pending> publish;                    ///< Landed keyed pages, not yet committed.
