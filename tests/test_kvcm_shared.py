@@ -148,6 +148,22 @@ def region_name(m):
     return kv.SharedTierConfig.region_prefix(kv.KVCacheManager.remote_identity(m.config, "concat")) + "/g0"
 
 
+def test_close_gives_the_daemon_its_slots_back_while_a_call_handle_is_alive(daemon, managers):
+    a = managers()
+    pages = a.allocate(0, 4)
+    fill(a, pages, 5)
+    a.set_keys(pages, keys("h", 4))
+    pending = a.evict(pages, blocking=False)  # the handle keeps the manager's core alive
+    pending.wait()
+    assert daemon_stats(daemon)["slots_leased"] == HOST_PAGES + SPARES
+    a.close()
+    deadline = time.monotonic() + 10
+    while (d := daemon_stats(daemon))["slots_leased"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert d["slots_leased"] == 0 and d["slots_pinned"] == 0 and d["slots_stored"] == 4
+    assert pending.done()
+
+
 def test_a_blob_scribbled_over_by_another_process_is_a_miss_never_decoded(daemon, managers):
     a, b = managers(), managers()
     data, found = published_and_found(a, b, "s", 3, 4)

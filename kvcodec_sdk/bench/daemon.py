@@ -86,7 +86,8 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, dev
     """Evict and onboard ``pages`` KV-like pages through managers on ``device`` (concat): with a
     host tier of their own (the baseline), with the daemon as their remote level, and with the
     shared host level in the daemon's arena (their own pages, and another manager's pages found
-    in L2, with and without the CRC-32C check). GB/s of page bytes per direction (best of
+    in L2, with and without the CRC-32C check). GB/s of page bytes per direction, each call timed
+    until its copies completed (best of
     ``rounds``); every onboarded page is checked byte for byte."""
     import kvcodec_sdk as kv
 
@@ -128,8 +129,10 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, dev
             def step() -> tuple[float, float]:
                 t0 = time.perf_counter()
                 m.evict(ps, level=level)
+                m.synchronize()  # on a GPU a call returns once its copies are queued
                 t1 = time.perf_counter()
                 r = m.onboard(ps, source=level)
+                m.synchronize()
                 t2 = time.perf_counter()
                 if r.moved != pages:
                     raise RuntimeError(f"the {name} level onboarded {r.moved} of {pages} pages ({len(r.dropped)} dropped)")
@@ -156,6 +159,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, dev
                     if any(f is None for f in found):
                         raise RuntimeError(f"{sum(f is None for f in found)} of {pages} pages were not found in L2")
                     r = reader.onboard(found)
+                    reader.synchronize()
                     t2 = time.perf_counter()
                     if r.moved != pages:
                         raise RuntimeError(f"onboarded {r.moved} of {pages} pages found in L2 ({len(r.dropped)} dropped)")

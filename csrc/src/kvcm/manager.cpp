@@ -529,7 +529,9 @@ void KvCacheManager::closeTiers()
 {
     CallGuard guard(*this, "close");
     synchronizeAll();
-    for (CacheLevel const level : {CacheLevel::kDisk, CacheLevel::kRemote})
+    // The host level too: a shared one holds leases and pins in the cache daemon that other
+    // processes wait for, and a handle of a non-blocking call can keep this core alive long after.
+    for (CacheLevel const level : {CacheLevel::kHost, CacheLevel::kDisk, CacheLevel::kRemote})
     {
         if (storage_->hasLevel(level))
         {
