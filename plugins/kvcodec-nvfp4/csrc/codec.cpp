@@ -57,6 +57,12 @@ private:
             {
                 return false;
             }
+            if (!isCpu() && !plan.warpBuffers.empty()
+                && !cudaCheck(warpTables_[lc.id].upload(plan.warpBuffers),
+                    "uploading the warp table of lifecycle " + std::to_string(lc.id)))
+            {
+                return false;
+            }
             if (!isCpu() && plan.staged.hotBytes > 0)
             {
                 plan.staged.stages = stagedStages();
@@ -109,10 +115,47 @@ private:
         args.pairs = call.pages;
         args.staged = plan.staged;
         args.stagedBlocksPerSm = plan.stagedBlocksPerSm;
+        if (!plan.warpBuffers.empty())
+        {
+            bool onDevice = false;
+            if (!blobOnDevice(call.coldBase, onDevice))
+            {
+                return false;
+            }
+            if (onDevice)
+            {
+                args.buffers = warpTables_.at(call.lifeCycle.id).get();
+                args.itemsPerPage = plan.warpItemsPerPage;
+                args.warpPath = 1;
+            }
+        }
         return cudaCheck(launchKernel(args, numSms_, call.stream), "nvfp4 kernel launch");
     }
 
+    // Whether the blobs at `coldBase` lie in device memory (the warp kernels' stores suit device
+    // memory; blobs in pinned host memory need the other kernels' contiguous stores). Cold pools
+    // rarely move: the last answer is kept. Calls of a codec are serialized (CodecBase).
+    bool blobOnDevice(uintptr_t coldBase, bool& onDevice)
+    {
+        if (coldBase != lastColdBase_)
+        {
+            cudaPointerAttributes attributes{};
+            if (!cudaCheck(cudaPointerGetAttributes(&attributes, reinterpret_cast<void const*>(coldBase)),
+                    "finding where the blobs lie"))
+            {
+                return false;
+            }
+            lastColdBase_ = coldBase;
+            lastColdOnDevice_ = attributes.type == cudaMemoryTypeDevice;
+        }
+        onDevice = lastColdOnDevice_;
+        return true;
+    }
+
     std::unordered_map<LayerGroupId, kvcodec::DeviceArray<BufferPlan>> tables_;
+    std::unordered_map<LayerGroupId, kvcodec::DeviceArray<BufferPlan>> warpTables_;
+    uintptr_t lastColdBase_ = 0;
+    bool lastColdOnDevice_ = false;
 };
 
 KvcodecCodecFactory const kFactory = kvcodec::makeCodecFactory<Codec>();

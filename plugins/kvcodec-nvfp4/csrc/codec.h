@@ -127,6 +127,10 @@ struct LifeCyclePlan
     uint64_t itemsPerPage = 0;
     StagedShape staged;        ///< Set when every whole buffer is staged (else all zero).
     int stagedBlocksPerSm = 0; ///< Resident thread blocks of the staged encoder (0: not used).
+    /// The warp kernels' table (kernel_warp.cuh): `buffers` with one work item per group, set when
+    /// every buffer is a quantized whole buffer with a scale per head (else empty).
+    std::vector<BufferPlan> warpBuffers;
+    uint64_t warpItemsPerPage = 0;
 };
 
 /// True when the codec quantizes `b` under `p` (see the blob format above).
@@ -162,6 +166,7 @@ struct KernelArgs
     kvcodec::PageIndexPair const* pairs; ///< Device page indices.
     StagedShape staged;                  ///< Encoding: the staged encoder's shared memory.
     int stagedBlocksPerSm;               ///< Encoding with the staged encoder: its thread blocks per multiprocessor.
+    uint32_t warpPath;                   ///< 1: the warp kernels (`buffers` is the warp table: items are groups).
 };
 
 /// Loads the kernel now (at configure): with lazy module loading a first launch can wait for

@@ -46,6 +46,15 @@ NVFP4_HD float mulRn(float a, float b)
 #endif
 }
 
+NVFP4_HD float subRn(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+
 NVFP4_HD float divRn(float a, float b)
 {
 #if defined(__CUDA_ARCH__)
@@ -144,7 +153,9 @@ NVFP4_HD float e4m3Value(uint8_t c)
 {
     uint32_t const exp = (c >> 3) & 0xFu;
     uint32_t const mant = c & 7u;
-    float const v = exp == 0 ? float(mant) * 0.001953125f : bitsFloat(((exp + 120u) << 23) | (mant << 20));
+    // A subnormal is mant * 2^-9 = (2^-6 + mant * 2^-9) - 2^-6: exact, and no integer conversion.
+    float const v = exp == 0 ? subRn(bitsFloat((121u << 23) | (mant << 20)), 0.015625f)
+                             : bitsFloat(((exp + 120u) << 23) | (mant << 20));
     return (c & 0x80u) ? -v : v;
 }
 
@@ -228,6 +239,24 @@ NVFP4_HD void e2m1Thresholds(float bs, float* t)
         }
         return;
     }
+#if defined(__CUDA_ARCH__)
+    // The same values in fp32: m * bs = c * bs + delta * bs with delta * bs exact (bs >= 2^-100
+    // keeps it normal), so one fused multiply-add rounded down (up) gives round_down(m * bs)
+    // (round_up) exactly, without fp64 products and conversions. Smaller scales take fp64 below.
+    if (bs >= 0x1p-100f)
+    {
+        float const d = __fmul_rn(bs, 0x1p-26f);
+        auto below = [](float x) { return bitsFloat(floatBits(x) - 1u); };
+        t[0] = __fmaf_rd(0.25f, bs, d);
+        t[1] = below(__fmaf_ru(0.75f, bs, -2.0f * d));
+        t[2] = __fmaf_rd(1.25f, bs, 4.0f * d);
+        t[3] = below(__fmaf_ru(1.75f, bs, -4.0f * d));
+        t[4] = __fmaf_rd(2.5f, bs, 8.0f * d);
+        t[5] = below(__fmaf_ru(3.5f, bs, -8.0f * d));
+        t[6] = __fmaf_rd(5.0f, bs, 16.0f * d);
+        return;
+    }
+#endif
     double const b = bs;
     t[0] = toFloatDown((0.25 + 0x1p-26) * b);                          // > 0.25
     t[1] = bitsFloat(floatBits(toFloatUp((0.75 - 0x1p-25) * b)) - 1u); // >= 0.75

@@ -24,7 +24,7 @@ constexpr uint32_t kChunkBlocks = kThreads * kResident; ///< Blocks of a buffer 
 #define NVFP4_ENCODE_BLOCKS_PER_SM 2
 #endif
 #ifndef NVFP4_DECODE_BLOCKS_PER_SM
-#define NVFP4_DECODE_BLOCKS_PER_SM 3
+#define NVFP4_DECODE_BLOCKS_PER_SM 2
 #endif
 constexpr int kEncodeBlocksPerSm = NVFP4_ENCODE_BLOCKS_PER_SM;
 constexpr int kDecodeBlocksPerSm = NVFP4_DECODE_BLOCKS_PER_SM;
@@ -238,6 +238,69 @@ __device__ void decodeGroup(BufferPlan const& b, uint64_t g, uint8_t* hot, uint8
         uint16_t out[kBlockElems];
         decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, bf16, out);
         storeBlock(hot + 2 * (row * b.headDim + kBlockElems * j), n, out);
+    }
+}
+
+// ---- Decoding a whole block (both decoders) ---------------------------------------------------
+
+// One whole block's 32 hot bytes from its 8 code bytes: decodeTable()'s values picked two at a
+// time with byte permutes, the sign bits set on top (decodeBlock()'s result, without branches).
+// floatToHalfSat() of two non-negative finite values with one hardware conversion (the first in
+// the low half): clamping to the largest finite value first gives the same bits as saturating
+// after rounding (both round to nearest even).
+__device__ __forceinline__ uint32_t toHotSat2(float lo, float hi, bool bf16)
+{
+    if (bf16)
+    {
+        float const m = bitsFloat(0x7F7F0000u);
+        __nv_bfloat162 const v = __floats2bfloat162_rn(fminf(lo, m), fminf(hi, m));
+        return *reinterpret_cast<uint32_t const*>(&v);
+    }
+    __half2 const v = __floats2half2_rn(fminf(lo, 65504.0f), fminf(hi, 65504.0f));
+    return *reinterpret_cast<uint32_t const*>(&v);
+}
+
+// prmt.b32 in its default mode: a selector nibble with its top bit set replicates the top bit of
+// the byte it selects (which __byte_perm() does not promise).
+__device__ __forceinline__ uint32_t prmtSign(uint32_t a, uint32_t b, uint32_t s)
+{
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+}
+
+__device__ __forceinline__ void decodeWords(uint2 codes, uint8_t sb, float s, bool bf16, uint4 (&out)[2])
+{
+    // decodeTable(): the hot bits of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times the block
+    // scale, two per word.
+    float const bs = blockScale(sb, s);
+    uint32_t const r0 = toHotSat2(0.0f, mulRn(e2m1Value(1), bs), bf16);
+    uint32_t const r1 = toHotSat2(mulRn(e2m1Value(2), bs), mulRn(e2m1Value(3), bs), bf16);
+    uint32_t const r2 = toHotSat2(mulRn(e2m1Value(4), bs), mulRn(e2m1Value(5), bs), bf16);
+    uint32_t const r3 = toHotSat2(mulRn(e2m1Value(6), bs), mulRn(e2m1Value(7), bs), bf16);
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+#pragma unroll
+    for (uint32_t q = 0; q < 2; ++q)
+    {
+        // Byte i of a code word holds elements 2i (low nibble) and 2i + 1 (high nibble). Per word:
+        uint32_t const w = q == 0 ? codes.x : codes.y;
+        uint32_t const a = w & 0x03030303u;        // byte i: element 2i's low two magnitude bits
+        uint32_t const b = (w >> 4) & 0x03030303u; // byte i: element 2i + 1's
+        uint32_t const m = w << 5;                 // byte i's top bit: element 2i's third magnitude bit
+        uint32_t const n = w << 1;                 // byte i's top bit: element 2i + 1's
+        uint32_t const g = w << 4;                 // byte i's top bit: element 2i's sign (w's: 2i + 1's)
+#pragma unroll
+        for (uint32_t i = 0; i < 4; ++i)
+        {
+            // The table bytes of both elements (2a, 2a + 1 and 2b, 2b + 1 of an 8-byte half)...
+            uint32_t const sel = __byte_perm(a, b, i | ((4 + i) << 4)) * 0x22u + 0x1010u;
+            uint32_t const lo = __byte_perm(r0, r1, sel);
+            uint32_t const hi = __byte_perm(r2, r3, sel);
+            // ...the half each takes (byte permutes replicating a byte's top bit), and the signs.
+            uint32_t const pick = prmtSign(m, n, (8 | i) * 0x11u + ((12 | i) * 0x1100u));
+            uint32_t const sign = __byte_perm(g, w, (i << 4) | ((4 + i) << 12)) & 0x80008000u;
+            o[4 * q + i] = (hi & pick) | (lo & ~pick) | sign;
+        }
     }
 }
 

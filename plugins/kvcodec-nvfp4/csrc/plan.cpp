@@ -137,6 +137,18 @@ std::string planLifeCycle(
         out.buffers.push_back(plan);
     }
     out.coldPageBytes = off;
+    // The warp kernels take a lifecycle of quantized whole buffers with a scale per head: a work
+    // item per group.
+    bool const warp = std::all_of(out.buffers.begin(), out.buffers.end(),
+        [](BufferPlan const& b) { return b.quantized && b.wholeBuffer && b.groups > 1; });
+    for (size_t i = 0; warp && i < out.buffers.size(); ++i)
+    {
+        BufferPlan b = out.buffers[i];
+        b.firstItem = out.warpItemsPerPage;
+        b.items = b.groups;
+        out.warpItemsPerPage += b.items;
+        out.warpBuffers.push_back(b);
+    }
     // The staged kernels take the lifecycle when every whole buffer fits their stages.
     bool staged = true;
     StagedShape shape;

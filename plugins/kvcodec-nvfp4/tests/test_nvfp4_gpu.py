@@ -28,6 +28,9 @@ KEY_VALUE = [
     [(layer, kv.Role.KEY_VALUE, BF, (16, 2, 128)) for layer in range(2) for _ in range(8)],
     [(2, kv.Role.KEY_VALUE, FP, (64, 2, 64)), (2, kv.Role.KEY_VALUE, FP, (64, 2, 64))],
 ]
+# Only quantized buffers with several heads: with a scale per head and blobs in device memory, the
+# warp kernels take them. Groups of 15 blocks (a partial warp) and of 320 (three rounds of 128).
+WARP = [[(0, K, BF, (5, 3, 48)), (0, V, FP, (40, 2, 128))]]
 GRANULARITIES = ("page_head", "page")
 
 
@@ -81,7 +84,7 @@ def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, specia
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE], ids=["mixed", "large", "key-value"])
+@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE, WARP], ids=["mixed", "large", "key-value", "warp"])
 @pytest.mark.parametrize("cold_kind", ["device", "pinned"])
 def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(granularity, spec, cold_kind, stream):
     check_against_cpu({"granularity": granularity}, spec, cold_kind, stream)
@@ -112,9 +115,10 @@ def test_many_pages_in_one_call(stream):
                       slots=5000, pages=4000)
 
 
-def test_out_of_range_device_indices_write_nothing(stream):
+@pytest.mark.parametrize("spec", [MIXED, WARP], ids=["mixed", "warp"])
+def test_out_of_range_device_indices_write_nothing(spec, stream):
     rng = np.random.default_rng(1)
-    host = build_layout(rng, MIXED, 4)
+    host = build_layout(rng, spec, 4)
     dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
     gpu = kv.create_codec("nvfp4", device="cuda")
     gpu.configure(device_groups(host, dev))
