@@ -4,6 +4,7 @@ client threads against one server, random operations, every page read checked)."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "tests" / "native" / "daemon_stress.cpp",
-           *(ROOT / "csrc" / "src" / "daemon" / f"{n}.cpp" for n in ("arena", "l2_index", "server", "client", "values"))]
+           *(ROOT / "csrc" / "src" / "daemon" / f"{n}.cpp"
+             for n in ("arena", "l2_index", "server", "client", "values", "long_tier"))]
 SANITIZERS = {"address,undefined": {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"},
               "thread": {"TSAN_OPTIONS": "halt_on_error=1"}}
 
@@ -40,11 +42,16 @@ def binaries(tmp_path_factory):
     return done
 
 
+@pytest.mark.parametrize("long_tier", [False, True], ids=["l2", "long-tier"])
 @pytest.mark.parametrize("sanitizer", list(SANITIZERS))
-def test_the_daemon_under_a_sanitizer(binaries, sanitizer, tmp_path):
+def test_the_daemon_under_a_sanitizer(binaries, sanitizer, long_tier, tmp_path):
     env = {**os.environ, **SANITIZERS[sanitizer]}
-    r = subprocess.run([str(binaries[sanitizer]), str(tmp_path / "kvd.sock"), "3"], capture_output=True, text=True,
-                       timeout=300, env=env)
+    extra = [str(tmp_path / "long")] if long_tier else []
+    r = subprocess.run([str(binaries[sanitizer]), str(tmp_path / "kvd.sock"), "3", *extra], capture_output=True,
+                       text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     assert "Sanitizer" not in r.stderr, r.stderr[-6000:]
     assert "wrong 0" in r.stdout
+    if long_tier:  # the long tier took part: pages written back and read back into L2
+        stats = json.loads(r.stdout.splitlines()[1])
+        assert stats["write_backs"] > 0 and stats["promotions"] > 0, stats

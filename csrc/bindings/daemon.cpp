@@ -191,10 +191,13 @@ void bindDaemon(py::module_& parent)
         });
 
     py::class_<Server>(m, "Server", "The daemon's server (kvcodec_sdk.daemon.Daemon is the facade).")
-        .def(py::init([](std::string path, uint64_t l2Bytes, bool hugepages, double busyPollUs) {
-            return std::make_unique<Server>(ServerConfig{std::move(path), l2Bytes, hugepages, busyPollUs});
+        .def(py::init([](std::string path, uint64_t l2Bytes, bool hugepages, double busyPollUs, std::string longTier,
+                          uint64_t longTierQueueBytes) {
+            return std::make_unique<Server>(
+                ServerConfig{std::move(path), l2Bytes, hugepages, busyPollUs, std::move(longTier), longTierQueueBytes});
         }),
-            "socket_path"_a, "l2_bytes"_a, "hugepages"_a, "busy_poll_us"_a)
+            "socket_path"_a, "l2_bytes"_a, "hugepages"_a, "busy_poll_us"_a, "long_tier"_a = "",
+            "long_tier_queue_bytes"_a = uint64_t(256) << 20)
         .def("serve", &Server::serve, py::call_guard<py::gil_scoped_release>())
         .def("stop", &Server::stop)
         .def("stats_json", &Server::statsJson, py::call_guard<py::gil_scoped_release>())

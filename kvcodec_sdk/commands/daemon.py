@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-poll-us", type=float, default=None, metavar="US",
                    help="microseconds to poll for the next request before sleeping (default 0: sleep at once; "
                         "polling takes CPU from the engines on a loaded machine)")
+    p.add_argument("--long-tier", default=None, metavar="DIR",
+                   help="a directory for the long tier below L2: pages are written back there in the background "
+                        "and read back into L2 when a lookup misses; it outlives the daemon")
+    p.add_argument("--long-tier-queue-bytes", type=parse_size, default=256 << 20, metavar="SIZE",
+                   help="bytes of pages at most waiting to be written back (default 256M)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve the counters for Prometheus on http://ADDR:PORT/metrics (needs the metrics extra; "
                         "0 picks a free port)")
@@ -37,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from ..daemon import Daemon, DaemonConfig
     from ..daemon.server import start_warnings
 
-    config = DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages)
+    config = DaemonConfig(args.socket, args.l2_bytes, hugepages=not args.no_hugepages, long_tier=args.long_tier,
+                          long_tier_queue_bytes=args.long_tier_queue_bytes)
     if args.busy_poll_us is not None:
         config = dataclasses.replace(config, busy_poll_us=args.busy_poll_us)
     daemon = Daemon(config)
@@ -58,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         registry.register(DaemonCollector(daemon.stats, name=args.socket))
         server, _thread = start_http_server(args.metrics_port, addr=args.metrics_addr, registry=registry)
         metrics = f", metrics on http://{args.metrics_addr}:{server.server_port}/metrics"
+    long_tier = f", long tier {args.long_tier}" if args.long_tier else ""
     print(f"kvcodec daemon: serving {args.socket} with a {daemon.arena.size / 2**20:.0f} MiB L2 arena"
-          f"{' on huge pages' if daemon.arena.hugepages else ''} (pid {daemon.stats()['pid']}){metrics}",
+          f"{' on huge pages' if daemon.arena.hugepages else ''}{long_tier} (pid {daemon.stats()['pid']}){metrics}",
           file=sys.stderr, flush=True)
     for warning in start_warnings(config, daemon.arena.hugepages):
         print(f"kvcodec daemon: warning: {warning}", file=sys.stderr, flush=True)

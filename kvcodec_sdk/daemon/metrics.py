@@ -38,6 +38,19 @@ _COUNTERS = (
     ("clients_closed", "kvcodec_daemon_clients_closed_total", "Client connections that ended."),
     ("socket_bytes_in", "kvcodec_daemon_socket_bytes_in_total", "Bytes received on the clients' sockets."),
     ("socket_bytes_out", "kvcodec_daemon_socket_bytes_out_total", "Bytes sent on the clients' sockets."),
+    ("write_backs_queued", "kvcodec_daemon_write_backs_queued_total", "Pages queued for writing back to the long tier."),
+    ("write_backs", "kvcodec_daemon_write_backs_total", "Pages written back to the long tier."),
+    ("write_back_bytes", "kvcodec_daemon_write_back_bytes_total", "Page bytes written back to the long tier."),
+    ("write_backs_dropped", "kvcodec_daemon_write_backs_dropped_total",
+     "Pages not written back: the write-back queue was full (they stayed in L2)."),
+    ("write_backs_failed", "kvcodec_daemon_write_backs_failed_total", "Write-backs the file system refused."),
+    ("long_hits", "kvcodec_daemon_long_hits_total", "Lookups that missed L2 and found the page in the long tier."),
+    ("long_hit_bytes", "kvcodec_daemon_long_hit_bytes_total", "Page bytes read back from the long tier."),
+    ("long_misses", "kvcodec_daemon_long_misses_total", "Lookups that missed L2 and the long tier."),
+    ("long_corrupt", "kvcodec_daemon_long_corrupt_total",
+     "Long-tier page files of another key, truncated or failing their CRC-32C (removed, never served)."),
+    ("long_erased", "kvcodec_daemon_long_erased_total", "Long-tier page files removed by clients' erases."),
+    ("promotions", "kvcodec_daemon_promotions_total", "Pages read back from the long tier into L2."),
 )
 _SLOT_STATES = (("free", "slots_free"), ("stored", "slots_stored"), ("leased", "slots_leased"),
                 ("pinned", "slots_pinned"))
@@ -53,6 +66,8 @@ DAEMON_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("kvcodec_daemon_slots", "gauge", (*_D, "state"),
                "Slots by state: free, stored, leased (being written) and pinned (stored and held by readers)."),
     MetricSpec("kvcodec_daemon_clients", "gauge", _D, "Clients connected."),
+    MetricSpec("kvcodec_daemon_write_back_queue_bytes", "gauge", _D,
+               "Page bytes waiting to be written back to the long tier (their L2 slots pinned meanwhile)."),
     *(MetricSpec(metric, "counter", _D, text) for _, metric, text in _COUNTERS),
 )
 
@@ -114,8 +129,9 @@ class DaemonCollector:
         for state, key in _SLOT_STATES:
             fams.add("kvcodec_daemon_slots", (*n, state), st[key])
         fams.add("kvcodec_daemon_clients", n, st["clients"])
+        fams.add("kvcodec_daemon_write_back_queue_bytes", n, st.get("write_back_queue_bytes", 0))
         for key, metric, _ in _COUNTERS:
-            fams.add(metric, n, st[key])
+            fams.add(metric, n, st.get(key, 0))  # a daemon of an earlier version lacks the long tier's
         return iter(fams)
 
     def close(self) -> None:

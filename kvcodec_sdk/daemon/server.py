@@ -31,12 +31,20 @@ class DaemonConfig:
         0 (the default) sleeps at once: on a loaded machine a polling daemon takes CPU time from
         the engines and its p99 round trip grows (docs/daemon.md has the measurements); the
         clients' own polling (:class:`DaemonClient`'s ``busy_poll_us``) is what shortens a round trip.
+    :param long_tier: A directory for the long tier below L2, or None for none. Every page committed
+        without ``ephemeral`` is written back there in the background (its L2 slot stays pinned until
+        written), and a lookup that misses L2 reads the page back into L2 and answers it as a hit.
+        The directory outlives the daemon: a restarted one finds every page written back before.
+    :param long_tier_queue_bytes: Bytes of pages at most waiting to be written back; a page that
+        finds the queue full is not written back (``write_backs_dropped``) and stays in L2.
     """
 
     socket_path: str
     l2_bytes: int = 1 << 30
     hugepages: bool = True
     busy_poll_us: float = 0.0
+    long_tier: str | None = None
+    long_tier_queue_bytes: int = 256 << 20
 
     def validate(self) -> None:
         """Raises ValueError naming the field that is wrong."""
@@ -49,6 +57,10 @@ class DaemonConfig:
             raise ValueError(f"l2_bytes is {self.l2_bytes!r}; the arena needs at least 1 MiB")
         if not isinstance(self.busy_poll_us, (int, float)) or not 0 <= self.busy_poll_us <= 1e6:
             raise ValueError(f"busy_poll_us is {self.busy_poll_us!r}; give 0 (sleep at once) to 1000000 microseconds")
+        if self.long_tier is not None and (not isinstance(self.long_tier, str) or not self.long_tier):
+            raise ValueError(f"long_tier is {self.long_tier!r}; give a directory, or None for no long tier")
+        if not isinstance(self.long_tier_queue_bytes, int) or self.long_tier_queue_bytes < (1 << 20):
+            raise ValueError(f"long_tier_queue_bytes is {self.long_tier_queue_bytes!r}; give at least 1 MiB")
 
 
 class Daemon:
@@ -60,7 +72,8 @@ class Daemon:
         config.validate()
         self.config = config
         self._server = _daemon.Server(config.socket_path, config.l2_bytes, config.hugepages,
-                                      float(config.busy_poll_us))
+                                      float(config.busy_poll_us), config.long_tier or "",
+                                      config.long_tier_queue_bytes)
         self.arena = self._server.arena
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -114,10 +127,36 @@ def _meminfo() -> dict[str, int]:
     return out
 
 
-def start_warnings(config: DaemonConfig, arena_hugepages: bool, meminfo: dict[str, int] | None = None) -> list[str]:
+#: The smallest NFS write size the long tier runs well with (page files are written whole).
+NFS_MIN_WSIZE = 1 << 20
+
+
+def _mount_of(path: str, mounts: str | None = None) -> tuple[str, str, str] | None:
+    """(mount point, file system type, options) of the mount holding ``path``, from /proc/mounts."""
+    try:
+        text = open("/proc/mounts").read() if mounts is None else mounts
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, parts[2], parts[3])
+    return best
+
+
+def start_warnings(config: DaemonConfig, arena_hugepages: bool, meminfo: dict[str, int] | None = None,
+                   long_tier_free: int | None = None, mounts: str | None = None) -> list[str]:
     """What an operator should hear at start about sizing: an arena larger than the memory the
     host has (it is allocated as pages are written, so the shortfall shows later, as swapping or
-    the daemon killed), and huge pages asked for but not reserved."""
+    the daemon killed), huge pages asked for but not reserved, a long tier with less free space
+    than L2 (each tier should hold at least the one above), and a long tier on NFS mounted with a
+    write size under 1 MiB, with the remount command."""
     info = _meminfo() if meminfo is None else meminfo
     out = []
     total, available = info.get("MemTotal"), info.get("MemAvailable")
@@ -133,4 +172,23 @@ def start_warnings(config: DaemonConfig, arena_hugepages: bool, meminfo: dict[st
         pages = -(-config.l2_bytes // (2 << 20))
         out.append(f"huge pages were asked for but none are reserved, so the arena is on ordinary pages; reserve "
                    f"them with: sysctl vm.nr_hugepages={pages} (or start with --no-hugepages)")
+    if config.long_tier:
+        if long_tier_free is None:
+            try:
+                st = os.statvfs(config.long_tier)
+                long_tier_free = st.f_bavail * st.f_frsize
+            except OSError:
+                long_tier_free = None
+        if long_tier_free is not None and long_tier_free < config.l2_bytes:
+            out.append(f"the long tier {config.long_tier} has {long_tier_free / gib:.1f} GiB free, less than the L2 "
+                       f"arena ({config.l2_bytes / gib:.1f} GiB): each tier should hold at least the one above; "
+                       "free space there or lower --l2-bytes")
+        mount = _mount_of(config.long_tier, mounts)
+        if mount is not None and mount[1].startswith("nfs"):
+            opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in mount[2].split(","))
+            wsize = int(opts["wsize"]) if opts.get("wsize", "").isdigit() else None
+            if wsize is not None and wsize < NFS_MIN_WSIZE:
+                out.append(f"the long tier is on NFS ({mount[0]}) with wsize={wsize}: page files are written in "
+                           f"pieces of {wsize} bytes; remount with a 1 MiB write size: "
+                           f"mount -o remount,wsize={NFS_MIN_WSIZE},rsize={NFS_MIN_WSIZE} {mount[0]}")
     return out

@@ -3,8 +3,10 @@
 // The daemon's server and client under threads, built with a sanitizer by
 // tests/test_daemon_sanitizers.py: four clients set, read (checked byte for byte), look up, erase,
 // lease and abort, send broken requests and reconnect at random against one server, while
-// another thread reads the server's counters. Exits 0 when no page read was wrong and every pin
-// and lease came back; anything a sanitizer finds ends it with an error.
+// another thread reads the server's counters; with a directory as third argument the server has a
+// long tier there (write-backs on their own thread, lookups that miss L2 read back from it).
+// Exits 0 when no page read was wrong and every pin and lease came back; anything a sanitizer
+// finds ends it with an error.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -56,11 +58,11 @@ int fail(char const* what)
 
 int main(int argc, char** argv)
 {
-    if (argc != 3)
-        return fail("usage: daemon_stress SOCKET SECONDS");
+    if (argc != 3 && argc != 4)
+        return fail("usage: daemon_stress SOCKET SECONDS [LONG_TIER_DIR]");
     std::string const path = argv[1];
     double const seconds = std::atof(argv[2]);
-    Server server(ServerConfig{path, 16ULL << 20, false, 0});
+    Server server(ServerConfig{path, 16ULL << 20, false, 0, argc == 4 ? argv[3] : "", 4ULL << 20});
     std::thread serving([&] { server.serve(); });
     std::atomic<bool> stop{false};
     std::atomic<uint64_t> wrong{0}, hits{0}, ops{0};
@@ -177,8 +179,9 @@ int main(int argc, char** argv)
     std::string st;
     for (int i = 0; i < 200; ++i)
     {
-        st = server.statsJson();
-        if (st.find("\"clients\": 0,") != std::string::npos)
+        st = server.statsJson(); // the clients gone, and the long tier's write-backs done
+        if (st.find("\"clients\": 0,") != std::string::npos
+            && st.find("\"write_back_queue_bytes\": 0,") != std::string::npos)
             break;
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

@@ -184,6 +184,13 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
     return Found{s, r.length[s], r.crc[s], r.versions[s]};
 }
 
+void L2Index::hold(uint32_t client, uint32_t region, uint32_t s)
+{
+    Region& r = at(region);
+    if (s < r.layout.slots && r.state[s] == State::Stored)
+        pin(client, r, s);
+}
+
 void L2Index::pin(uint32_t client, Region& r, uint32_t s)
 {
     lruRemove(r, s); // pinned: not evictable

@@ -85,6 +85,18 @@ public:
     /// A client went away (closed or killed): its pins are released and its leases freed.
     void dropClient(uint32_t client);
 
+    /// Pins a stored slot for `client` without counting a get (a write-back reading it).
+    void hold(uint32_t client, uint32_t region, uint32_t slot);
+    /// The identity and the layout a region was created with.
+    [[nodiscard]] std::string const& identity(uint32_t region)
+    {
+        return at(region).identity;
+    }
+    [[nodiscard]] RegionLayout const& layout(uint32_t region)
+    {
+        return at(region).layout;
+    }
+
     /// Checks that `region` exists (std::invalid_argument naming it otherwise).
     void checkRegion(uint32_t region) const;
     [[nodiscard]] Counters const& counters() const noexcept

@@ -48,6 +48,8 @@ Server::Server(ServerConfig config)
     , pollNs_(int64_t(config_.busyPollUs * 1e3))
     , started_(std::chrono::steady_clock::now())
 {
+    if (!config_.longTierDir.empty())
+        long_ = std::make_unique<LongTier>(config_.longTierDir, config_.longTierQueueBytes);
     struct stat st;
     if (lstat(config_.socketPath.c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
         unlink(config_.socketPath.c_str()); // a stale socket of a daemon that died
@@ -307,6 +309,8 @@ void Server::handle(Client& c, char const* p, size_t n)
                 auto const st = index_.commit(
                     c.id, region, fields[3 * i], key, fields[3 * i + 1], fields[3 * i + 2], ephemeral, pin);
                 setRefused_ += st == kStored ? 0 : 1;
+                if (st == kStored && !ephemeral && long_)
+                    writeBack(region, fields[3 * i], key, fields[3 * i + 1], fields[3 * i + 2]);
                 w.put(uint8_t(st));
             }
             return w.finish();
@@ -330,12 +334,17 @@ void Server::handle(Client& c, char const* p, size_t n)
         }
         case Op::Get:
             return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
-                Found const f = index_.get(c.id, region, key);
+                Found f = index_.get(c.id, region, key);
+                if (f.slot == Found::kMissSlot && long_)
+                    f = promote(c.id, region, key);
                 w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
             });
         case Op::Erase:
             return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
-                w.put(uint8_t(index_.erase(region, key)));
+                bool const erased = index_.erase(region, key);
+                if (long_)
+                    long_->erase(index_.identity(region), index_.layout(region).pageBytes, key);
+                w.put(uint8_t(erased));
             });
         case Op::Stats:
         {
@@ -454,6 +463,48 @@ void Server::shutdown()
     // time, and must never write to a descriptor that was closed (and perhaps reused).
 }
 
+namespace {
+constexpr uint32_t kLongTierClient = 1; // the long tier's leases and pins (clients' ids start at 2)
+} // namespace
+
+void Server::writeBack(uint32_t region, uint32_t slot, std::string_view key, uint32_t length, uint32_t crc)
+{
+    RegionLayout const& l = index_.layout(region);
+    index_.hold(kLongTierClient, region, slot); // neither evicted nor reused until written
+    bool const queued = long_->put(
+        index_.identity(region), l.pageBytes, key, arena_->data(l, slot), length, crc, [this, region, slot] {
+            std::lock_guard lock(mutex_);
+            index_.release(kLongTierClient, region, slot);
+        });
+    if (!queued)
+        index_.release(kLongTierClient, region, slot);
+}
+
+Found Server::promote(uint32_t client, uint32_t region, std::string_view key)
+{
+    std::vector<uint64_t> versions;
+    std::vector<uint32_t> const slots = index_.lease(kLongTierClient, region, 1, versions);
+    if (slots.empty())
+        return {}; // every slot pinned or leased: a miss
+    RegionLayout const& l = index_.layout(region);
+    uint32_t length = 0, crc = 0;
+    if (!long_->get(index_.identity(region), l.pageBytes, key, arena_->data(l, slots[0]), length, crc)
+        || index_.commit(kLongTierClient, region, slots[0], key, length, crc, true) != kStored)
+    {
+        index_.abort(kLongTierClient, region, slots[0]);
+        return {};
+    }
+    // One lookup, one hit: not the miss counted before, nor a client's set.
+    Counters& k = index_.counters();
+    k.gets -= 1;
+    k.misses -= 1;
+    k.sets -= 1;
+    k.setBytes -= length;
+    k.ephemeral -= 1;
+    promotions_ += 1;
+    return index_.get(client, region, key);
+}
+
 std::string Server::statsJson()
 {
     std::lock_guard lock(mutex_);
@@ -512,6 +563,20 @@ std::string Server::statsLocked() const
     add("uptime_s", uptime);
     add("socket_bytes_in", in);
     add("socket_bytes_out", out);
+    add("long_tier", bool(long_));
+    LongTierCounters const t = long_ ? long_->counters() : LongTierCounters{};
+    add("write_backs_queued", t.queued);
+    add("write_backs", t.written);
+    add("write_back_bytes", t.writtenBytes);
+    add("write_backs_dropped", t.dropped);
+    add("write_backs_failed", t.failed);
+    add("write_back_queue_bytes", long_ ? long_->queuedBytes() : uint64_t(0));
+    add("long_hits", t.hits);
+    add("long_hit_bytes", t.hitBytes);
+    add("long_misses", t.misses);
+    add("long_corrupt", t.corrupt);
+    add("long_erased", t.erased);
+    add("promotions", promotions_);
     add("protocol", kProtocolVersion);
     add("pid", int64_t(getpid()));
     return s + "}";

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "daemon/l2_index.h"
+#include "daemon/long_tier.h"
 #include "daemon/wire.h"
 
 namespace kvcodec::daemon {
@@ -25,6 +26,11 @@ struct ServerConfig
     bool hugepages = true;
     /// Microseconds the loop polls for the next request after a batch before it sleeps.
     double busyPollUs = 0;
+    /// The long tier's directory (empty: none): pages committed without `ephemeral` are written
+    /// back there, and a lookup that misses L2 reads them back into it (long_tier.h).
+    std::string longTierDir;
+    /// Bytes of pages at most waiting to be written back (their L2 slots stay pinned meanwhile).
+    uint64_t longTierQueueBytes = 256ULL << 20;
 };
 
 class Server
@@ -74,6 +80,11 @@ private:
     /// writes each key's part after the count.
     template <class Answer>
     void perKey(FrameReader& in, std::string& out, Answer&& answer);
+    /// A lookup of `key` that missed L2: the page read from the long tier into a new L2 slot and
+    /// found there (pinned for `client`), or a miss.
+    Found promote(uint32_t client, uint32_t region, std::string_view key);
+    /// Queues the write-back of a slot just stored (pinned until written).
+    void writeBack(uint32_t region, uint32_t slot, std::string_view key, uint32_t length, uint32_t crc);
     void flush(Client& c);
     void drop(Client& c);
     void shutdown();
@@ -90,6 +101,10 @@ private:
     bool served_ = false, closed_ = false;
     int64_t pollNs_;
     std::chrono::steady_clock::time_point started_;
+    uint64_t promotions_ = 0;
+    // Last: destroyed first, while the index it releases slots of still exists. Its writer takes
+    // `mutex_` to release a written slot.
+    std::unique_ptr<LongTier> long_;
 };
 
 } // namespace kvcodec::daemon
