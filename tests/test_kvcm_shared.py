@@ -177,6 +177,47 @@ def test_a_blob_scribbled_over_by_another_process_is_a_miss_never_decoded(daemon
     assert all(np.array_equal(x, y) for x, y in zip(contents(b, ok), [data[0], data[2]]))
 
 
+def test_large_onboards_check_each_chunk_before_decoding_it(tmp_path):
+    # 64 pages of 64 KiB: the CPU backend checks the blobs a 1 MiB chunk ahead of the decode, on a
+    # helper thread. Scribbled blobs in the first, a middle and the last chunk are each dropped,
+    # the others decoded byte for byte.
+    half = 32 << 10
+    d = Daemon(DaemonConfig(str(tmp_path / "big.sock"), 64 << 20, hugepages=False)).start()
+    try:
+        groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=half),
+                                       kv.BufferDesc(0, kv.Role.VALUE, bytes=half)])]
+
+        def make():
+            return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=64 * 2 * half, host_quota=64 * 2 * half,
+                                                      device="cpu",
+                                                      shared=kv.SharedTierConfig(d.config.socket_path,
+                                                                                 region_slots=400)),
+                                     cold_page_codec="concat")
+
+        a, b = make(), make()
+        try:
+            pages = a.allocate(0, 64)
+            data = fill(a, pages, 21)
+            a.set_keys(pages, keys("big", 64))
+            a.evict(pages)
+            found = b.find_shared(keys("big", 64))
+            bad = [0, 37, 63]
+            with DaemonClient(d.config.socket_path) as rogue:
+                region = rogue.find_region(region_name(a))
+                for i in bad:
+                    rogue.slot_view(region, found[i].slot)[5000:5008] = b"garbage!"
+            result = b.onboard(found)
+            assert result.moved == 61 and sorted(p.id for p in result.dropped) == sorted(found[i].id for i in bad)
+            good = [i for i in range(64) if i not in bad]
+            assert all(np.array_equal(x, data[i]) for x, i in zip(contents(b, [found[i] for i in good]), good))
+            b.free([found[i] for i in good])
+        finally:
+            a.close()
+            b.close()
+    finally:
+        d.stop()
+
+
 def test_without_the_crc_check_the_header_still_catches_a_reused_slot(daemon, managers):
     a, b = managers(), managers(verify_crc=False)
     data, found = published_and_found(a, b, "t", 2, 5)

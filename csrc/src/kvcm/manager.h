@@ -460,6 +460,10 @@ private:
     bool readToAddressable(Transfer& t);
     bool checkEnvelopes(Transfer& t);
     bool verifySources(Transfer& t);
+    // manager_overlap.cpp: a decode from a verifying level on the CPU backend, each chunk's checks
+    // running on a helper thread while the chunk before decodes.
+    [[nodiscard]] bool overlapsChecks(Transfer const& t) const noexcept;
+    bool decodeWithChecksAhead(Transfer& t);
     void checkResizable(CacheLevel level) const;
     void dropChecked(Transfer& t, size_t i, int reason);
     template <class Check>

@@ -313,6 +313,10 @@ bool KvCacheManager::verifySources(Transfer& t)
 
 bool KvCacheManager::decodeFromAddressable(Transfer& t)
 {
+    if (overlapsChecks(t))
+    {
+        return decodeWithChecksAhead(t);
+    }
     if (!verifySources(t) || (t.hostCheck && !checkEnvelopes(t)))
     {
         return true; // Every page was dropped.
