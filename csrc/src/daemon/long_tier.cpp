@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "daemon/wire.h"
 #include "kvcodec/crc32c.h"
 
 namespace kvcodec::daemon {
@@ -34,40 +35,14 @@ std::string hex16(uint64_t v)
     return buf;
 }
 
-template <class T>
-void store(char* out, size_t at, T v) noexcept
-{
-    std::memcpy(out + at, &v, sizeof v);
-}
-
-template <class T>
-T load(char const* in, size_t at) noexcept
-{
-    T v;
-    std::memcpy(&v, in + at, sizeof v);
-    return v;
-}
-
-bool writeAll(int fd, char const* p, size_t n) noexcept
+// Moves all n bytes with `io` (::read or ::write), resuming after a signal; false on an error
+// or an early end of file.
+template <class Io, class Ptr>
+bool allBytes(Io io, int fd, Ptr p, size_t n) noexcept
 {
     while (n > 0)
     {
-        ssize_t const w = ::write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= size_t(w);
-    }
-    return true;
-}
-
-bool readAll(int fd, char* p, size_t n) noexcept
-{
-    while (n > 0)
-    {
-        ssize_t const r = ::read(fd, p, n);
+        ssize_t const r = io(fd, p, n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -76,6 +51,16 @@ bool readAll(int fd, char* p, size_t n) noexcept
         n -= size_t(r);
     }
     return true;
+}
+
+bool writeAll(int fd, char const* p, size_t n) noexcept
+{
+    return allBytes(::write, fd, p, n);
+}
+
+bool readAll(int fd, char* p, size_t n) noexcept
+{
+    return allBytes(::read, fd, p, n);
 }
 
 bool makeDir(std::string const& path) noexcept
@@ -176,12 +161,12 @@ bool LongTier::write(Job const& job)
         return false;
     std::vector<char> head(kHeaderBytes + job.identity.size() + job.key.size());
     std::memcpy(head.data(), kMagic, 4);
-    store(head.data(), 4, kFormat);
-    store(head.data(), 8, job.pageBytes);
-    store(head.data(), 16, uint32_t(job.identity.size()));
-    store(head.data(), 20, uint32_t(job.key.size()));
-    store(head.data(), 24, job.length);
-    store(head.data(), 28, job.crc);
+    storeAt(head.data(), 4, kFormat);
+    storeAt(head.data(), 8, job.pageBytes);
+    storeAt(head.data(), 16, uint32_t(job.identity.size()));
+    storeAt(head.data(), 20, uint32_t(job.key.size()));
+    storeAt(head.data(), 24, job.length);
+    storeAt(head.data(), 28, job.crc);
     std::memcpy(head.data() + kHeaderBytes, job.identity.data(), job.identity.size());
     std::memcpy(head.data() + kHeaderBytes + job.identity.size(), job.key.data(), job.key.size());
     std::string const tmp = job.path + ".tmp";
@@ -227,17 +212,17 @@ bool LongTier::get(
     char head[kHeaderBytes];
     struct stat st{};
     bool ok = ::fstat(fd, &st) == 0 && readAll(fd, head, kHeaderBytes) && std::memcmp(head, kMagic, 4) == 0
-        && load<uint32_t>(head, 4) == kFormat && load<uint64_t>(head, 8) == pageBytes
-        && load<uint32_t>(head, 16) == identity.size() && load<uint32_t>(head, 20) == key.size()
-        && load<uint32_t>(head, 24) <= pageBytes
-        && uint64_t(st.st_size) == kHeaderBytes + identity.size() + key.size() + load<uint32_t>(head, 24);
+        && loadAt<uint32_t>(head, 4) == kFormat && loadAt<uint64_t>(head, 8) == pageBytes
+        && loadAt<uint32_t>(head, 16) == identity.size() && loadAt<uint32_t>(head, 20) == key.size()
+        && loadAt<uint32_t>(head, 24) <= pageBytes
+        && uint64_t(st.st_size) == kHeaderBytes + identity.size() + key.size() + loadAt<uint32_t>(head, 24);
     if (ok)
     {
         std::string names(identity.size() + key.size(), '\0');
         ok = readAll(fd, names.data(), names.size()) && names.compare(0, identity.size(), identity) == 0
             && names.compare(identity.size(), key.size(), key) == 0;
-        length = load<uint32_t>(head, 24);
-        crc = load<uint32_t>(head, 28);
+        length = loadAt<uint32_t>(head, 24);
+        crc = loadAt<uint32_t>(head, 28);
         ok = ok && readAll(fd, static_cast<char*>(dst), length) && crc32cFast(dst, length) == crc;
     }
     ::close(fd);

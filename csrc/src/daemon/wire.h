@@ -49,6 +49,23 @@ inline constexpr uint8_t kRegionPacked = 1;
 inline constexpr uint8_t kCommitEphemeral = 1;
 inline constexpr uint8_t kCommitPin = 2;
 
+/// A T written at byte `at` of `out` (no alignment needed; the host's byte order, little endian
+/// on every supported host): the fixed headers of values and page files.
+template <class T>
+void storeAt(void* out, size_t at, T v) noexcept
+{
+    std::memcpy(static_cast<char*>(out) + at, &v, sizeof v);
+}
+
+/// The T at byte `at` of `in`.
+template <class T>
+T loadAt(void const* in, size_t at) noexcept
+{
+    T v;
+    std::memcpy(&v, static_cast<char const*>(in) + at, sizeof v);
+    return v;
+}
+
 enum class Op : uint8_t
 {
     Hello = 1,
