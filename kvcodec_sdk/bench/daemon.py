@@ -82,7 +82,7 @@ def _timed_rounds(rounds: int, step: Any) -> list[tuple[float, ...]]:
     return [step() for _ in range(rounds + 1)][1:]
 
 
-def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 5, device: str = "cpu") -> dict:
+def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, device: str = "cpu") -> dict:
     """Evict and onboard ``pages`` KV-like pages through managers on ``device`` (concat): with a
     host tier of their own (the baseline), with the daemon as their remote level, and with the
     shared host level in the daemon's arena (their own pages, and another manager's pages found
