@@ -115,7 +115,9 @@ private:
         args.pairs = call.pages;
         args.staged = plan.staged;
         args.stagedBlocksPerSm = plan.stagedBlocksPerSm;
-        if (!plan.warpBuffers.empty())
+        // The warp kernels store codes and scales as words: only 16-byte aligned blobs (pages of
+        // a blob array are a multiple of 16 bytes apart); others keep the byte-wise paths.
+        if (!plan.warpBuffers.empty() && call.coldBase % 16 == 0)
         {
             bool onDevice = false;
             if (!blobOnDevice(call.coldBase, onDevice))
