@@ -12,7 +12,10 @@ Why each choice:
   after 30 s; a setup against a dead master took 90 s; once a master died, each later call took
   about 4 s to fail). A call that overran raises :class:`RemoteTimeout`; until it returns, later
   calls raise :class:`RemoteUnavailable` at once rather than queue behind it. One batch is one
-  worker call, however many client calls it makes, so the whole batch is bounded.
+  worker call, however many client calls it makes, so the whole batch is bounded. A call that
+  overran while the master's port refuses connections raises :class:`RemoteUnavailable` instead
+  (the client may wait seconds on a dead master before failing: a time-out there would hide
+  that the store is gone).
 - **Gets read into the backend's own staging buffers** (``batch_get_into``, one per key: the
   caller's buffer size plus the header), and only the caller's thread, after the call returned,
   checks a value and copies its payload out: a late reply never writes into a caller's buffer.
@@ -148,11 +151,11 @@ class MooncakeBackend(RemoteBackend):
         self._arena: np.ndarray | None = None
         self._closed = False
         store_cls = _import_store()
-        try:  # a dead master makes the client's setup wait 90 s: look first
-            socket.create_connection((host, int(port)), timeout=self.timeout_s).close()
-        except OSError as e:
+        self._master = (host, int(port))
+        refused = self._master_refuses(self.timeout_s)  # a dead master makes setup wait 90 s: look first
+        if refused is not None:
             self._closed = True
-            raise self._error(RemoteUnavailable, "setup", f"the master does not answer: {e}") from e
+            raise self._error(RemoteUnavailable, "setup", f"the master does not answer: {refused}")
         self._store = store_cls()
         try:
             rc = self._run("setup", lambda: self._store.setup(
@@ -170,6 +173,14 @@ class MooncakeBackend(RemoteBackend):
         """The master's address, ``host:port``."""
         return self._address
 
+    def _master_refuses(self, timeout_s: float) -> OSError | None:
+        """Why a TCP connection to the master failed within ``timeout_s``, or None if it opened."""
+        try:
+            socket.create_connection(self._master, timeout=timeout_s).close()
+        except OSError as e:
+            return e
+        return None
+
     def _run(self, op: str, fn: Callable[[], _T], timeout_s: float | None = None, keep: Any = None) -> _T:
         """Run ``fn`` on a worker thread, waiting at most ``timeout_s`` (default: the backend's);
         ``keep`` is held until ``fn`` returns, however late."""
@@ -180,6 +191,10 @@ class MooncakeBackend(RemoteBackend):
         call = self._inflight = _Call(fn, keep)
         bound = self.timeout_s if timeout_s is None else float(timeout_s)
         if not call.done.wait(bound):
+            refused = self._master_refuses(min(bound, 0.5))
+            if refused is not None:
+                raise self._error(RemoteUnavailable, op, f"no answer within {bound:g} s, and the master does "
+                                  f"not answer: {refused}")
             raise self._error(RemoteTimeout, op, f"no answer within {bound:g} s")
         if call.error is not None:
             raise self._error(RemoteError, op, call.error) from call.error
