@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,6 +78,7 @@ def test_pages_are_written_back_and_l2_evictions_are_read_back_from_the_long_tie
         s = c.stats()
         assert s["promotions"] >= 24 and s["long_hits"] >= 24 and s["long_corrupt"] == 0
         assert s["gets"] == 40 and s["hits"] == 40 and s["misses"] == 0  # a promoted lookup counts as one hit
+        assert s["sets"] == 40  # a page read back is not a client's set
         assert s["slots_pinned"] == 0
 
 
@@ -125,6 +127,86 @@ def test_a_damaged_or_foreign_page_file_is_a_miss_never_served(tiered):
         # Another region (another codec identity) never sees these pages.
         other = c.region("lt/other", PAGE, 16)
         assert c.get(other, keys("b", 3)) == [None, None, None]
+
+
+def long_files(d):
+    return sorted(os.path.join(r, f) for r, _, fs in os.walk(d.config.long_tier) for f in fs)
+
+
+def test_prefetch_reads_long_tier_pages_into_l2_before_a_lookup_asks(tiered):
+    d = tiered()
+    data = pages(24, 8)
+    names = keys("p", 24)
+    with DaemonClient(d.config.socket_path) as c:
+        region = c.region("lt/prefetch", PAGE, 16)
+        for i in range(0, 24, 8):
+            assert all(c.set(region, names[i:i + 8], data[i:i + 8]))
+            wait_for(c.stats, lambda s: s["write_back_queue_bytes"] == 0)
+        wait_for(c.stats, lambda s: s["write_backs"] == 24)
+        # The last 16 are in L2; the first 8 only in the long tier. Unknown keys and keys already in
+        # L2 are not queued.
+        assert c.prefetch(region, names[:8] + names[20:] + [b"absent"]) == 8
+        s = wait_for(c.stats, lambda s: s["prefetched"] == 8)
+        assert s["prefetched"] == 8 and s["prefetch_keys"] == 8 and s["prefetch_dropped"] == 0
+        parked = s["lookups_parked"]
+        ok, outs = read_back(c, region, names[:8])  # L2 hits: no lookup waits for the long tier
+        assert all(ok) and all(np.array_equal(o, x) for o, x in zip(outs, data[:8]))
+        s = c.stats()
+        assert s["lookups_parked"] == parked and s["promotions"] == 8 and s["slots_pinned"] == 0
+        assert c.prefetch(region, names[:8]) == 0  # in L2 now
+        other = c.region("lt/prefetch-other", PAGE, 4)
+        assert c.prefetch(other, names) == 0  # another identity has no pages there
+    d2 = Daemon(DaemonConfig(d.config.socket_path + "2", 8 << 20, hugepages=False)).start()
+    try:
+        with DaemonClient(d2.config.socket_path) as c:
+            assert c.prefetch(c.region("lt/none", PAGE, 4), names) == 0  # no long tier
+    finally:
+        d2.stop()
+
+
+def test_a_lookup_waiting_for_the_long_tier_holds_up_no_other_client(tiered):
+    """A page file replaced by a FIFO blocks its read until someone writes to it: the lookup that
+    asked for it waits, the daemon goes on answering another client, and the bytes written into the
+    FIFO (not a page file) are a miss, never served."""
+    d = tiered()
+    data = pages(17, 9)
+    with DaemonClient(d.config.socket_path) as c:
+        region = c.region("lt/slow", PAGE, 16)
+        assert all(c.set(region, [b"slow"], data[:1]))
+        wait_for(c.stats, lambda s: s["write_backs"] == 1)
+        assert all(c.set(region, keys("o", 16), data[1:], ephemeral=True))  # evicts "slow" from L2
+        [path] = long_files(d)
+        os.unlink(path)
+        os.mkfifo(path)
+        answer = {}
+        waiter = threading.Thread(target=lambda: answer.update(got=read_back(c, region, [b"slow"])))
+        waiter.start()
+        try:
+            with DaemonClient(d.config.socket_path) as other:
+                s = wait_for(other.stats, lambda s: s["lookups_parked"] == 1)
+                assert s["lookups_parked"] == 1
+                ok, outs = read_back(other, region, keys("o", 16)[8:])
+                assert all(ok) and all(np.array_equal(o, x) for o, x in zip(outs, data[9:]))
+                assert all(other.set(region, [b"new"], data[:1], ephemeral=True))
+                assert waiter.is_alive()  # still waiting on its file
+        finally:
+            deadline = time.monotonic() + 10
+            while True:  # once the daemon's reader has the FIFO open (ENXIO until then)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+            os.write(fd, b"not a page file")
+            os.close(fd)
+            waiter.join(10)
+        assert not waiter.is_alive()
+        ok, outs = answer["got"]
+        assert ok == [False]
+        s = c.stats()
+        assert s["long_corrupt"] == 1 and s["promotions"] == 0 and s["slots_pinned"] == 0
 
 
 def test_a_daemon_killed_with_sigkill_restarts_and_serves_the_long_tier(tmp_path):

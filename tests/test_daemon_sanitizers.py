@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "tests" / "native" / "daemon_stress.cpp",
            *(ROOT / "csrc" / "src" / "daemon" / f"{n}.cpp"
-             for n in ("arena", "l2_index", "server", "client", "values", "long_tier"))]
+             for n in ("arena", "l2_index", "server", "server_promote", "client", "values", "long_tier"))]
 SANITIZERS = {"address,undefined": {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"},
               "thread": {"TSAN_OPTIONS": "halt_on_error=1"}}
 

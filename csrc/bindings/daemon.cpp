@@ -285,6 +285,14 @@ void bindDaemon(py::module_& parent)
                 return c.erase(r, k.views);
             },
             "region"_a, "keys"_a)
+        .def(
+            "prefetch",
+            [](Client& c, RegionLayout const& r, py::handle keys) {
+                Keys const k = keysOf(keys);
+                py::gil_scoped_release nogil;
+                return c.prefetch(r, k.views);
+            },
+            "region"_a, "keys"_a)
         .def("stats_json", &Client::stats, py::call_guard<py::gil_scoped_release>())
         .def(
             "raw_call",

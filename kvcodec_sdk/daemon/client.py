@@ -246,6 +246,14 @@ class DaemonClient:
         key, True when it was stored."""
         return self._native.erase(region.layout, keys)
 
+    def prefetch(self, region: RegionHandle, keys: Sequence[bytes]) -> int:
+        """Asks the daemon to read the keys' pages from its long tier into L2 in the background, so a
+        later lookup finds them there; keys already in L2, or with no page in the long tier, are
+        skipped. Returns how many were queued: 0 without a long tier; at most 65536 keys wait at a
+        time (more are dropped and counted as ``prefetch_dropped``). Prefetched pages join L2's
+        least recently used order like any other stored page."""
+        return self._native.prefetch(region.layout, keys)
+
     def stats(self) -> dict:
         """The daemon's counters."""
         return json.loads(self._native.stats_json())

@@ -51,6 +51,12 @@ _COUNTERS = (
      "Long-tier page files of another key, truncated or failing their CRC-32C (removed, never served)."),
     ("long_erased", "kvcodec_daemon_long_erased_total", "Long-tier page files removed by clients' erases."),
     ("promotions", "kvcodec_daemon_promotions_total", "Pages read back from the long tier into L2."),
+    ("lookups_parked", "kvcodec_daemon_lookups_parked_total",
+     "Lookups that waited for pages read back from the long tier (off the serving thread)."),
+    ("prefetch_keys", "kvcodec_daemon_prefetch_keys_total", "Keys queued by prefetches for reading into L2."),
+    ("prefetched", "kvcodec_daemon_prefetched_total", "Pages prefetches read from the long tier into L2."),
+    ("prefetch_dropped", "kvcodec_daemon_prefetch_dropped_total",
+     "Keys of prefetches dropped: 65536 were waiting already."),
 )
 _SLOT_STATES = (("free", "slots_free"), ("stored", "slots_stored"), ("leased", "slots_leased"),
                 ("pinned", "slots_pinned"))

@@ -74,3 +74,4 @@ class Op:
     RELEASE = 7
     STATS = 8
     ERASE = 9
+    PREFETCH = 10

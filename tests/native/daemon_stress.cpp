@@ -133,6 +133,7 @@ int main(int argc, char** argv)
                         }
                     }
                     c.release(region, slots);
+                    c.prefetch(region, keys); // with a long tier, reads queued behind the lookups
                     break;
                 }
                 case 5: c.erase(region, keys); break;

@@ -542,6 +542,18 @@ std::vector<bool> Client::erase(RegionLayout const& l, std::vector<std::string_v
     return out;
 }
 
+uint32_t Client::prefetch(RegionLayout const& l, std::vector<std::string_view> const& keys)
+{
+    std::lock_guard lock(mutex_);
+    std::string const reply = call(frameOf(Op::Prefetch, [&](FrameWriter& w) {
+        w.put(l.region).put(uint32_t(keys.size()));
+        for (auto const& k : keys)
+            w.str(k);
+    }));
+    FrameReader r(reply.data(), reply.size());
+    return r.get<uint32_t>();
+}
+
 std::string Client::stats()
 {
     std::lock_guard lock(mutex_);

@@ -98,6 +98,9 @@ public:
     /// confirmed unchanged after the copy. Per key: payload bytes read, or a negative ValueCode.
     std::vector<int64_t> getValues(RegionLayout const& r, std::vector<std::string_view> const& keys,
         std::vector<OutBuffer> const& outs, IdentityHash const& identity);
+    /// Asks the daemon to read the keys' long-tier pages into L2 in the background (keys already in
+    /// L2 or without a page are skipped); returns how many were queued (0 without a long tier).
+    uint32_t prefetch(RegionLayout const& r, std::vector<std::string_view> const& keys);
     /// Removes each key from L2: per key, true when it was stored.
     std::vector<bool> erase(RegionLayout const& r, std::vector<std::string_view> const& keys);
     /// The daemon's counters as a JSON object.

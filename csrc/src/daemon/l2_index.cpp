@@ -125,7 +125,7 @@ std::vector<uint32_t> L2Index::lease(uint32_t client, uint32_t region, uint32_t 
 }
 
 CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::string_view key, uint32_t length,
-    uint32_t crc, bool ephemeral, bool pin)
+    uint32_t crc, bool ephemeral, bool pin, bool counted)
 {
     Region& r = at(region);
     if (s >= r.layout.slots || r.state[s] != State::Leased || r.leasedBy[s] != client)
@@ -150,10 +150,20 @@ CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::
         this->pin(client, r, s);
     else
         lruPush(r, s);
-    counters_.sets += 1;
-    counters_.setBytes += length;
-    counters_.ephemeral += ephemeral ? 1 : 0;
+    if (counted)
+    {
+        counters_.sets += 1;
+        counters_.setBytes += length;
+        counters_.ephemeral += ephemeral ? 1 : 0;
+    }
     return kStored;
+}
+
+bool L2Index::contains(uint32_t region, std::string_view key)
+{
+    Region& r = at(region);
+    scratch_.assign(key.data(), key.size());
+    return r.keys.find(scratch_) != r.keys.end();
 }
 
 void L2Index::abort(uint32_t client, uint32_t region, uint32_t s)

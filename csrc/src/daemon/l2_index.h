@@ -71,9 +71,12 @@ public:
     /// nobody pinned; their versions (odd) go to `versions`.
     std::vector<uint32_t> lease(uint32_t client, uint32_t region, uint32_t count, std::vector<uint64_t>& versions);
     /// Stores a leased slot under its key; with `pin`, the slot stays pinned for `client` (as after
-    /// a get of the key) instead of joining the LRU.
+    /// a get of the key) instead of joining the LRU. Unless `counted`, not a client's set (a page
+    /// read back from the long tier).
     CommitStatus commit(uint32_t client, uint32_t region, uint32_t slot, std::string_view key, uint32_t length,
-        uint32_t crc, bool ephemeral, bool pin = false);
+        uint32_t crc, bool ephemeral, bool pin = false, bool counted = true);
+    /// True when `key` is stored in the region (no pin, no count).
+    [[nodiscard]] bool contains(uint32_t region, std::string_view key);
     /// Frees a slot leased to `client` that it will not commit (others are ignored).
     void abort(uint32_t client, uint32_t region, uint32_t slot);
     /// Where `key` is stored (the slot pinned for `client`), or a miss.

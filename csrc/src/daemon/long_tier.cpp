@@ -240,6 +240,27 @@ bool LongTier::get(
     return true;
 }
 
+bool LongTier::mayHave(std::string_view identity, uint64_t pageBytes, std::string_view key, bool countMiss)
+{
+    std::string const path = pathOf(identity, pageBytes, key);
+    {
+        std::lock_guard lock(mutex_);
+        for (Job const& job : queue_)
+        {
+            if (!job.cancelled && job.path == path)
+                return true;
+        }
+    }
+    if (::access(path.c_str(), F_OK) == 0)
+        return true;
+    if (countMiss)
+    {
+        std::lock_guard lock(mutex_);
+        counters_.misses += 1;
+    }
+    return false;
+}
+
 void LongTier::erase(std::string_view identity, uint64_t pageBytes, std::string_view key)
 {
     std::string const path = pathOf(identity, pageBytes, key);

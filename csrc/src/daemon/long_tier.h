@@ -54,6 +54,9 @@ public:
     /// damaged file. `length` and `crc` are the page's.
     bool get(std::string_view identity, uint64_t pageBytes, std::string_view key, void* dst, uint32_t& length,
         uint32_t& crc);
+    /// True when a page may be read back: queued for writing, or its file exists (a stat, no read).
+    /// With `countMiss`, false counts a miss (a lookup the long tier cannot answer).
+    [[nodiscard]] bool mayHave(std::string_view identity, uint64_t pageBytes, std::string_view key, bool countMiss);
     /// Removes a page's file; queued writes of it are cancelled.
     void erase(std::string_view identity, uint64_t pageBytes, std::string_view key);
 

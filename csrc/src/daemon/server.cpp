@@ -20,6 +20,7 @@ namespace {
 /// Reply bytes a client may leave unread before the daemon drops it.
 constexpr size_t kMaxPendingOut = 64u << 20;
 constexpr uint64_t kListenerTag = 0, kStopTag = 1; // epoll tags below the first client id (2 and up)
+constexpr uint64_t kPromotedTag = 1ULL << 32;      // above every client id
 
 std::runtime_error sysError(std::string const& what)
 {
@@ -80,13 +81,31 @@ Server::Server(ServerConfig config)
     epoll_ctl(epoll_, EPOLL_CTL_ADD, listener_, &ev);
     ev.data.u64 = kStopTag;
     epoll_ctl(epoll_, EPOLL_CTL_ADD, stopFd_, &ev);
+    if (long_)
+    {
+        ev.data.u64 = kPromotedTag;
+        if ((promoteFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0
+            || epoll_ctl(epoll_, EPOLL_CTL_ADD, promoteFd_, &ev) != 0)
+        {
+            auto e = sysError("eventfd for the long tier's reads");
+            shutdown();
+            close(stopFd_);
+            if (promoteFd_ >= 0)
+                close(promoteFd_);
+            throw e;
+        }
+        promoterThread_ = std::thread([this] { promoter(); });
+    }
 }
 
 Server::~Server()
 {
+    stopPromoter(); // before the index and the long tier it reads into go
     shutdown();
     if (stopFd_ >= 0)
         close(stopFd_);
+    if (promoteFd_ >= 0)
+        close(promoteFd_);
 }
 
 void Server::stop() noexcept
@@ -138,6 +157,11 @@ void Server::serve()
             if (tag == kListenerTag)
             {
                 accept();
+                continue;
+            }
+            if (tag == kPromotedTag)
+            {
+                promoted();
                 continue;
             }
             auto const it = clients_.find(uint32_t(tag));
@@ -197,25 +221,32 @@ void Server::service(Client& c, uint32_t events)
         drop(c); // the connection ended (or failed): its pins and leases go
         return;
     }
+    if (input(c))
+        flush(c);
+}
+
+bool Server::input(Client& c)
+{
+    uint32_t const id = c.id;
     size_t pos = 0;
-    while (c.in.size() - pos >= 4)
+    while (!c.parked && c.in.size() - pos >= 4)
     {
         uint32_t n;
         std::memcpy(&n, c.in.data() + pos, 4);
         if (n > kMaxFrame || n == 0)
         {
             drop(c); // not our protocol: the connection goes
-            return;
+            return false;
         }
         if (c.in.size() - pos - 4 < n)
             break;
         handle(c, c.in.data() + pos + 4, n);
         if (clients_.find(id) == clients_.end())
-            return;
+            return false;
         pos += 4 + n;
     }
     c.in.erase(0, pos);
-    flush(c);
+    return true;
 }
 
 void Server::refuse(Client& c, std::string const& message)
@@ -333,13 +364,32 @@ void Server::handle(Client& c, char const* p, size_t n)
             return w.finish();
         }
         case Op::Get:
-            return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
-                Found f = index_.get(c.id, region, key);
-                if (f.slot == Found::kMissSlot && long_)
-                    f = promote(c.id, region, key);
-                w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
-            });
+        {
+            if (!long_)
+            {
+                return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
+                    Found const f = index_.get(c.id, region, key);
+                    w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
+                });
+            }
+            uint32_t const region = in.get<uint32_t>();
+            index_.checkRegion(region);
+            std::vector<std::string_view> keys(in.count(4));
+            for (auto& k : keys)
+                k = in.str();
+            if (!park(c, region, keys))
+                answerGet(c.id, region, keys, out);
+            return;
+        }
+        case Op::Prefetch:
+        {
+            uint32_t const queued = prefetch(in);
+            FrameWriter w(out);
+            w.put(uint8_t(Status::Ok)).put(queued);
+            return w.finish();
+        }
         case Op::Erase:
+            erasures_ += 1; // a page being read back from the long tier is not stored after this
             return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
                 bool const erased = index_.erase(region, key);
                 if (long_)
@@ -463,10 +513,6 @@ void Server::shutdown()
     // time, and must never write to a descriptor that was closed (and perhaps reused).
 }
 
-namespace {
-constexpr uint32_t kLongTierClient = 1; // the long tier's leases and pins (clients' ids start at 2)
-} // namespace
-
 void Server::writeBack(uint32_t region, uint32_t slot, std::string_view key, uint32_t length, uint32_t crc)
 {
     RegionLayout const& l = index_.layout(region);
@@ -478,31 +524,6 @@ void Server::writeBack(uint32_t region, uint32_t slot, std::string_view key, uin
         });
     if (!queued)
         index_.release(kLongTierClient, region, slot);
-}
-
-Found Server::promote(uint32_t client, uint32_t region, std::string_view key)
-{
-    std::vector<uint64_t> versions;
-    std::vector<uint32_t> const slots = index_.lease(kLongTierClient, region, 1, versions);
-    if (slots.empty())
-        return {}; // every slot pinned or leased: a miss
-    RegionLayout const& l = index_.layout(region);
-    uint32_t length = 0, crc = 0;
-    if (!long_->get(index_.identity(region), l.pageBytes, key, arena_->data(l, slots[0]), length, crc)
-        || index_.commit(kLongTierClient, region, slots[0], key, length, crc, true) != kStored)
-    {
-        index_.abort(kLongTierClient, region, slots[0]);
-        return {};
-    }
-    // One lookup, one hit: not the miss counted before, nor a client's set.
-    Counters& k = index_.counters();
-    k.gets -= 1;
-    k.misses -= 1;
-    k.sets -= 1;
-    k.setBytes -= length;
-    k.ephemeral -= 1;
-    promotions_ += 1;
-    return index_.get(client, region, key);
 }
 
 std::string Server::statsJson()
@@ -577,6 +598,10 @@ std::string Server::statsLocked() const
     add("long_corrupt", t.corrupt);
     add("long_erased", t.erased);
     add("promotions", promotions_);
+    add("lookups_parked", parkedLookups_);
+    add("prefetch_keys", prefetchKeys_);
+    add("prefetched", prefetched_);
+    add("prefetch_dropped", prefetchDropped_);
     add("protocol", kProtocolVersion);
     add("pid", int64_t(getpid()));
     return s + "}";

@@ -77,6 +77,7 @@ enum class Op : uint8_t
     Release = 7,
     Stats = 8,
     Erase = 9,
+    Prefetch = 10,
 };
 
 enum class Status : uint8_t
