@@ -202,12 +202,12 @@ class KVCacheManager:
             return np.array([pages.id], dtype=np.uint64)
         if isinstance(pages, np.ndarray):
             return np.ascontiguousarray(pages, dtype=np.uint64)
-        out = []
-        for i, p in enumerate(pages):
-            if not isinstance(p, PageHandle) or p._manager is not self:
-                raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
-            out.append(p.id)
-        return np.array(out, dtype=np.uint64)
+        pages = pages if isinstance(pages, list) else list(pages)
+        if not all(type(p) is PageHandle and p._manager is self for p in pages):  # else: say which
+            for i, p in enumerate(pages):
+                if not isinstance(p, PageHandle) or p._manager is not self:
+                    raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
+        return np.array([p.id for p in pages], dtype=np.uint64)
 
     # -- pages ---------------------------------------------------------------------------------
 
@@ -267,7 +267,7 @@ class KVCacheManager:
         raw = _lookup_keys(keys)
         with _native_errors():
             ids = self._live().find_on_disk(raw)
-        return [PageHandle(self, int(i)) if i else None for i in ids]
+        return PageHandle._found(self, ids)
 
     def find_remote(self, keys: Sequence[bytes | str], *, lifecycle: int | None = None) -> list[PageHandle | None]:
         """Pages in the remote tier under each content key, or None per key the store does not hold.
@@ -287,7 +287,7 @@ class KVCacheManager:
             raise ValueError("this KVCacheManager has no remote tier: set KVCacheConfig.remote")
         with _native_errors():
             ids = find(self._remote, self._live(), raw, lifecycle)
-        return [PageHandle(self, int(i)) if i else None for i in ids]
+        return PageHandle._found(self, ids)
 
     def find_shared(self, keys: Sequence[bytes | str], *, lifecycle: int | None = None) -> list[PageHandle | None]:
         """Pages in the shared host tier (``KVCacheConfig.shared``) under each content key, or None
@@ -310,7 +310,7 @@ class KVCacheManager:
         lifecycles = [-1 if lifecycle is None else int(lifecycle)] * len(raw)
         with _native_errors():
             ids = self._live().find_shared(raw, lifecycles)
-        return [PageHandle(self, int(i)) if i else None for i in ids]
+        return PageHandle._found(self, ids)
 
     def shared_stats(self) -> dict:
         """The shared host tier's counters: ``published`` (pages committed to the daemon under

@@ -179,6 +179,22 @@ class PageHandle:
         self._manager = manager
         self.id = int(page_id)
 
+    @classmethod
+    def _found(cls, manager: KVCacheManager, ids: np.ndarray) -> list[PageHandle | None]:
+        """A handle per native page id of a lookup, None for 0 (no page); built without
+        ``__init__``'s conversion, as lookups return hundreds at a time."""
+        new = object.__new__
+        out: list[PageHandle | None] = []
+        for i in ids.tolist():
+            if i:
+                h = new(cls)
+                h._manager = manager
+                h.id = i
+                out.append(h)
+            else:
+                out.append(None)
+        return out
+
     @property
     def key(self) -> bytes | None:
         """The page's content key (None when unset). Setting it (bytes or str, 1..254 bytes;
@@ -411,7 +427,10 @@ def _pool_views(pools: list, owner: Any, device: str, ordinal: int, on_device: b
 
 def _lookup_keys(keys: Any) -> list[bytes]:
     """Content keys to look up, as bytes; ValueError for a missing or empty one."""
-    raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+    raw = list(keys)
+    if all(type(k) is bytes and 0 < len(k) < 255 for k in raw):
+        return raw  # the common case, checked without a message built per key
+    raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(raw)]
     if any(not k for k in raw):
         raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")
     return raw

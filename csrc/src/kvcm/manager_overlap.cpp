@@ -68,7 +68,7 @@ bool KvCacheManager::decodeWithChecksAhead(Transfer& t)
         std::thread& thread;
         std::mutex& mutex;
         bool& stop;
-        ~Join() // also when a step throws
+        void now()
         {
             {
                 std::lock_guard lock(mutex);
@@ -76,6 +76,10 @@ bool KvCacheManager::decodeWithChecksAhead(Transfer& t)
             }
             if (thread.joinable())
                 thread.join();
+        }
+        ~Join() // also when a step throws
+        {
+            now();
         }
     } join{helper, mutex, stop};
     cold.verifyBlobs(t.key.srcGroup, slots.data(), std::min(chunk, n), ok.data());
@@ -125,11 +129,7 @@ bool KvCacheManager::decodeWithChecksAhead(Transfer& t)
             }
         }
     }
-    {
-        std::lock_guard lock(mutex);
-        stop = true;
-    }
-    helper.join();
+    join.now(); // before the failed pages are dropped: the helper reads the level
     t.count = kept;
     t.seconds += seconds;
     size_t failed = failedPages.size();
