@@ -73,6 +73,7 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     _core,
     _CudaArray,
     _HostArray,
+    _level_stats,
     _LevelName,
     _lookup_keys,
     _native_errors,
@@ -316,14 +317,27 @@ class KVCacheManager:
         """The shared host tier's counters: ``published`` (pages committed to the daemon under
         their keys), ``found`` / ``missed`` / ``rejected`` (keys of :meth:`find_shared` hit,
         absent, or refused because their slot no longer held them), ``released`` (slots given up
-        when their pages left), ``leased`` (slots taken from the daemon), and ``connected`` (False
-        once the daemon stopped answering: the host tier then goes on unshared). Raises ValueError
-        without a shared host tier."""
+        when their pages left), ``leased`` (slots taken from the daemon), ``connected`` (False
+        once the daemon stopped answering: the host tier then goes on unshared) and ``reattached``
+        (:meth:`reattach_shared` calls that moved it into a restarted daemon's arena). Raises
+        ValueError without a shared host tier."""
         with _native_errors():
             stats = self._live().shared_stats()
         if stats is None:
             raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
         return dict(stats)
+
+    def reattach_shared(self) -> bool:
+        """Shares the host tier again after its cache daemon went away (``shared_stats()``'s
+        ``connected`` is False): joins the daemon answering at the socket now, copies every
+        host-level page into its arena (each transfer in flight is waited for first; the pages keep
+        their handles) and lets the old arena go. True when it re-attached; False, nothing changed,
+        while connected or while no daemon answers or can lease slots for the pages. Costs a copy of
+        the host tier: call it between steps. Raises ValueError without a shared host tier."""
+        if self.config.shared is None:
+            raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
+        with _native_errors():
+            return bool(self._live().reattach_shared())
 
     def remote_stats(self) -> dict:
         """The remote tier's counters: the backend's (``puts``, ``hits``, ``misses``, ``mismatches``,
@@ -731,22 +745,7 @@ class KVCacheManager:
         since the last reset; ``reset_peaks`` restarts it, like
         :meth:`get_and_reset_iteration_peak_block_stats`), ``evictable`` (unpinned pages),
         ``evictions``, ``drops`` and ``hits``."""
-        core = self._live()
-        level = int(level)
-        if reset_peaks:
-            peaks = [int(p.peak_used_slots) for p in core.get_and_reset_iteration_peak_block_stats(level)]
-        else:
-            peaks = [int(core.peak(level, g)) for g in range(self.num_pool_groups(level))]
-        out = []
-        for g, st in enumerate(core.stats(level)):
-            counts = core.slots(level, g)
-            slots, free = int(counts.num_slots), int(counts.free_slots)
-            out.append({
-                "slots": int(slots), "used": int(slots - free), "peak": peaks[g],
-                "evictable": int(core.evictable(level, g)),
-                "evictions": int(st["evictions"]), "drops": int(st["drops"]), "hits": int(st["hits"]),
-            })
-        return out
+        return _level_stats(self._live(), int(level), reset_peaks)
 
     def get_and_reset_iteration_peak_block_stats(self, level: int) -> list[tuple[int, int]]:
         """(used slots now, peak used slots since the last call) per pool group of ``level``."""

@@ -425,6 +425,23 @@ def _pool_views(pools: list, owner: Any, device: str, ordinal: int, on_device: b
     return out
 
 
+def _level_stats(core: Any, level: int, reset_peaks: bool) -> list[dict]:
+    """KVCacheManager.level_stats of the native manager ``core``."""
+    if reset_peaks:
+        peaks = [int(p.peak_used_slots) for p in core.get_and_reset_iteration_peak_block_stats(level)]
+    else:
+        peaks = [int(core.peak(level, g)) for g in range(int(core.num_pool_groups(level)))]
+    out = []
+    for g, st in enumerate(core.stats(level)):
+        counts = core.slots(level, g)
+        slots, free = int(counts.num_slots), int(counts.free_slots)
+        out.append({
+            "slots": slots, "used": slots - free, "peak": peaks[g], "evictable": int(core.evictable(level, g)),
+            "evictions": int(st["evictions"]), "drops": int(st["drops"]), "hits": int(st["hits"]),
+        })
+    return out
+
+
 def _lookup_keys(keys: Any) -> list[bytes]:
     """Content keys to look up, as bytes; ValueError for a missing or empty one."""
     raw = list(keys)

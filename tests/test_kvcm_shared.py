@@ -294,6 +294,51 @@ def test_a_daemon_that_goes_away_stops_the_sharing_not_the_manager(tmp_path):
         m.close()
 
 
+def test_a_manager_reattaches_to_a_restarted_daemon_and_shares_again(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    a = kv.KVCacheManager(config(sock, timeout_s=1.0), cold_page_codec="concat")
+    b = None
+    try:
+        pages = a.allocate(0, 10)
+        data = fill(a, pages, 11)
+        a.set_keys(pages, keys("r", 10))
+        a.evict(pages[:6])  # published in the first daemon's arena
+        assert a.reattach_shared() is False  # connected: nothing to do
+        d.stop()
+        assert a.find_shared([b"anything"]) == [None] and a.shared_stats()["connected"] is False
+        assert a.reattach_shared() is False  # no daemon answers yet
+        a.evict(pages[6:8])  # private slots of the old arena meanwhile
+        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()  # L2 starts empty
+        assert a.reattach_shared() is True
+        s = a.shared_stats()
+        assert s["connected"] is True and s["reattached"] == 1
+        # The 8 host-level pages were copied into the new arena: onboarded byte-exact.
+        assert a.onboard(pages[:8]).moved == 8
+        assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
+        a.evict(pages)  # published in the new daemon this time
+        b = kv.KVCacheManager(config(sock), cold_page_codec="concat")
+        found = b.find_shared(keys("r", 10))
+        assert all(f is not None for f in found)
+        assert b.onboard(found).moved == 10
+        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+        d.stop()
+
+
+def test_reattach_needs_a_shared_host_tier():
+    m = kv.KVCacheManager(kv.KVCacheConfig(layer_groups(), gpu_quota=4 * PAGE, host_quota=4 * PAGE, device="cpu"),
+                          cold_page_codec="concat")
+    try:
+        with pytest.raises(ValueError, match="no shared host tier"):
+            m.reattach_shared()
+    finally:
+        m.close()
+
+
 def test_configuration_errors_name_the_field(tmp_path, daemon):
     with pytest.raises(kv.KVCacheConfigError, match=r"KVCacheConfig.host_quota is 0"):
         kv.KVCacheConfig(layer_groups(), gpu_quota=64 * PAGE, device="cpu",

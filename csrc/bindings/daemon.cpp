@@ -112,6 +112,17 @@ IdentityHash identityOf(py::bytes const& identity)
     return id;
 }
 
+/// A client call of a region and keys, the keys held while it runs without the GIL.
+template <class R>
+auto keysCall(R (Client::*call)(RegionLayout const&, std::vector<std::string_view> const&))
+{
+    return [call](Client& c, RegionLayout const& r, py::handle keys) {
+        Keys const k = keysOf(keys);
+        py::gil_scoped_release nogil;
+        return (c.*call)(r, k.views);
+    };
+}
+
 /// A remote-tier values call (putValues reads its buffers, getValues writes them): the keys, one
 /// buffer per key (named as field[i] in errors) and the identity hash are converted in that order
 /// with the GIL held; the call runs without it.
@@ -277,22 +288,8 @@ void bindDaemon(py::module_& parent)
             "region"_a, "keys"_a, "outs"_a)
         .def("put_values", valuesCall(&Client::putValues, "values"), "region"_a, "keys"_a, "payloads"_a, "identity"_a)
         .def("get_values", valuesCall(&Client::getValues, "out_buffers"), "region"_a, "keys"_a, "outs"_a, "identity"_a)
-        .def(
-            "erase",
-            [](Client& c, RegionLayout const& r, py::handle keys) {
-                Keys const k = keysOf(keys);
-                py::gil_scoped_release nogil;
-                return c.erase(r, k.views);
-            },
-            "region"_a, "keys"_a)
-        .def(
-            "prefetch",
-            [](Client& c, RegionLayout const& r, py::handle keys) {
-                Keys const k = keysOf(keys);
-                py::gil_scoped_release nogil;
-                return c.prefetch(r, k.views);
-            },
-            "region"_a, "keys"_a)
+        .def("erase", keysCall(&Client::erase), "region"_a, "keys"_a)
+        .def("prefetch", keysCall(&Client::prefetch), "region"_a, "keys"_a)
         .def("stats_json", &Client::stats, py::call_guard<py::gil_scoped_release>())
         .def(
             "raw_call",

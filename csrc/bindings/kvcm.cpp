@@ -578,8 +578,10 @@ void bindKvcm(py::module_& m)
                 d["released"] = st->counters.released;
                 d["leased"] = st->counters.leased;
                 d["short"] = st->counters.short_;
+                d["reattached"] = st->reattached;
                 return d;
             })
+        .def("reattach_shared", guardedWithoutGil("reattach_shared", &kvcm::KvCacheManager::reattachShared))
         .def("forget_unclaimed_on_disk",
             guarded("forget_unclaimed_on_disk", &kvcm::KvCacheManager::forgetUnclaimedOnDisk))
         .def("unclaimed_on_disk", guarded("unclaimed_on_disk", &kvcm::KvCacheManager::unclaimedOnDisk))

@@ -28,6 +28,16 @@ std::string frameOf(Op op, Fill&& fill)
     return out;
 }
 
+// A request of a region and keys (get, erase, prefetch).
+std::string keysFrame(Op op, RegionLayout const& l, std::vector<std::string_view> const& keys)
+{
+    return frameOf(op, [&](FrameWriter& w) {
+        w.put(l.region).put(uint32_t(keys.size()));
+        for (auto const& k : keys)
+            w.str(k);
+    });
+}
+
 void checkLengths(size_t keys, size_t other, char const* what)
 {
     if (keys != other)
@@ -368,11 +378,7 @@ std::vector<Found> Client::get(RegionLayout const& r, std::vector<std::string_vi
 
 std::vector<Found> Client::getLocked(RegionLayout const& l, std::vector<std::string_view> const& keys)
 {
-    std::string const reply = call(frameOf(Op::Get, [&](FrameWriter& w) {
-        w.put(l.region).put(uint32_t(keys.size()));
-        for (auto const& k : keys)
-            w.str(k);
-    }));
+    std::string const reply = call(keysFrame(Op::Get, l, keys));
     FrameReader r(reply.data(), reply.size());
     uint32_t const n = r.count(24);
     if (n != keys.size())
@@ -530,11 +536,7 @@ std::vector<int64_t> Client::getValues(RegionLayout const& l, std::vector<std::s
 std::vector<bool> Client::erase(RegionLayout const& l, std::vector<std::string_view> const& keys)
 {
     std::lock_guard lock(mutex_);
-    std::string const reply = call(frameOf(Op::Erase, [&](FrameWriter& w) {
-        w.put(l.region).put(uint32_t(keys.size()));
-        for (auto const& k : keys)
-            w.str(k);
-    }));
+    std::string const reply = call(keysFrame(Op::Erase, l, keys));
     FrameReader r(reply.data(), reply.size());
     std::vector<bool> out(r.count(1));
     for (size_t i = 0; i < out.size(); ++i)
@@ -545,11 +547,7 @@ std::vector<bool> Client::erase(RegionLayout const& l, std::vector<std::string_v
 uint32_t Client::prefetch(RegionLayout const& l, std::vector<std::string_view> const& keys)
 {
     std::lock_guard lock(mutex_);
-    std::string const reply = call(frameOf(Op::Prefetch, [&](FrameWriter& w) {
-        w.put(l.region).put(uint32_t(keys.size()));
-        for (auto const& k : keys)
-            w.str(k);
-    }));
+    std::string const reply = call(keysFrame(Op::Prefetch, l, keys));
     FrameReader r(reply.data(), reply.size());
     return r.get<uint32_t>();
 }

@@ -419,7 +419,47 @@ std::optional<KvCacheManager::SharedStats> KvCacheManager::sharedStats() const
     {
         return std::nullopt;
     }
-    return SharedStats{shared->connected(), shared->counters()};
+    return SharedStats{shared->connected(), shared->counters(), shared->reattached()};
+}
+
+bool KvCacheManager::reattachShared()
+{
+    CallGuard guard(*this, "reattachShared");
+    auto* shared = dynamic_cast<SharedColdLevel*>(storage_->coldLevel(CacheLevel::kHost));
+    if (shared == nullptr)
+    {
+        throw std::invalid_argument("this manager has no shared host level: set config.shared");
+    }
+    if (shared->connected())
+    {
+        return false;
+    }
+    synchronizeAll(); // No transfer may read or write a slot while its page moves.
+    size_t const groups = shared->numPoolGroups();
+    std::vector<std::vector<int32_t>> held(groups), moved;
+    std::vector<std::vector<uint32_t>> owners(groups);
+    for (uint32_t index = 0; index < pages_.size(); ++index)
+    {
+        Page const& p = pages_[index];
+        if (p.level == int8_t(CacheLevel::kHost))
+        {
+            auto const g = size_t(storage_->poolGroup(CacheLevel::kHost, p.lifeCycle));
+            held[g].push_back(p.slot);
+            owners[g].push_back(index);
+        }
+    }
+    if (!shared->reattach(held, moved))
+    {
+        return false;
+    }
+    for (size_t g = 0; g < groups; ++g)
+    {
+        for (size_t i = 0; i < owners[g].size(); ++i)
+        {
+            pages_[owners[g][i]].slot = moved[g][i];
+        }
+    }
+    return true;
 }
 
 size_t KvCacheManager::forgetUnclaimed(CacheLevel level, char const* what)

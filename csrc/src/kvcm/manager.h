@@ -289,8 +289,15 @@ public:
     {
         bool connected = false;
         SharedColdLevel::Counters counters;
+        uint64_t reattached = 0;
     };
     [[nodiscard]] std::optional<SharedStats> sharedStats() const;
+    /// After the cache daemon went away: moves the shared host level into the arena of the daemon
+    /// answering at its socket now (SharedColdLevel::reattach), every transfer waited for first
+    /// and the host-level pages renumbered to the slots their bytes were copied to. True when it
+    /// re-attached; false while still connected or while no daemon can take the pages.
+    /// std::invalid_argument without a shared host level.
+    bool reattachShared();
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
     size_t forgetUnclaimedOnDisk()
     {

@@ -2,6 +2,7 @@
 #include "kvcm/shared_level.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -75,6 +76,7 @@ SharedColdLevel::SharedColdLevel(
     , socketPath_(config.socketPath)
     , identity_(config.identity)
     , verifyCrc_(config.verifyCrc)
+    , timeoutS_(config.timeoutS)
 {
     try
     {
@@ -96,24 +98,7 @@ SharedColdLevel::SharedColdLevel(
             g.quotaSlots = spec.slots;
             g.members = spec.members;
             uint64_t const want = config.regionSlots != 0 ? config.regionSlots : 8 * std::max<uint64_t>(spec.slots, 1);
-            std::string const name = identity_ + "/g" + std::to_string(gi);
-            g.layout = client_->region(name, spec.pageBytes, uint32_t(std::min<uint64_t>(want, UINT32_MAX)), true);
-            if (g.layout.stride != spec.pageBytes)
-            {
-                throw std::invalid_argument("config.shared: the daemon's region '" + name + "' puts its slots "
-                    + std::to_string(g.layout.stride) + " bytes apart, not " + std::to_string(spec.pageBytes)
-                    + " (a client of another kind created it); the shared level needs a packed region");
-            }
-            uint64_t const bytes = (uint64_t(g.layout.slots) * g.layout.stride + daemon::kArenaPage - 1)
-                / daemon::kArenaPage * daemon::kArenaPage;
-            void* data = arena_->data(g.layout, 0);
-#ifdef MADV_POPULATE_WRITE
-            // The region's pages are mapped now, not faulted in one by one by the first codec call
-            // that writes them (what the private host tier's allocation does too). Best effort.
-            (void)madvise(data, size_t(bytes), MADV_POPULATE_WRITE);
-#endif
-            runtime_.registerHost(data, size_t(bytes));
-            registered_.emplace_back(data, size_t(bytes));
+            g.layout = openRegion(*client_, *arena_, gi, spec.pageBytes, want, registered_);
             g.spareTarget = std::clamp<uint64_t>(spec.slots / 16, 8, 256);
             uint64_t const lease = std::min<uint64_t>(spec.slots, g.layout.slots);
             std::vector<uint32_t> mine = client_->lease(g.layout, uint32_t(lease));
@@ -121,18 +106,13 @@ SharedColdLevel::SharedColdLevel(
             {
                 log::write(log::Level::kWarning,
                     "the shared host level's pool group " + std::to_string(gi) + " holds " + std::to_string(mine.size())
-                        + " of the " + std::to_string(spec.slots) + " slots of its quota: the daemon's region '" + name
-                        + "' has " + std::to_string(g.layout.slots)
+                        + " of the " + std::to_string(spec.slots) + " slots of its quota: the daemon's region '"
+                        + identity_ + "/g" + std::to_string(gi) + "' has " + std::to_string(g.layout.slots)
                         + " slots and the others are pinned or being written by other clients");
             }
             counters_.leased += mine.size();
-            g.slots = SlotPool(g.layout.slots);
-            g.slots.ownOnly(asSlots(mine));
-            g.pinned.assign(g.layout.slots, 0);
+            resetSlots(g, g.layout.slots, asSlots(mine), {});
             refillSpares(g);
-            g.expected.assign(g.layout.slots, daemon::Found{});
-            g.digest.resize(g.layout.slots);
-            g.generation.assign(g.layout.slots, 0);
             for (LifeCycleId l : g.members)
             {
                 groupOf_.resize(std::max<size_t>(groupOf_.size(), size_t(l) + 1), PoolGroupIndex(0));
@@ -143,10 +123,7 @@ SharedColdLevel::SharedColdLevel(
     }
     catch (...)
     {
-        for (auto const& [ptr, bytes] : registered_)
-        {
-            runtime_.unregisterHost(ptr);
-        }
+        unregisterAll();
         throw;
     }
 }
@@ -154,14 +131,143 @@ SharedColdLevel::SharedColdLevel(
 SharedColdLevel::~SharedColdLevel()
 {
     // Transfers still reading or writing the arena were waited for by the manager's close.
-    for (auto const& [ptr, bytes] : registered_)
-    {
-        runtime_.unregisterHost(ptr);
-    }
+    unregisterAll();
     if (client_)
     {
         client_->close(); // The daemon releases this client's pins and frees its leases.
     }
+}
+
+daemon::RegionLayout SharedColdLevel::openRegion(daemon::Client& client, daemon::Mapping& arena, size_t gi,
+    uint64_t pageBytes, uint64_t want, std::vector<std::pair<void*, size_t>>& registered)
+{
+    std::string const name = identity_ + "/g" + std::to_string(gi);
+    daemon::RegionLayout const layout
+        = client.region(name, pageBytes, uint32_t(std::min<uint64_t>(want, UINT32_MAX)), true);
+    if (layout.stride != pageBytes)
+    {
+        throw std::invalid_argument("config.shared: the daemon's region '" + name + "' puts its slots "
+            + std::to_string(layout.stride) + " bytes apart, not " + std::to_string(pageBytes)
+            + " (a client of another kind created it); the shared level needs a packed region");
+    }
+    uint64_t const bytes
+        = (uint64_t(layout.slots) * layout.stride + daemon::kArenaPage - 1) / daemon::kArenaPage * daemon::kArenaPage;
+    void* data = arena.data(layout, 0);
+#ifdef MADV_POPULATE_WRITE
+    // The region's pages are mapped now, not faulted in one by one by the first codec call that
+    // writes them (what the private host tier's allocation does too). Best effort.
+    (void)madvise(data, size_t(bytes), MADV_POPULATE_WRITE);
+#endif
+    runtime_.registerHost(data, size_t(bytes));
+    registered.emplace_back(data, size_t(bytes));
+    return layout;
+}
+
+void SharedColdLevel::resetSlots(
+    SharedLevelGroup& g, uint32_t slots, std::vector<int32_t> const& free, std::vector<int32_t> const& used)
+{
+    g.slots = SlotPool(slots);
+    g.slots.ownOnly(free);
+    g.slots.adopt(used, false);
+    g.pinned.assign(slots, 0);
+    g.expected.assign(slots, daemon::Found{});
+    g.digest.assign(slots, daemon::KeyDigest{});
+    g.generation.assign(slots, 0);
+    g.publish.clear();
+    g.unpin.clear();
+    g.spare.clear();
+    g.givenUp = 0;
+}
+
+void SharedColdLevel::unregisterAll() noexcept
+{
+    for (auto const& [ptr, bytes] : registered_)
+    {
+        runtime_.unregisterHost(ptr);
+    }
+    registered_.clear();
+}
+
+bool SharedColdLevel::reattach(std::vector<std::vector<int32_t>> const& held, std::vector<std::vector<int32_t>>& moved)
+{
+    if (client_)
+    {
+        return false;
+    }
+    std::unique_ptr<daemon::Client> client;
+    std::vector<std::pair<void*, size_t>> registered;
+    std::vector<daemon::RegionLayout> layouts;
+    std::vector<std::vector<uint32_t>> leased;
+    try
+    {
+        client = std::make_unique<daemon::Client>(socketPath_, timeoutS_, 30.0);
+        std::shared_ptr<daemon::Mapping> const arena = client->arena();
+        for (size_t gi = 0; gi < groups_.size(); ++gi)
+        {
+            SharedLevelGroup const& g = groups_[gi];
+            layouts.push_back(openRegion(*client, *arena, gi, g.pageBytes, g.layout.slots, registered));
+            // The pages held, and what is left of the quota free (found pages count on top of it).
+            uint64_t const want = std::max<uint64_t>(g.quotaSlots, held[gi].size());
+            leased.push_back(client->lease(layouts.back(), uint32_t(std::min<uint64_t>(want, layouts.back().slots))));
+            if (leased.back().size() < held[gi].size())
+            {
+                throw std::runtime_error("its region '" + identity_ + "/g" + std::to_string(gi) + "' leased "
+                    + std::to_string(leased.back().size()) + " slots for the " + std::to_string(held[gi].size())
+                    + " pages this manager holds there");
+            }
+        }
+        moved.assign(groups_.size(), {});
+        for (size_t gi = 0; gi < groups_.size(); ++gi)
+        {
+            SharedLevelGroup& g = groups_[gi];
+            std::vector<int32_t> const mine = asSlots(leased[gi]);
+            moved[gi].assign(mine.begin(), mine.begin() + ptrdiff_t(held[gi].size()));
+            for (size_t i = 0; i < held[gi].size(); ++i)
+            {
+                std::memcpy(arena->data(layouts[gi], uint32_t(moved[gi][i])),
+                    arena_->data(g.layout, uint32_t(held[gi][i])), size_t(g.pageBytes));
+            }
+            g.layout = layouts[gi];
+            resetSlots(g, g.layout.slots, std::vector<int32_t>(mine.begin() + ptrdiff_t(held[gi].size()), mine.end()),
+                moved[gi]);
+            counters_.leased += mine.size();
+        }
+        unregisterAll();
+        registered_ = std::move(registered);
+        arena_ = arena; // Views of the old arena keep it mapped (memoryOwner()) until they go.
+        client_ = std::move(client);
+    }
+    catch (std::exception const& e)
+    {
+        for (auto const& [ptr, bytes] : registered)
+        {
+            runtime_.unregisterHost(ptr);
+        }
+        if (client)
+        {
+            client->close(); // Its leases go back to the daemon.
+        }
+        if (!dynamic_cast<daemon::DaemonGone const*>(&e))
+        {
+            log::write(log::Level::kWarning,
+                "the shared host level did not re-attach to the cache daemon at '" + socketPath_ + "': " + e.what());
+        }
+        return false;
+    }
+    ++reattached_;
+    try
+    {
+        for (SharedLevelGroup& g : groups_)
+        {
+            refillSpares(g);
+        }
+    }
+    catch (daemon::DaemonRefused const& e)
+    {
+        lostDaemon(e);
+    }
+    log::write(log::Level::kInfo, "the shared host level re-attached to the cache daemon at '" + socketPath_ + "'");
+    return true;
 }
 
 std::byte* SharedColdLevel::accessibleBase(PoolGroupIndex group) const noexcept

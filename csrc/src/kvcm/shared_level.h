@@ -25,7 +25,8 @@
 //
 // Round trips to the daemon happen in maintain() (batched, at the start of the manager's calls)
 // and in claimMany(); a daemon that went away stops the sharing, not the manager: the mapping
-// stays valid, the leased slots go on serving as a private host tier.
+// stays valid, the leased slots go on serving as a private host tier, until reattach() moves the
+// level into the arena of the daemon answering at the socket again (its pages copied there).
 #pragma once
 
 #include <cstdint>
@@ -133,7 +134,28 @@ public:
         return socketPath_;
     }
 
+    /// After the daemon went away: connects to the daemon answering at the socket now and moves
+    /// the level into its arena. `held[g]` are pool group g's slots that hold pages (no transfer
+    /// may use them meanwhile); on success `moved[g][i]` is the slot held[g][i]'s bytes were
+    /// copied to, every page becomes this manager's own (unpublished) and the old arena is let go.
+    /// False, nothing changed, while connected, while no daemon answers, or when its regions
+    /// cannot take the pages (too few slots to lease, or made by a client of another kind).
+    bool reattach(std::vector<std::vector<int32_t>> const& held, std::vector<std::vector<int32_t>>& moved);
+    [[nodiscard]] uint64_t reattached() const noexcept
+    {
+        return reattached_;
+    }
+
 private:
+    /// Group `gi`'s packed region of `client`'s arena, populated and registered as pinned
+    /// (appended to `registered`).
+    daemon::RegionLayout openRegion(daemon::Client& client, daemon::Mapping& arena, size_t gi, uint64_t pageBytes,
+        uint64_t want, std::vector<std::pair<void*, size_t>>& registered);
+    /// A group's per-slot state for a region of `slots` slots, of which `free` are leased to this
+    /// manager and free and `used` hold its pages.
+    static void resetSlots(
+        SharedLevelGroup& g, uint32_t slots, std::vector<int32_t> const& free, std::vector<int32_t> const& used);
+    void unregisterAll() noexcept;
     void lostDaemon(std::exception const& e) noexcept;
     void publish(SharedLevelGroup& g, bool waitWrites);
     void giveUp(SharedLevelGroup& g);
@@ -143,6 +165,8 @@ private:
     std::string socketPath_;
     std::string identity_;
     bool verifyCrc_;
+    double timeoutS_;
+    uint64_t reattached_ = 0;
     std::unique_ptr<daemon::Client> client_;
     std::shared_ptr<daemon::Mapping> arena_;
     std::vector<std::pair<void*, size_t>> registered_;
