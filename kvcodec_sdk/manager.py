@@ -79,6 +79,7 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     _native_errors,
     _pool_views,
     _resolve_framework,
+    _shared_keys,
     _torch_dtype,
     page_ring_bytes,
 )
@@ -302,16 +303,18 @@ class KVCacheManager:
         (header, and CRC-32C unless ``verify_crc`` is off) before it is decoded: one that fails is
         dropped, never decoded. Raises ValueError without a shared host tier.
         """
-        raw = _lookup_keys(keys)
-        if self.config.shared is None:
-            raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
-        if lifecycle is not None and not 0 <= int(lifecycle) < len(self.config.layer_groups):
-            raise ValueError(
-                f"lifecycle is {lifecycle!r}; configured layer groups are 0..{len(self.config.layer_groups) - 1}")
-        lifecycles = [-1 if lifecycle is None else int(lifecycle)] * len(raw)
         with _native_errors():
-            ids = self._live().find_shared(raw, lifecycles)
+            ids = self._live().find_shared(*_shared_keys(self.config, keys, lifecycle))
         return PageHandle._found(self, ids)
+
+    def prefetch_shared(self, keys: Sequence[bytes | str], *, lifecycle: int | None = None) -> int:
+        """Asks the cache daemon to read the pages of ``keys`` from its long tier into L2 in the
+        background, so that a later :meth:`find_shared` finds them there instead of waiting for the
+        files (keys already in L2, or without a page file, are skipped). Returns how many reads were
+        queued: 0 when the daemon has no long tier or stopped answering. ``lifecycle`` as in
+        :meth:`find_shared`. Raises ValueError without a shared host tier."""
+        with _native_errors():
+            return int(self._live().prefetch_shared(*_shared_keys(self.config, keys, lifecycle)))
 
     def shared_stats(self) -> dict:
         """The shared host tier's counters: ``published`` (pages committed to the daemon under
@@ -766,9 +769,7 @@ class KVCacheManager:
         """The pinned page ring staging disk transfers (capacity, memory kind, live leases), or
         None when the manager has no disk tier."""
         ring = self._live().page_ring()
-        if ring is None:
-            return None
-        return {"capacity": int(ring.capacity), "kind": int(ring.kind), "live_leases": int(ring.live_leases)}
+        return None if ring is None else {f: int(getattr(ring, f)) for f in ("capacity", "kind", "live_leases")}
 
     def disk_profile(self) -> StorageProfile | None:
         """The storage the disk tier was opened on (device class, file system, the I/O settings
@@ -787,10 +788,8 @@ class KVCacheManager:
         """The device index ring (capacity, base, cursor, live leases), or None before its lazy
         allocation."""
         ring = self._live().index_ring()
-        if ring is None:
-            return None
-        return {"capacity": int(ring.capacity), "base": int(ring.base), "cursor": int(ring.cursor),
-                "live_leases": int(ring.live_leases)}
+        fields = ("capacity", "base", "cursor", "live_leases")
+        return None if ring is None else {f: int(getattr(ring, f)) for f in fields}
 
     def __repr__(self) -> str:
         if self._core_obj is None:

@@ -442,6 +442,17 @@ def _level_stats(core: Any, level: int, reset_peaks: bool) -> list[dict]:
     return out
 
 
+def _shared_keys(config: Any, keys: Any, lifecycle: int | None) -> tuple[list[bytes], list[int]]:
+    """The checked keys of a shared-tier lookup of a manager of ``config``, and the lifecycle to
+    look under per key (-1: every one)."""
+    raw = _lookup_keys(keys)
+    if config.shared is None:
+        raise ValueError("this KVCacheManager has no shared host tier: set KVCacheConfig.shared")
+    if lifecycle is not None and not 0 <= int(lifecycle) < len(config.layer_groups):
+        raise ValueError(f"lifecycle is {lifecycle!r}; configured layer groups are 0..{len(config.layer_groups) - 1}")
+    return raw, [-1 if lifecycle is None else int(lifecycle)] * len(raw)
+
+
 def _lookup_keys(keys: Any) -> list[bytes]:
     """Content keys to look up, as bytes; ValueError for a missing or empty one."""
     raw = list(keys)

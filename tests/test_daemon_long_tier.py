@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+import kvcodec_sdk as kv
 from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
 from kvcodec_sdk.daemon.server import start_warnings
 
@@ -129,6 +130,13 @@ def test_a_damaged_or_foreign_page_file_is_a_miss_never_served(tiered):
         assert c.get(other, keys("b", 3)) == [None, None, None]
 
 
+def onboarded(m, found):
+    """Onboards pages a manager found and returns their bytes (K and V of each page joined)."""
+    assert all(f is not None for f in found)
+    assert m.onboard(found).moved == len(found)
+    return [np.concatenate([v.copy() for v in m.page_view(f, framework="numpy")]) for f in found]
+
+
 def long_files(d):
     return sorted(os.path.join(r, f) for r, _, fs in os.walk(d.config.long_tier) for f in fs)
 
@@ -162,6 +170,52 @@ def test_prefetch_reads_long_tier_pages_into_l2_before_a_lookup_asks(tiered):
             assert c.prefetch(c.region("lt/none", PAGE, 4), names) == 0  # no long tier
     finally:
         d2.stop()
+
+
+def test_a_manager_prefetches_pages_of_the_long_tier_into_l2_before_it_finds_them(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 8 << 20, hugepages=False, long_tier=str(tmp_path / "long"))).start()
+
+    def manager():
+        groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=PAGE // 2),
+                                       kv.BufferDesc(0, kv.Role.VALUE, bytes=PAGE // 2)])]
+        return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=16 * PAGE, host_quota=8 * PAGE, device="cpu",
+                                                  shared=kv.SharedTierConfig(sock, region_slots=24)),
+                                 cold_page_codec="concat")
+
+    a = manager()
+    b = None
+    try:
+        pages_a = a.allocate(0, 6)
+        data = pages(6, 10)
+        for p, x in zip(pages_a, data):
+            [view] = a.page_view(p, framework="numpy")  # K and V side by side in one pool
+            view[:] = x
+        names = keys("mp", 6)
+        a.set_keys(pages_a, names)
+        a.evict(pages_a)
+        with DaemonClient(sock) as c:
+            wait_for(c.stats, lambda s: s["write_backs"] == 6)
+        a.close()
+        d.stop()
+        d = Daemon(DaemonConfig(sock, 8 << 20, hugepages=False, long_tier=str(tmp_path / "long"))).start()  # L2 empty
+        b = manager()
+        assert b.prefetch_shared(names + [b"absent"]) == 6
+        with DaemonClient(sock) as c:
+            s = wait_for(c.stats, lambda s: s["prefetched"] == 6)
+            assert s["prefetched"] == 6
+            parked = s["lookups_parked"]
+        got = onboarded(b, b.find_shared(names))
+        assert all(np.array_equal(x, y) for x, y in zip(got, data))
+        with DaemonClient(sock) as c:
+            assert c.stats()["lookups_parked"] == parked  # found in L2: no lookup waited for a file
+        with pytest.raises(ValueError, match="lifecycle is 3"):
+            b.prefetch_shared(names, lifecycle=3)
+    finally:
+        a.close()  # idempotent
+        if b is not None:
+            b.close()
+        d.stop()
 
 
 def test_a_lookup_waiting_for_the_long_tier_holds_up_no_other_client(tiered):
@@ -317,11 +371,8 @@ def test_pages_a_manager_published_outlive_the_daemon_and_a_new_manager_onboards
         p = start()
         b = manager()
         try:
-            found = b.find_shared(names)
-            assert all(f is not None for f in found)
-            assert b.onboard(found).moved == 8
-            got = [np.concatenate([v.copy() for v in b.page_view(f, framework="numpy")]) for f in found]
-            assert all(np.array_equal(x, y) for x, y in zip(got, expected))
+            got = onboarded(b, b.find_shared(names))
+            assert len(got) == 8 and all(np.array_equal(x, y) for x, y in zip(got, expected))
             with DaemonClient(sock) as c:
                 assert c.stats()["promotions"] == 8
         finally:

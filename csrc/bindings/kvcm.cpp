@@ -113,6 +113,15 @@ std::optional<CacheLevel> optionalLevel(std::optional<int32_t> level)
 
 using PageIds = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
+/// The keys of a shared-level call, one lifecycle given per key (std::invalid_argument otherwise).
+std::vector<std::string> keysWithLifeCycles(
+    std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles, char const* what)
+{
+    if (lifeCycles.size() != keys.size())
+        throw std::invalid_argument(std::string(what) + ": one lifecycle per key");
+    return {keys.begin(), keys.end()};
+}
+
 /// A manager method bound as it is (arguments `A...` from Python), called under PyGuard; `what`
 /// names the call in its errors.
 template <class... A, class Method>
@@ -556,12 +565,17 @@ void bindKvcm(py::module_& m)
         .def("find_shared",
             [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles) {
                 PyGuard guard(m, "find_shared");
-                std::vector<std::string> k(keys.begin(), keys.end());
-                if (lifeCycles.size() != k.size())
-                    throw std::invalid_argument("find_shared: one lifecycle per key");
+                std::vector<std::string> const k = keysWithLifeCycles(keys, lifeCycles, "find_shared");
                 py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
                 m.findShared(k.data(), lifeCycles.data(), k.size(), out.mutable_data());
                 return out;
+            })
+        .def("prefetch_shared",
+            [](kvcm::KvCacheManager& m, std::vector<py::bytes> const& keys, std::vector<int32_t> const& lifeCycles) {
+                PyGuard guard(m, "prefetch_shared");
+                std::vector<std::string> const k = keysWithLifeCycles(keys, lifeCycles, "prefetch_shared");
+                py::gil_scoped_release nogil;
+                return m.prefetchShared(k.data(), lifeCycles.data(), k.size());
             })
         .def("shared_stats",
             [](kvcm::KvCacheManager& m) -> py::object {

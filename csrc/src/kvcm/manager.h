@@ -298,6 +298,8 @@ public:
     /// re-attached; false while still connected or while no daemon can take the pages.
     /// std::invalid_argument without a shared host level.
     bool reattachShared();
+    /// SharedColdLevel::prefetch of the keys; std::invalid_argument without a shared host level.
+    uint64_t prefetchShared(std::string const* keys, int32_t const* lifeCycles, size_t count);
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
     size_t forgetUnclaimedOnDisk()
     {

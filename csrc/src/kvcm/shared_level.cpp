@@ -478,6 +478,43 @@ void SharedColdLevel::refillSpares(SharedLevelGroup& g)
     counters_.leased += got.size();
 }
 
+uint64_t SharedColdLevel::prefetch(std::string const* keys, int32_t const* lifeCycles, size_t count)
+{
+    uint64_t queued = 0;
+    if (!client_ || count == 0)
+    {
+        return 0;
+    }
+    try
+    {
+        for (size_t l = 0; l < groupOf_.size(); ++l)
+        {
+            SharedLevelGroup const& g = groups_[size_t(groupOf_[l])];
+            if (std::find(g.members.begin(), g.members.end(), LifeCycleId(l)) == g.members.end())
+            {
+                continue;
+            }
+            std::vector<std::string> names;
+            for (size_t i = 0; i < count; ++i)
+            {
+                if (lifeCycles == nullptr || lifeCycles[i] < 0 || size_t(lifeCycles[i]) == l)
+                {
+                    names.push_back(daemonKey(LifeCycleId(l), keys[i]));
+                }
+            }
+            if (!names.empty())
+            {
+                queued += client_->prefetch(g.layout, std::vector<std::string_view>(names.begin(), names.end()));
+            }
+        }
+    }
+    catch (daemon::DaemonRefused const& e)
+    {
+        lostDaemon(e);
+    }
+    return queued;
+}
+
 std::vector<std::optional<ClaimedBlob>> SharedColdLevel::claimMany(
     std::string const* keys, int32_t const* lifeCycles, size_t count)
 {

@@ -145,6 +145,11 @@ public:
     {
         return reattached_;
     }
+    /// Asks the daemon to read the keys' pages from its long tier into L2 in the background (for
+    /// each key, under `lifeCycles[i]`, or every lifecycle when negative or null), so a later
+    /// claimMany() finds them there; returns how many reads were queued (0 without a daemon or
+    /// without a long tier).
+    uint64_t prefetch(std::string const* keys, int32_t const* lifeCycles, size_t count);
 
 private:
     /// Group `gi`'s packed region of `client`'s arena, populated and registered as pinned
