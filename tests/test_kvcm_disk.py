@@ -168,6 +168,52 @@ def test_failed_disk_write_rolls_back_and_the_source_stays_retryable(tmp_path, r
     check_hot(m, pages, model)
 
 
+def test_a_put_replacing_an_unclaimed_page_keeps_it_until_the_new_one_is_on_disk(tmp_path, rng):
+    """A new page under the key of a page a previous manager left unclaimed replaces it only once
+    its own write is durable: when that write fails, the old page is still there (claimable now
+    and after a restart); when it succeeds, the new one is served and the old slot is free."""
+    m = KVCacheManager(disk_config(tmp_path))
+    old = m.allocate(0, 2, keys=[b"r", b"s"])
+    old_model = write_random(m, old, rng)
+    m.evict(old, level=CacheLevel.DISK)
+    m.close()
+
+    faults = [{"op": "pwrite", "path": "containers", "after": 0, "errno": 5, "count": 1}]
+    m = KVCacheManager(disk_config(tmp_path, io_threads=1, _faults=faults))
+    assert m.unclaimed_on_disk() == 2
+    [new] = m.allocate(0, 1, keys=[b"r"])
+    new_model = write_random(m, [new], rng)
+    with pytest.raises(MigrationError, match="disk write"):
+        m.evict([new], level=CacheLevel.DISK)
+    check_hot(m, [new], new_model)
+    assert m.unclaimed_on_disk() == 2  # the old "r" was not erased before a write that failed
+    m.free([new])
+    [found] = m.find_on_disk([b"r"])
+    m.onboard([found], source=CacheLevel.DISK)
+    assert np.array_equal(hot_bytes(m, found), old_model[old[0].id])
+    m.evict([found], level=CacheLevel.DISK)
+    m.close()
+
+    m = KVCacheManager(disk_config(tmp_path))  # without faults: the replacement lands
+    assert m.unclaimed_on_disk() == 2
+    used = sum(total - free for total, free in m.slot_counts(CacheLevel.DISK))
+    [new] = m.allocate(0, 1, keys=[b"r"])
+    new_model = write_random(m, [new], rng)
+    m.evict([new], level=CacheLevel.DISK)
+    assert m.unclaimed_on_disk() == 1  # "s" only
+    assert sum(total - free for total, free in m.slot_counts(CacheLevel.DISK)) == used  # the old slot went back
+    scribble(m)
+    m.onboard([new], source=CacheLevel.DISK)
+    check_hot(m, [new], new_model)
+    m.evict([new], level=CacheLevel.DISK)  # (the onboard took it off the disk)
+    m.close()
+    m = KVCacheManager(disk_config(tmp_path))
+    [found] = m.find_on_disk([b"r"])
+    m.onboard([found], source=CacheLevel.DISK)
+    assert np.array_equal(hot_bytes(m, found), new_model[new.id])
+    m.close()
+
+
 def test_checksum_mismatch_drops_the_page(tmp_path, rng):
     m = KVCacheManager(disk_config(tmp_path, groups=[group([0], [4096])]))
     pages = m.allocate(0, 2, keys=[b"x", b"y"])

@@ -193,14 +193,12 @@ void DiskColdLevel::assign(PoolGroupIndex group, int32_t slot, std::string const
     else
     {
         g.keys[size_t(slot)] = "k" + contentKey;
-        // A page written under a key an unclaimed found page holds replaces it.
+        // A page written under a key an unclaimed found page holds replaces it, once the write is
+        // durable (settleReplaced): no longer claimable from now on, still on disk until then.
         auto it = found_.find(contentKey);
         if (it != found_.end())
         {
-            Group& owner = groups_[size_t(it->second.group)];
-            std::string error;
-            eraseNow(owner, "k" + contentKey, error);
-            owner.slots.give(it->second.slot, nullptr);
+            replacing_.push_back({contentKey, it->second});
             found_.erase(it);
         }
     }
@@ -317,12 +315,19 @@ BlobIo DiskColdLevel::submitAssigned(
     }
     catch (...)
     {
+        Pending none; // Nothing written: the pages assign() took for replacing stay unclaimed.
+        none.group = group;
+        none.replaced = std::move(replacing_);
+        replacing_.clear();
+        settleReplaced(none, {}, false);
         return BlobIo{0};
     }
     Pending& p = pending_.back();
     p.id = nextIo_++;
     p.group = group;
     p.write = true;
+    p.replaced = std::move(replacing_);
+    replacing_.clear();
     try
     {
         p.tickets.reserve(count);
@@ -375,7 +380,47 @@ bool DiskColdLevel::finishWrite(Pending& p, std::string& error) noexcept
             }
         }
     }
+    settleReplaced(p, written, ok);
     return ok;
+}
+
+void DiskColdLevel::settleReplaced(Pending& p, std::vector<bool> const& onDisk, bool ok) noexcept
+{
+    Group& g = groups_[size_t(p.group)];
+    for (Replaced& r : p.replaced)
+    {
+        std::string const key = "k" + r.contentKey;
+        auto const at = std::find(p.keys.begin(), p.keys.end(), key);
+        bool const landed = at != p.keys.end() && onDisk[size_t(at - p.keys.begin())];
+        Group& owner = groups_[size_t(r.page.group)];
+        bool const sameRegion = &owner == &g;
+        // In the same region the new blob's durable record replaced the old one (and the
+        // all-or-nothing erase of a failed batch removed both). In another region the old blob
+        // stays until erased here, after the new one is durable.
+        if (!landed || (!ok && !sameRegion))
+        {
+            try
+            {
+                found_.emplace(r.contentKey, r.page); // Still on disk, unclaimed: findable again.
+            }
+            catch (...)
+            {
+                // Out of memory: the blob stays on disk, found again at the next open.
+            }
+            continue;
+        }
+        if (!sameRegion)
+        {
+            std::string ignored;
+            eraseNow(owner, key, ignored); // Before the call returns: the new page is acknowledged.
+        }
+        if (owner.keys[size_t(r.page.slot)] == key)
+        {
+            owner.keys[size_t(r.page.slot)].clear();
+        }
+        owner.slots.give(r.page.slot, nullptr);
+    }
+    p.replaced.clear();
 }
 
 void DiskColdLevel::awaitIo(BlobIo io) noexcept

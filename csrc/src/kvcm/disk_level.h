@@ -88,7 +88,9 @@ public:
         std::string& error) noexcept override;
 
     /// Names the blob that `slot` will hold: the page's content key (empty: anonymous) and its
-    /// lifecycle (the region tag). An unclaimed found page with the same key is retired first.
+    /// lifecycle (the region tag). An unclaimed found page with the same key is replaced once the
+    /// write of `slot` is durable, never before (finishWrite): a crash in between leaves the old
+    /// page, not none.
     void assign(PoolGroupIndex group, int32_t slot, std::string const& contentKey, LifeCycleId lifeCycle);
 
     /// Submits region reads; complete() maps kNotFound to kMissing, kChecksumMismatch to kCorrupt
@@ -159,6 +161,12 @@ private:
     using Group = DiskLevelGroup;
 
     // One submitted read or write batch, until complete().
+    /// An unclaimed found page that a write under its key replaces (see assign()).
+    struct Replaced
+    {
+        std::string contentKey;
+        Found page;
+    };
     struct Pending
     {
         uint64_t id = 0;
@@ -172,7 +180,10 @@ private:
         std::string submitError;           ///< Writes: why submission stopped early.
         std::vector<disk::Status> results; ///< Per ticket, once awaitIo() waited for them.
         bool awaited = false;
+        std::vector<Replaced> replaced; ///< Writes: unclaimed pages they replace once durable.
     };
+    /// Settles the pages a write batch replaces, given which of its blobs are on disk now.
+    void settleReplaced(Pending& p, std::vector<bool> const& onDisk, bool ok) noexcept;
 
     // Waits for a read batch: the region's status per page (codes) and its message.
     void finishRead(Pending& p, std::vector<disk::StatusCode>& codes, std::vector<std::string>& messages) noexcept;
@@ -199,6 +210,7 @@ private:
     uint64_t quota_ = 0;
     uint64_t nextAnonymous_ = 0;
     std::unordered_map<std::string, Found> found_; ///< Content key -> unclaimed page.
+    std::vector<Replaced> replacing_;              ///< assign()'s, until submitAssigned() takes them.
 };
 
 } // namespace kvcodec::kvcm
