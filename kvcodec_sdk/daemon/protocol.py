@@ -23,10 +23,15 @@ op  name      arguments                                   reply values
 5   abort     u32 region, u32 n, n × u32 slot             (none)
 6   get       u32 region, u32 n, n × str key              u32 n, n × (u32 slot or ``MISS``, u32 length,
                                                           u32 crc, u32 zero, u64 version); hits are pinned
+                                                          (with a long tier, sent once the keys' page
+                                                          files were read into L2)
 7   release   u32 region, u32 n, n × u32 slot             no reply
 8   stats     (none)                                      str: a JSON object of counters
 9   erase     u32 region, u32 n, n × str key              u32 n, n × u8 (1: the key was stored; its slot
                                                           is freed, or at its last unpin)
+10  prefetch  u32 region, u32 n, n × str key              u32 queued: keys whose long-tier pages are read
+                                                          into L2 in the background (0 without a long
+                                                          tier)
 ==  ========  ==========================================  ===============================================
 
 A slot header in the arena (64 bytes, little-endian): u64 version (even: stable, odd: being
