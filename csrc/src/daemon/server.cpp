@@ -365,13 +365,6 @@ void Server::handle(Client& c, char const* p, size_t n)
         }
         case Op::Get:
         {
-            if (!long_)
-            {
-                return perKey(in, out, [&](FrameWriter& w, uint32_t region, std::string_view key) {
-                    Found const f = index_.get(c.id, region, key);
-                    w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
-                });
-            }
             uint32_t const region = in.get<uint32_t>();
             index_.checkRegion(region);
             std::vector<std::string_view> keys(in.count(4));

@@ -99,13 +99,14 @@ private:
     void handle(Client& c, char const* p, size_t n);
     void refuse(Client& c, std::string const& message);
     void hello(Client& c, uint32_t version, uint32_t pid);
-    /// The reply to a request of a region and keys (get, erase): `answer(writer, region, key)`
+    /// The reply to a request of a region and keys (erase): `answer(writer, region, key)`
     /// writes each key's part after the count.
     template <class Answer>
     void perKey(FrameReader& in, std::string& out, Answer&& answer);
     /// The reply to a lookup: where each key is (pinned for `client`), or a miss.
     void answerGet(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, std::string& out);
-    /// Parks `c`'s lookup when some key missed L2 and has a long-tier page; false to answer now.
+    /// Parks `c`'s lookup when some key missed L2 and has a long-tier page; false to answer now
+    /// (always without a long tier).
     bool park(Client& c, uint32_t region, std::vector<std::string_view> const& keys);
     /// Queues the long-tier pages of `keys` that L2 lacks for reading in; how many were queued.
     uint32_t prefetch(FrameReader& in);

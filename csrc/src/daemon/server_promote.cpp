@@ -23,6 +23,8 @@ void Server::answerGet(uint32_t client, uint32_t region, std::vector<std::string
 
 bool Server::park(Client& c, uint32_t region, std::vector<std::string_view> const& keys)
 {
+    if (!long_)
+        return false;
     std::string const& identity = index_.identity(region);
     uint64_t const pageBytes = index_.layout(region).pageBytes;
     Promotion p;

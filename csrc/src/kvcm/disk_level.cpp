@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "tiers/disk/journal.h"
 
@@ -309,6 +310,7 @@ BlobIo DiskColdLevel::submitAssigned(
 {
     Group& g = groups_[size_t(group)];
     waitErases(g); // Retired blobs give their region slots back once durable.
+    std::vector<Replaced> replaced = std::exchange(replacing_, {});
     try
     {
         pending_.emplace_back();
@@ -317,8 +319,7 @@ BlobIo DiskColdLevel::submitAssigned(
     {
         Pending none; // Nothing written: the pages assign() took for replacing stay unclaimed.
         none.group = group;
-        none.replaced = std::move(replacing_);
-        replacing_.clear();
+        none.replaced = std::move(replaced);
         settleReplaced(none, {}, false);
         return BlobIo{0};
     }
@@ -326,8 +327,7 @@ BlobIo DiskColdLevel::submitAssigned(
     p.id = nextIo_++;
     p.group = group;
     p.write = true;
-    p.replaced = std::move(replacing_);
-    replacing_.clear();
+    p.replaced = std::move(replaced);
     try
     {
         p.tickets.reserve(count);

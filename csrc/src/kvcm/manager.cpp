@@ -422,25 +422,26 @@ std::optional<KvCacheManager::SharedStats> KvCacheManager::sharedStats() const
     return SharedStats{shared->connected(), shared->counters(), shared->reattached()};
 }
 
-uint64_t KvCacheManager::prefetchShared(std::string const* keys, int32_t const* lifeCycles, size_t count)
+SharedColdLevel& KvCacheManager::sharedLevel() const
 {
-    CallGuard guard(*this, "prefetchShared");
     auto* shared = dynamic_cast<SharedColdLevel*>(storage_->coldLevel(CacheLevel::kHost));
     if (shared == nullptr)
     {
         throw std::invalid_argument("this manager has no shared host level: set config.shared");
     }
-    return shared->prefetch(keys, lifeCycles, count);
+    return *shared;
+}
+
+uint64_t KvCacheManager::prefetchShared(std::string const* keys, int32_t const* lifeCycles, size_t count)
+{
+    CallGuard guard(*this, "prefetchShared");
+    return sharedLevel().prefetch(keys, lifeCycles, count);
 }
 
 bool KvCacheManager::reattachShared()
 {
     CallGuard guard(*this, "reattachShared");
-    auto* shared = dynamic_cast<SharedColdLevel*>(storage_->coldLevel(CacheLevel::kHost));
-    if (shared == nullptr)
-    {
-        throw std::invalid_argument("this manager has no shared host level: set config.shared");
-    }
+    SharedColdLevel* shared = &sharedLevel();
     if (shared->connected())
     {
         return false;

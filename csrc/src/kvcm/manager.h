@@ -300,6 +300,8 @@ public:
     bool reattachShared();
     /// SharedColdLevel::prefetch of the keys; std::invalid_argument without a shared host level.
     uint64_t prefetchShared(std::string const* keys, int32_t const* lifeCycles, size_t count);
+    /// The shared host level (std::invalid_argument when the host tier is this process's own).
+    [[nodiscard]] SharedColdLevel& sharedLevel() const;
     /// Erases the disk blobs kept from a previous manager that no page claimed; returns how many.
     size_t forgetUnclaimedOnDisk()
     {

@@ -107,7 +107,7 @@ SharedColdLevel::SharedColdLevel(
                 log::write(log::Level::kWarning,
                     "the shared host level's pool group " + std::to_string(gi) + " holds " + std::to_string(mine.size())
                         + " of the " + std::to_string(spec.slots) + " slots of its quota: the daemon's region '"
-                        + identity_ + "/g" + std::to_string(gi) + "' has " + std::to_string(g.layout.slots)
+                        + regionName(gi) + "' has " + std::to_string(g.layout.slots)
                         + " slots and the others are pinned or being written by other clients");
             }
             counters_.leased += mine.size();
@@ -123,7 +123,7 @@ SharedColdLevel::SharedColdLevel(
     }
     catch (...)
     {
-        unregisterAll();
+        unregisterAll(registered_);
         throw;
     }
 }
@@ -131,7 +131,7 @@ SharedColdLevel::SharedColdLevel(
 SharedColdLevel::~SharedColdLevel()
 {
     // Transfers still reading or writing the arena were waited for by the manager's close.
-    unregisterAll();
+    unregisterAll(registered_);
     if (client_)
     {
         client_->close(); // The daemon releases this client's pins and frees its leases.
@@ -141,7 +141,7 @@ SharedColdLevel::~SharedColdLevel()
 daemon::RegionLayout SharedColdLevel::openRegion(daemon::Client& client, daemon::Mapping& arena, size_t gi,
     uint64_t pageBytes, uint64_t want, std::vector<std::pair<void*, size_t>>& registered)
 {
-    std::string const name = identity_ + "/g" + std::to_string(gi);
+    std::string const name = regionName(gi);
     daemon::RegionLayout const layout
         = client.region(name, pageBytes, uint32_t(std::min<uint64_t>(want, UINT32_MAX)), true);
     if (layout.stride != pageBytes)
@@ -179,13 +179,18 @@ void SharedColdLevel::resetSlots(
     g.givenUp = 0;
 }
 
-void SharedColdLevel::unregisterAll() noexcept
+std::string SharedColdLevel::regionName(size_t gi) const
 {
-    for (auto const& [ptr, bytes] : registered_)
+    return identity_ + "/g" + std::to_string(gi);
+}
+
+void SharedColdLevel::unregisterAll(std::vector<std::pair<void*, size_t>>& registered) noexcept
+{
+    for (auto const& [ptr, bytes] : registered)
     {
         runtime_.unregisterHost(ptr);
     }
-    registered_.clear();
+    registered.clear();
 }
 
 bool SharedColdLevel::reattach(std::vector<std::vector<int32_t>> const& held, std::vector<std::vector<int32_t>>& moved)
@@ -211,7 +216,7 @@ bool SharedColdLevel::reattach(std::vector<std::vector<int32_t>> const& held, st
             leased.push_back(client->lease(layouts.back(), uint32_t(std::min<uint64_t>(want, layouts.back().slots))));
             if (leased.back().size() < held[gi].size())
             {
-                throw std::runtime_error("its region '" + identity_ + "/g" + std::to_string(gi) + "' leased "
+                throw std::runtime_error("its region '" + regionName(gi) + "' leased "
                     + std::to_string(leased.back().size()) + " slots for the " + std::to_string(held[gi].size())
                     + " pages this manager holds there");
             }
@@ -232,17 +237,14 @@ bool SharedColdLevel::reattach(std::vector<std::vector<int32_t>> const& held, st
                 moved[gi]);
             counters_.leased += mine.size();
         }
-        unregisterAll();
+        unregisterAll(registered_);
         registered_ = std::move(registered);
         arena_ = arena; // Views of the old arena keep it mapped (memoryOwner()) until they go.
         client_ = std::move(client);
     }
     catch (std::exception const& e)
     {
-        for (auto const& [ptr, bytes] : registered)
-        {
-            runtime_.unregisterHost(ptr);
-        }
+        unregisterAll(registered);
         if (client)
         {
             client->close(); // Its leases go back to the daemon.

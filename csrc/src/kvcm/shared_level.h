@@ -160,7 +160,10 @@ private:
     /// manager and free and `used` hold its pages.
     static void resetSlots(
         SharedLevelGroup& g, uint32_t slots, std::vector<int32_t> const& free, std::vector<int32_t> const& used);
-    void unregisterAll() noexcept;
+    /// The daemon's name of group `gi`'s region.
+    [[nodiscard]] std::string regionName(size_t gi) const;
+    /// Unregisters and forgets every mapping in `registered`.
+    void unregisterAll(std::vector<std::pair<void*, size_t>>& registered) noexcept;
     void lostDaemon(std::exception const& e) noexcept;
     void publish(SharedLevelGroup& g, bool waitWrites);
     void giveUp(SharedLevelGroup& g);
