@@ -129,6 +129,7 @@ private:
                 args.buffers = warpTables_.at(call.lifeCycle.id).get();
                 args.itemsPerPage = plan.warpItemsPerPage;
                 args.warpPath = 1;
+                args.warpStaged = args.encode && plan.warpGroupBytes <= kMaxWarpStagedGroupBytes ? 1 : 0;
             }
         }
         return cudaCheck(launchKernel(args, numSms_, call.stream), "nvfp4 kernel launch");

@@ -51,6 +51,11 @@ inline constexpr uint32_t kMaxWholeBufferGroups = 256;
 /// shared memory): larger whole buffers take the register path (kernel.cu).
 inline constexpr uint64_t kMaxStagedBytes = 64 * 1024;
 
+/// The largest group (the hot bytes under one fp32 scale) the warp-staged encoder takes: each warp
+/// stages its group and the next in shared memory (kernel_warp_staged.cuh). Lifecycles with larger groups
+/// keep the warp encoder that holds a group in registers.
+inline constexpr uint32_t kMaxWarpStagedGroupBytes = 4096;
+
 /// Division of a 31-bit numerator by a fixed divisor d, as one multiply-high and a shift: mul =
 /// ceil(2^(32 + shift) / d) with shift = floor(log2 d), or mul 0 and a plain shift when d is a
 /// power of two. Exact for numerators below 2^31 (the kernel's block indices; plan.cpp).
@@ -131,6 +136,7 @@ struct LifeCyclePlan
     /// every buffer is a quantized whole buffer with a scale per head (else empty).
     std::vector<BufferPlan> warpBuffers;
     uint64_t warpItemsPerPage = 0;
+    uint64_t warpGroupBytes = 0; ///< The largest group's hot bytes among `warpBuffers`.
 };
 
 /// True when the codec quantizes `b` under `p` (see the blob format above).
@@ -167,6 +173,7 @@ struct KernelArgs
     StagedShape staged;                  ///< Encoding: the staged encoder's shared memory.
     int stagedBlocksPerSm;               ///< Encoding with the staged encoder: its thread blocks per multiprocessor.
     uint32_t warpPath;                   ///< 1: the warp kernels (`buffers` is the warp table: items are groups).
+    uint32_t warpStaged;                 ///< Encoding on the warp path: every group fits kMaxWarpStagedGroupBytes.
 };
 
 /// Loads the kernel now (at configure): with lazy module loading a first launch can wait for

@@ -220,6 +220,28 @@ NVFP4_HD float toFloatUp(double x)
 #endif
 }
 
+/// The smallest block scale e2m1ThresholdsFma() takes (2^-100).
+inline constexpr float kMinFmaThresholdScale = 0x1p-100f;
+
+#if defined(__CUDACC__)
+
+/// e2m1Thresholds() of a block scale bs >= kMinFmaThresholdScale, in fp32: m * bs = c * bs +
+/// delta * bs with delta * bs exact (that bound keeps it normal), so one fused multiply-add rounded
+/// down (up) gives round_down(m * bs) (round_up) exactly, without fp64 products and conversions.
+__device__ __forceinline__ void e2m1ThresholdsFma(float bs, float* t)
+{
+    float const d = __fmul_rn(bs, 0x1p-26f);
+    auto below = [](float x) { return bitsFloat(floatBits(x) - 1u); };
+    t[0] = __fmaf_rd(0.25f, bs, d);
+    t[1] = below(__fmaf_ru(0.75f, bs, -2.0f * d));
+    t[2] = __fmaf_rd(1.25f, bs, 4.0f * d);
+    t[3] = below(__fmaf_ru(1.75f, bs, -4.0f * d));
+    t[4] = __fmaf_rd(2.5f, bs, 8.0f * d);
+    t[5] = below(__fmaf_ru(3.5f, bs, -8.0f * d));
+    t[6] = __fmaf_rd(5.0f, bs, 16.0f * d);
+}
+#endif
+
 /// The seven magnitude thresholds of a block: for a non-NaN magnitude a (fp32),
 /// e2m1Magnitude(divRn(a, bs)) == number of i with a > t[i], exactly, with no division.
 ///
@@ -240,20 +262,9 @@ NVFP4_HD void e2m1Thresholds(float bs, float* t)
         return;
     }
 #if defined(__CUDA_ARCH__)
-    // The same values in fp32: m * bs = c * bs + delta * bs with delta * bs exact (bs >= 2^-100
-    // keeps it normal), so one fused multiply-add rounded down (up) gives round_down(m * bs)
-    // (round_up) exactly, without fp64 products and conversions. Smaller scales take fp64 below.
-    if (bs >= 0x1p-100f)
+    if (bs >= kMinFmaThresholdScale) // smaller scales take fp64 below
     {
-        float const d = __fmul_rn(bs, 0x1p-26f);
-        auto below = [](float x) { return bitsFloat(floatBits(x) - 1u); };
-        t[0] = __fmaf_rd(0.25f, bs, d);
-        t[1] = below(__fmaf_ru(0.75f, bs, -2.0f * d));
-        t[2] = __fmaf_rd(1.25f, bs, 4.0f * d);
-        t[3] = below(__fmaf_ru(1.75f, bs, -4.0f * d));
-        t[4] = __fmaf_rd(2.5f, bs, 8.0f * d);
-        t[5] = below(__fmaf_ru(3.5f, bs, -8.0f * d));
-        t[6] = __fmaf_rd(5.0f, bs, 16.0f * d);
+        e2m1ThresholdsFma(bs, t);
         return;
     }
 #endif

@@ -17,7 +17,10 @@
 // Decoding stages the blob's regions in shared memory the same way, decodes each block with byte
 // permutes over a table its hardware conversions built (bit for bit decodeTable()'s), and writes a
 // warp's 32 blocks as contiguous 16-byte stores through shared memory. Other shapes take one work
-// item per fp32 scale and read and write in place (the generic path, kernel_common.cuh). The
+// item per fp32 scale and read and write in place (the generic path, kernel_common.cuh).
+// Lifecycles of whole buffers with a scale per head whose blobs lie in device memory take the warp
+// kernels instead, a warp per group (kernel_warp.cuh; encoding groups of at most
+// kMaxWarpStagedGroupBytes, the warp-staged encoder of kernel_warp_staged.cuh). The
 // arithmetic is format.h's, shared with the CPU reference: the blobs are identical.
 #include "codec.h"
 
@@ -30,6 +33,7 @@
 #include "kernel_common.cuh"
 #include "kernel_staged.cuh"
 #include "kernel_warp.cuh"
+#include "kernel_warp_staged.cuh"
 #include "kvcodec/kernels.cuh"
 
 namespace nvfp4_codec {
@@ -335,8 +339,14 @@ __global__ void __launch_bounds__(kThreads, kEncode ? kEncodeBlocksPerSm : kDeco
 
 cudaError_t preloadKernel() noexcept
 {
-    return kvcodec::preloadKernels(
-        nvfp4Kernel<true>, nvfp4Kernel<false>, nvfp4Staged, nvfp4Warp<true>, nvfp4Warp<false>);
+    cudaError_t const status = kvcodec::preloadKernels(
+        nvfp4Kernel<true>, nvfp4Kernel<false>, nvfp4Staged, nvfp4Warp<true>, nvfp4Warp<false>, nvfp4WarpStaged);
+    if (status != cudaSuccess)
+    {
+        return status;
+    }
+    return cudaFuncSetAttribute(
+        nvfp4WarpStaged, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWarpStagedSharedBytes));
 }
 
 uint32_t stagedStages() noexcept
@@ -377,7 +387,13 @@ cudaError_t launchKernel(KernelArgs const& call, int numSms, cudaStream_t stream
         constexpr uint64_t warpsPerBlock = kWarpThreads / 32;
         unsigned const blocks
             = kvcodec::gridBlocks((total + warpsPerBlock - 1) / warpsPerBlock, numSms, NVFP4_WARP_BLOCKS_PER_SM);
-        if (args.encode)
+        if (args.encode && args.warpStaged)
+        {
+            unsigned const stagedBlocks = kvcodec::gridBlocks(
+                (total + warpsPerBlock - 1) / warpsPerBlock, numSms, NVFP4_WARP_STAGED_BLOCKS_PER_SM);
+            nvfp4WarpStaged<<<stagedBlocks, kWarpThreads, kWarpStagedSharedBytes, stream>>>(args);
+        }
+        else if (args.encode)
         {
             nvfp4Warp<true><<<blocks, kWarpThreads, 0, stream>>>(args);
         }

@@ -21,6 +21,25 @@ constexpr uint32_t kLaneBlocks = 4; ///< Blocks a lane holds: a group of up to 1
 #define NVFP4_WARP_BLOCKS_PER_SM 3
 #endif
 
+/// The buffer's padding in the blob (after the codes, the block scales and the group scales; each
+/// under 16 bytes), by one warp.
+__device__ __forceinline__ void zeroPadding(BufferPlan const& b, uint8_t* blob)
+{
+    uint32_t const lane = threadIdx.x & 31u;
+    uint32_t const nBlocks = b.tokens * b.heads * b.blocksPerRow;
+    uint64_t const from = lane < 16 ? b.dataOffset + 8ull * nBlocks : b.blockScaleOffset + nBlocks;
+    uint64_t const to = lane < 16 ? b.blockScaleOffset : b.globalScaleOffset;
+    if (from + lane % 16 < to)
+    {
+        blob[from + lane % 16] = 0;
+    }
+    uint64_t const tail = b.globalScaleOffset + 4ull * b.groups + lane;
+    if (lane < 16 && tail < b.regionEnd)
+    {
+        blob[tail] = 0;
+    }
+}
+
 /// Index within the buffer of block k of group g (rows of the group: k / blocksPerRow-th token's).
 __device__ __forceinline__ uint32_t warpBlockIndex(BufferPlan const& b, uint32_t g, uint32_t k)
 {
@@ -114,20 +133,9 @@ __device__ void encodeGroupWarp(BufferPlan const& b, uint32_t g, uint8_t const* 
             }
         }
     }
-    if (g == 0) // the buffer's padding (each under 16 bytes), once
+    if (g == 0)
     {
-        uint32_t const nBlocks = b.tokens * b.heads * b.blocksPerRow;
-        uint64_t const from = lane < 16 ? b.dataOffset + 8ull * nBlocks : b.blockScaleOffset + nBlocks;
-        uint64_t const to = lane < 16 ? b.blockScaleOffset : b.globalScaleOffset;
-        if (from + lane % 16 < to)
-        {
-            blob[from + lane % 16] = 0;
-        }
-        uint64_t const tail = b.globalScaleOffset + 4ull * b.groups + lane;
-        if (lane < 16 && tail < b.regionEnd)
-        {
-            blob[tail] = 0;
-        }
+        zeroPadding(b, blob);
     }
 }
 

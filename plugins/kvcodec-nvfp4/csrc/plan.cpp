@@ -147,6 +147,7 @@ std::string planLifeCycle(
         b.firstItem = out.warpItemsPerPage;
         b.items = b.groups;
         out.warpItemsPerPage += b.items;
+        out.warpGroupBytes = std::max<uint64_t>(out.warpGroupBytes, 32 * b.blocksPerGroup);
         out.warpBuffers.push_back(b);
     }
     // The staged kernels take the lifecycle when every whole buffer fits their stages.

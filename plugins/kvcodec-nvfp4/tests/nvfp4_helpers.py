@@ -75,12 +75,17 @@ class Layout:
         return self.pools[b.pool_index][slot, b.byte_offset:b.byte_offset + b.bytes]
 
 
+# Scales that take KV-like values of magnitude below 16 into the subnormal range of the dtype.
+SUBNORMAL_SCALE = {DType.BFLOAT16: 2.0**-130, DType.FLOAT16: 2.0**-18}
+
+
 def build_layout(rng, pools_spec, num_slots, *, special=False, lifecycles=(0,), offset=0, odd_slot=False,
-                 near=False):
+                 near=False, subnormal=False):
     """One hot pool group. ``pools_spec``: per pool, buffers (layer, role, dtype, (T, H, D) or a
     byte count for opaque bytes), packed after ``offset`` bytes; ``odd_slot`` adds 1 byte to each
     slot, so slots after the first are misaligned; ``near`` fills the buffers with
-    near_threshold_values() instead of KV-like values."""
+    near_threshold_values() instead of KV-like values; ``subnormal`` scales bf16 and fp16 KV-like
+    values by SUBNORMAL_SCALE (most blocks then hold only subnormal values)."""
     pools, descs, buffers = [], [], []
     for p, spec in enumerate(pools_spec):
         placed, off = [], offset
@@ -96,6 +101,8 @@ def build_layout(rng, pools_spec, num_slots, *, special=False, lifecycles=(0,), 
                 for s in range(num_slots):
                     x = near_threshold_values(rng, shape, dtype) if near else kv_values(rng, shape, dtype,
                                                                                           special=special)
+                    if subnormal and dtype in SUBNORMAL_SCALE:
+                        x = x * np.float32(SUBNORMAL_SCALE[dtype])
                     view[s, off:off + nbytes] = x.astype(NP[dtype]).view(np.uint8).reshape(-1)
             else:
                 b = BufferDesc(layer, role, p, off, nbytes, dtype)

@@ -31,6 +31,11 @@ KEY_VALUE = [
 # Only quantized buffers with several heads: with a scale per head and blobs in device memory, the
 # warp kernels take them. Groups of 15 blocks (a partial warp) and of 320 (three rounds of 128).
 WARP = [[(0, K, BF, (5, 3, 48)), (0, V, FP, (40, 2, 128))]]
+# Groups of at most 4 KiB take the warp-staged encoder. Rows of 4, 8 or 16 blocks (its copy by
+# strides): partial groups of 5 and 3 rows, full ones of 8 rows of 16 and 16 rows of 8 blocks.
+WARP_STAGED = [[(0, K, BF, (5, 3, 64)), (0, V, FP, (8, 2, 256)), (1, K, BF, (3, 4, 128)), (1, V, FP, (16, 3, 128))]]
+# Rows of 3 and 6 blocks: its general copy.
+WARP_STAGED_ODD = [[(0, K, BF, (5, 3, 48)), (0, V, FP, (7, 2, 96))]]
 GRANULARITIES = ("page_head", "page")
 
 
@@ -49,10 +54,10 @@ def dev_pairs(dst, src):
 
 
 def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, special=True, slots=12, pages=9,
-                      near=False):
+                      near=False, subnormal=False):
     rng = np.random.default_rng(23)
     host = build_layout(rng, spec, slots, special=special, odd_slot=odd_slot, offset=5 if odd_slot else 0,
-                        near=near)
+                        near=near, subnormal=subnormal)
     dev = [torch.from_numpy(p.copy()).cuda() for p in host.pools]
     src = rng.permutation(slots)[:pages]
     dst = rng.permutation(pages + 2)[:pages]
@@ -84,7 +89,8 @@ def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, specia
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE, WARP], ids=["mixed", "large", "key-value", "warp"])
+@pytest.mark.parametrize("spec", [MIXED, LARGE, KEY_VALUE, WARP, WARP_STAGED, WARP_STAGED_ODD],
+                         ids=["mixed", "large", "key-value", "warp", "warp-staged", "warp-staged-odd"])
 @pytest.mark.parametrize("cold_kind", ["device", "pinned"])
 def test_gpu_blobs_equal_cpu_blobs_and_decode_identically(granularity, spec, cold_kind, stream):
     check_against_cpu({"granularity": granularity}, spec, cold_kind, stream)
@@ -106,6 +112,13 @@ def test_values_next_to_every_rounding_threshold_code_as_on_the_cpu(granularity,
     check_against_cpu({"granularity": granularity}, spec, "pinned", stream, near=True, special=False)
 
 
+@pytest.mark.parametrize("spec", [WARP_STAGED, MIXED], ids=["warp-staged", "mixed"])
+def test_subnormal_blocks_code_as_on_the_cpu(spec, stream):
+    # Blocks of subnormal values only, and groups whose scale is clamped to 2^-126: the largest
+    # magnitudes and the codes come out of the kernels' packed half-precision arithmetic.
+    check_against_cpu({"granularity": "page_head"}, spec, "device", stream, special=False, subnormal=True)
+
+
 def test_lossless_lists_on_the_gpu(stream):
     check_against_cpu({"lossless_roles": "key", "lossless_layers": "1"}, MIXED, "device", stream)
 
@@ -115,7 +128,8 @@ def test_many_pages_in_one_call(stream):
                       slots=5000, pages=4000)
 
 
-@pytest.mark.parametrize("spec", [MIXED, WARP], ids=["mixed", "warp"])
+@pytest.mark.parametrize("spec", [MIXED, WARP, WARP_STAGED, WARP_STAGED_ODD],
+                         ids=["mixed", "warp", "warp-staged", "warp-staged-odd"])
 def test_out_of_range_device_indices_write_nothing(spec, stream):
     rng = np.random.default_rng(1)
     host = build_layout(rng, spec, 4)
