@@ -55,6 +55,23 @@ def test_fast_crc32c_three_stream_blocks_match_the_reference(size):
     assert crc32c(data[half:], crc32c(data[:half])) == _native.crc32c(data)
 
 
+@pytest.mark.parametrize("size", [511, 512, 513, 527, 1023, 1024, 1040, 4097, 65536 + 15, 576 * 1024])
+@pytest.mark.parametrize("offset", [0, 1, 13])
+def test_folded_crc32c_and_checked_copy_match_the_reference(size, offset):
+    """Buffers of 512 bytes and more take the carry-less multiply folding where the CPU has
+    AVX-512 with VPCLMULQDQ (every length past a 512-byte step, every alignment, a running CRC);
+    crc32c_copy copies while it checksums and must leave exactly the source's bytes."""
+    data = np.random.default_rng(size + offset).integers(0, 256, size + offset, dtype=np.uint8)[offset:]
+    ref = _native.crc32c(data.tobytes(), 0xA5A5A5A5)
+    assert crc32c(data, 0xA5A5A5A5) == ref
+    dst = np.zeros(size + 3, np.uint8)
+    assert _native.disk.crc32c_copy(dst[3:], data, 0xA5A5A5A5) == ref
+    assert np.array_equal(dst[3:], data) and not dst[:3].any()
+    with pytest.raises(ValueError, match="dst holds"):
+        _native.disk.crc32c_copy(bytearray(size - 1), data)
+    assert isinstance(_native.disk.crc32c_fold_available(), bool)
+
+
 def test_crc32c_known_value_and_chaining():
     assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
     data = page(1, 100003)

@@ -120,6 +120,22 @@ void bindDisk(py::module_& parent)
         },
         py::arg("data"), py::arg("crc") = 0, "CRC-32C with SSE4.2 (raises without it).");
     m.def("crc32c_hardware_available", &crc32cHardwareAvailable);
+    m.def("crc32c_fold_available", &kvcodec::crc32cFoldAvailable,
+        "True when crc32c() and crc32c_copy() fold buffers of 512 bytes and more with AVX-512 "
+        "carry-less multiplies.");
+    m.def(
+        "crc32c_copy",
+        [](py::buffer const& dst, py::buffer const& src, uint32_t crc) {
+            auto [d, dn] = bufferOf(dst, true, "dst");
+            auto [s, sn] = bufferOf(src, false, "src");
+            if (dn < sn)
+                throw py::value_error("dst holds " + std::to_string(dn) + " bytes; src has " + std::to_string(sn)
+                    + ": dst must hold at least as many");
+            return kvcodec::crc32cCopy(d, s, sn, crc);
+        },
+        py::arg("dst"), py::arg("src"), py::arg("crc") = 0,
+        "Copies src into the start of dst (not overlapping) and returns src's CRC-32C (one pass: a "
+        "checked copy).");
 
     m.def(
         "read_region_file",
