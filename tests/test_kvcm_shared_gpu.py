@@ -12,7 +12,7 @@ import pytest
 from test_kvcm_support import hot_bytes, write_random
 
 import kvcodec_sdk as kv
-from kvcodec_sdk.daemon import DaemonClient
+from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
 from kvcodec_sdk.testing.support import gpu_test_marks
 
 pytestmark = gpu_test_marks()
@@ -119,3 +119,34 @@ def test_a_plugin_codec_shares_pages_through_the_arena(daemon):
     finally:
         a.close()
         b.close()
+
+
+def test_a_cuda_manager_reattaches_to_a_restarted_daemon(tmp_path):
+    # The new arena is registered for the GPU's copies, the host-level pages are copied into it,
+    # and pages evicted after the restart are onboarded by another manager.
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    a, b = manager(sock, "concat"), None
+    try:
+        pages = a.allocate(0, 8)
+        expected = write_random(a, pages, np.random.default_rng(6))
+        keys = [b"r/%d" % i for i in range(8)]
+        a.set_keys(pages, keys)
+        a.evict(pages[:6])
+        d.stop()
+        assert a.find_shared([b"anything"]) == [None] and a.shared_stats()["connected"] is False
+        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+        assert a.reattach_shared() is True and a.shared_stats()["reattached"] == 1
+        assert a.onboard(pages[:6]).moved == 6
+        assert all(np.array_equal(hot_bytes(a, p), expected[p.id]) for p in pages)
+        a.evict(pages)
+        b = manager(sock, "concat")
+        found = b.find_shared(keys)
+        assert all(f is not None for f in found)
+        assert b.onboard(found).moved == 8
+        assert all(np.array_equal(hot_bytes(b, f), expected[p.id]) for f, p in zip(found, pages))
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+        d.stop()
