@@ -606,45 +606,44 @@ inline uint32_t crc32cHardware(void const* data, size_t bytes, uint32_t crc = 0)
 #endif
 }
 
+namespace crc32c_detail {
+/// The raw state after `bytes` at `p` from `state` by the fastest path this CPU has (folding, the
+/// CRC instruction, slicing-by-8); with kCopy the bytes are also stored to `dst`.
+template <bool kCopy>
+inline uint32_t fastPass(unsigned char const* p, unsigned char* dst, size_t bytes, uint32_t state) noexcept
+{
+#if defined(KVCODEC_CRC32C_X86)
+    if (bytes >= kFoldMinBytes && foldAvailable())
+    {
+        return foldPass<kCopy>(p, dst, bytes, state);
+    }
+#endif
+#if defined(KVCODEC_CRC32C_TARGET)
+    if (hardwareAvailable())
+    {
+        return hardwarePass<kCopy>(p, dst, bytes, state);
+    }
+#endif
+    if constexpr (kCopy)
+    {
+        std::memcpy(dst, p, bytes);
+    }
+    return slicing8(p, bytes, state);
+}
+} // namespace crc32c_detail
+
 /// Copies `bytes` from `src` to `dst` (not overlapping) and returns their CRC-32C, in one pass
-/// over the bytes where the CPU has a CRC instruction (else a copy, then slicing-by-8).
+/// over the bytes where the CPU has folding or a CRC instruction (else a copy, then slicing-by-8).
 inline uint32_t crc32cCopy(void* dst, void const* src, size_t bytes, uint32_t crc = 0) noexcept
 {
-    auto const* p = static_cast<unsigned char const*>(src);
-    auto* d = static_cast<unsigned char*>(dst);
-#if defined(KVCODEC_CRC32C_X86)
-    if (bytes >= crc32c_detail::kFoldMinBytes && crc32c_detail::foldAvailable())
-    {
-        return ~crc32c_detail::foldPass<true>(p, d, bytes, ~crc);
-    }
-#endif
-#if defined(KVCODEC_CRC32C_TARGET)
-    if (crc32c_detail::hardwareAvailable())
-    {
-        return ~crc32c_detail::hardwarePass<true>(p, d, bytes, ~crc);
-    }
-#endif
-    std::memcpy(d, p, bytes);
-    return ~crc32c_detail::slicing8(d, bytes, ~crc);
+    return ~crc32c_detail::fastPass<true>(
+        static_cast<unsigned char const*>(src), static_cast<unsigned char*>(dst), bytes, ~crc);
 }
 
-/// CRC-32C with the CPU's CRC instruction when it has one, else slicing-by-8.
+/// CRC-32C by the fastest path this CPU has: folding, else its CRC instruction, else slicing-by-8.
 inline uint32_t crc32cFast(void const* data, size_t bytes, uint32_t crc = 0) noexcept
 {
-    auto const* p = static_cast<unsigned char const*>(data);
-#if defined(KVCODEC_CRC32C_X86)
-    if (bytes >= crc32c_detail::kFoldMinBytes && crc32c_detail::foldAvailable())
-    {
-        return ~crc32c_detail::foldPass<false>(p, nullptr, bytes, ~crc);
-    }
-#endif
-#if defined(KVCODEC_CRC32C_TARGET)
-    if (crc32c_detail::hardwareAvailable())
-    {
-        return ~crc32c_detail::hardware(p, bytes, ~crc);
-    }
-#endif
-    return ~crc32c_detail::slicing8(p, bytes, ~crc);
+    return ~crc32c_detail::fastPass<false>(static_cast<unsigned char const*>(data), nullptr, bytes, ~crc);
 }
 
 } // namespace kvcodec

@@ -63,27 +63,37 @@ __device__ __forceinline__ uint32_t finiteBlockAmax(uint32_t const (&w)[8], uint
     return m;
 }
 
+/// Packed "x > y" of two hot-type lanes: 0xFFFF where true.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t gtMask(uint32_t x, uint32_t y)
+{
+    if constexpr (kBf16)
+    {
+        return __hgt2_mask(*reinterpret_cast<__nv_bfloat162 const*>(&x), *reinterpret_cast<__nv_bfloat162 const*>(&y));
+    }
+    else
+    {
+        return __hgt2_mask(*reinterpret_cast<__half2 const*>(&x), *reinterpret_cast<__half2 const*>(&y));
+    }
+}
+
+/// encodeElement()'s binary search over the packed thresholds T, one lane per element of the
+/// magnitudes `a`: the masks of the code's bits 2 (m4), 1 (m2) and 0 (m1).
+template <bool kBf16>
+__device__ __forceinline__ void searchPair(uint32_t a, uint32_t const (&T)[7], uint32_t& m4, uint32_t& m2, uint32_t& m1)
+{
+    m4 = gtMask<kBf16>(a, T[3]);
+    m2 = gtMask<kBf16>(a, (T[5] & m4) | (T[1] & ~m4));
+    uint32_t const t1 = (((T[6] & m2) | (T[4] & ~m2)) & m4) | (((T[2] & m2) | (T[0] & ~m2)) & ~m4);
+    m1 = gtMask<kBf16>(a, t1);
+}
+
 /// Two elements' codes (bits 0-3 and 16-19) of the hot word w under the packed thresholds T.
 template <bool kBf16>
 __device__ __forceinline__ uint32_t encodePair(uint32_t w, uint32_t const (&T)[7])
 {
-    uint32_t const a = w & 0x7FFF7FFFu;
-    auto gt = [](uint32_t x, uint32_t y) -> uint32_t {
-        if constexpr (kBf16)
-        {
-            return __hgt2_mask(
-                *reinterpret_cast<__nv_bfloat162 const*>(&x), *reinterpret_cast<__nv_bfloat162 const*>(&y));
-        }
-        else
-        {
-            return __hgt2_mask(*reinterpret_cast<__half2 const*>(&x), *reinterpret_cast<__half2 const*>(&y));
-        }
-    };
-    // encodeElement()'s binary search, one lane per element.
-    uint32_t const m4 = gt(a, T[3]);
-    uint32_t const m2 = gt(a, (T[5] & m4) | (T[1] & ~m4));
-    uint32_t const t1 = (((T[6] & m2) | (T[4] & ~m2)) & m4) | (((T[2] & m2) | (T[0] & ~m2)) & ~m4);
-    uint32_t const m1 = gt(a, t1);
+    uint32_t m4, m2, m1;
+    searchPair<kBf16>(w & 0x7FFF7FFFu, T, m4, m2, m1);
     return (m4 & 0x00040004u) | (m2 & 0x00020002u) | (m1 & 0x00010001u) | ((w >> 12) & 0x00080008u);
 }
 

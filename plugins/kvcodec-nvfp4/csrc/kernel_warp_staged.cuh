@@ -104,21 +104,10 @@ __device__ __forceinline__ uint32_t select(uint32_t mask, uint32_t a, uint32_t b
 template <bool kBf16>
 __device__ __forceinline__ uint32_t encodePairHigh(uint32_t w, uint32_t const (&T)[7])
 {
-    auto gt = [w](uint32_t y) -> uint32_t {
-        if constexpr (kBf16)
-        {
-            return __hgt2_mask(
-                __habs2(*reinterpret_cast<__nv_bfloat162 const*>(&w)), *reinterpret_cast<__nv_bfloat162 const*>(&y));
-        }
-        else
-        {
-            return __hgt2_mask(__habs2(*reinterpret_cast<__half2 const*>(&w)), *reinterpret_cast<__half2 const*>(&y));
-        }
-    };
-    uint32_t const m4 = gt(T[3]);
-    uint32_t const m2 = gt((T[5] & m4) | (T[1] & ~m4));
-    uint32_t const t1 = (((T[6] & m2) | (T[4] & ~m2)) & m4) | (((T[2] & m2) | (T[0] & ~m2)) & ~m4);
-    uint32_t const m1 = gt(t1);
+    using H2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+    H2 const mag = __habs2(*reinterpret_cast<H2 const*>(&w));
+    uint32_t m4, m2, m1;
+    searchPair<kBf16>(*reinterpret_cast<uint32_t const*>(&mag), T, m4, m2, m1);
     // Bit 14 from m4, 13 from m2, 12 from m1, 15 from w (the sign); likewise 28-31. Three
     // selects, each one instruction (the compiler's own form of them takes four).
     uint32_t const x = select(0x40004000u, m4, m2);
@@ -180,7 +169,8 @@ __device__ __forceinline__ uint2 encodeScaled(uint32_t const (&w)[8], uint32_t f
 }
 
 /// Codes and block scale of one block of a lane, block k of the group (k < n), the general way:
-/// any magnitude, any scale.
+/// any magnitude, any scale. (encodeGroupWarp() writes the same lines out: called there, its
+/// pointers spill the register encoder's 80 registers.)
 template <bool kBf16>
 __device__ __forceinline__ void encodeLaneBlock(
     uint32_t const (&w)[8], uint32_t raw, float s, uint32_t idx, uint2* codes, uint8_t* scales)
