@@ -537,3 +537,95 @@ def test_non_blocking_onboards_beyond_the_page_ring_do_not_wait_for_a_slice(tmp_
     assert [h.wait().moved for h in handles] == [32, 32, 32]
     check_hot(m, pages, model)
     assert m.page_ring()["live_leases"] == 0 and m.in_flight_transfers() == 0
+
+
+def make_with_test_codec(path, **kw):
+    """A manager of GROUPS on the test codec (it records each call's thread and overlap)."""
+    from test_kvcm_support import make_test_codec
+
+    return KVCacheManager(config(GROUPS, gpu_quota=1 << 16, host_quota=kw.pop("host_quota", 1 << 17),
+                                 disk=DiskTierConfig(str(path), max_bytes=8 << 20, container_bytes=1 << 20,
+                                                     io_mode="buffered")), cold_page_codec=make_test_codec())
+
+
+@pytest.fixture
+def held_encodes():
+    """Every test-codec encode sleeps a while (restored after the test)."""
+    from test_kvcm_support import T
+
+    T.clear_codec_calls()
+    yield T
+    T.hold_encodes(0)
+    T.clear_codec_calls()
+
+
+def test_on_the_cpu_backend_an_eviction_to_disk_encodes_on_the_io_thread(tmp_path, rng, held_encodes):
+    # The codec runs where it is called on the CPU backend: on the caller's thread the call would
+    # block for the whole encode. It is the I/O thread's, before the job's writes.
+    T = held_encodes
+    m = make_with_test_codec(tmp_path)
+    pages = m.allocate(0, 4) + m.allocate(1, 2)
+    model = write_random(m, pages, rng)
+    T.hold_encodes(100_000)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    assert all(p.in_flight for p in pages)
+    assert pending.wait().moved == 6
+    encodes = [c for c in T.codec_calls() if c.kind == "encode"]
+    assert encodes and all(c.thread != threading.get_native_id() for c in encodes)
+    T.hold_encodes(0)
+    # A blocking eviction encodes there too; the caller waits for its job as before.
+    more = m.allocate(0, 2)
+    model.update(write_random(m, more, rng))
+    T.clear_codec_calls()
+    assert m.evict(more, level=CacheLevel.DISK).moved == 2
+    assert all(c.thread != threading.get_native_id() for c in T.codec_calls() if c.kind == "encode")
+    scribble(m)
+    assert m.onboard(pages + more, source=CacheLevel.DISK).moved == 8
+    check_hot(m, pages + more, model)
+
+
+def test_an_encode_on_the_io_thread_never_overlaps_a_callers_codec_call(tmp_path, rng, held_encodes):
+    # The I/O thread's encode and the caller's decode share one codec, which need not be
+    # reentrant: the manager runs them one at a time.
+    T = held_encodes
+    m = make_with_test_codec(tmp_path)
+    warm = m.allocate(0, 3)
+    model = write_random(m, warm, rng)
+    m.evict(warm, level=CacheLevel.HOST)
+    pages = m.allocate(0, 3)
+    model.update(write_random(m, pages, rng))
+    T.clear_codec_calls()
+    T.hold_encodes(150_000)
+    pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+    deadline = time.monotonic() + 10
+    while not any(c.kind == "encode" for c in T.codec_calls()) and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the I/O thread's encode began (it holds the codec 150 ms)
+    assert m.onboard(warm, source=CacheLevel.HOST).moved == 3  # the caller's decode
+    assert pending.wait().moved == 3
+    calls = T.codec_calls()
+    assert {c.kind for c in calls} == {"encode", "decode"}
+    assert not any(c.overlapped for c in calls)
+    check_hot(m, warm, model)
+    scribble(m)
+    assert m.onboard(pages, source=CacheLevel.DISK).moved == 3
+    check_hot(m, pages, model)
+
+
+def test_an_encode_failing_on_the_io_thread_leaves_the_pages_hot(tmp_path, rng, held_encodes):
+    T = held_encodes
+    m = make_with_test_codec(tmp_path)
+    pages = m.allocate(0, 3)
+    model = write_random(m, pages, rng)
+    T.fail_codec_calls_after(0)  # the next codec call (the I/O thread's encode) fails
+    try:
+        pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
+        with pytest.raises(MigrationError, match="encoding the pages for the disk level failed"):
+            pending.wait()
+    finally:
+        T.fail_codec_calls_after(-1)
+    check_hot(m, pages, model)
+    assert disk_slots_free(m) and m.in_flight_transfers() == 0
+    assert m.evict(pages, level=CacheLevel.DISK).moved == 3  # and a retry lands
+    scribble(m)
+    assert m.onboard(pages, source=CacheLevel.DISK).moved == 3
+    check_hot(m, pages, model)

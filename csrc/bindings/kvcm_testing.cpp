@@ -121,7 +121,10 @@ void kvcodec::bindings::bindKvcmTesting(py::module_& t)
         .def_property_readonly("kind", [](kvcm::testing::CodecCall const& c) { return c.encode ? "encode" : "decode"; })
         .def_readonly("lifecycle", &kvcm::testing::CodecCall::lifeCycle)
         .def_readonly("pages", &kvcm::testing::CodecCall::pages)
-        .def_readonly("indices", &kvcm::testing::CodecCall::indices);
+        .def_readonly("indices", &kvcm::testing::CodecCall::indices)
+        .def_readonly("thread", &kvcm::testing::CodecCall::thread, "the OS thread id (threading.get_native_id())")
+        .def_readonly("overlapped", &kvcm::testing::CodecCall::overlapped,
+            "another test-codec call was running when this one began");
     py::class_<LeaseInfo>(t, "LeaseInfo", "A live staging lease.")
         .def_readonly("offset", &LeaseInfo::offset)
         .def_readonly("size", &LeaseInfo::size)
@@ -146,6 +149,8 @@ void kvcodec::bindings::bindKvcmTesting(py::module_& t)
         py::arg("abi_version") = KVCODEC_PLUGIN_ABI_VERSION);
     t.def("fail_codec_calls_after", &kvcm::testing::failCodecCallsAfter, py::arg("after"));
     t.def("codec_calls", [] { return kvcm::testing::codecCalls(); });
+    t.def("hold_encodes", &kvcm::testing::holdEncodes, py::arg("us"),
+        "every later test-codec encode sleeps `us` microseconds first (0: off)");
     t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
 
     py::class_<StagingHarness>(t, "StagingHarness")

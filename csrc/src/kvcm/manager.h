@@ -496,6 +496,13 @@ private:
     void enqueue(std::unique_ptr<Job> job);
     void ioLoop();
     void startJob(Job& job) noexcept;
+    // On the CPU backend a staged write's encode is its job's, run on the I/O thread (the codec
+    // works on the calling thread there: on the caller's it would block the call for the whole
+    // encode). On a GPU the encode is queued on the call's stream and the I/O thread waits for it.
+    [[nodiscard]] bool encodesOnIoThread() const noexcept;
+    static void deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count);
+    // On the I/O thread: a deferred encode (false, job.error set, when it failed).
+    bool encodeOnIoThread(Job& job) noexcept;
     // Under the manager's lock: commits (or rolls back) every job whose I/O finished.
     void drainJobs();
     // False when the job was queued again (a decode submitted, whose wait comes next).

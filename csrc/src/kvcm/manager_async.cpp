@@ -11,6 +11,7 @@
 // at its source level, out of the eviction queues: a failed job changes nothing but its
 // destination slots.
 #include <algorithm>
+#include <chrono>
 
 #include "kvcm/manager.h"
 #include "kvcm/manager_internal.h"
@@ -124,6 +125,10 @@ void KvCacheManager::startJob(Job& job) noexcept
     {
         return; // Its decode was what it waited for: the statuses can be read now.
     }
+    if (job.encodeOnIo && !encodeOnIoThread(job))
+    {
+        return;
+    }
     ColdLevel* cold = storage_->coldLevel(job.write ? job.key.dst : job.key.src);
     size_t const n = job.pages.size();
     if (job.write)
@@ -134,6 +139,45 @@ void KvCacheManager::startJob(Job& job) noexcept
     {
         job.io = cold->submitRead(job.key.srcGroup, job.srcSlots.data(), job.blobs.data(), n, job.status.data());
     }
+}
+
+bool KvCacheManager::encodesOnIoThread() const noexcept
+{
+    return runtime_->codecDevice() == KVCODEC_DEVICE_CPU;
+}
+
+void KvCacheManager::deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count)
+{
+    job.encodeOnIo = true;
+    job.encodeBase = base;
+    job.encodePairs.assign(pairs, pairs + count);
+}
+
+// The hot slots stay as they are while the job is in flight (its pages are, and the call's rule
+// says their bytes do too); the destination (slice or host slots) is the job's alone. The codec
+// is shared with the callers' calls: StorageManager::transcode serializes them.
+bool KvCacheManager::encodeOnIoThread(Job& job) noexcept
+{
+    std::string error;
+    uint64_t calls = 0;
+    bool ok = false;
+    auto const t0 = std::chrono::steady_clock::now();
+    try
+    {
+        ok = storage_->transcode(true, job.key.rep, job.encodeBase, job.encodePairs.data(), job.encodePairs.size(),
+            job.stream, error, nullptr, &calls);
+    }
+    catch (std::exception const& e)
+    {
+        error = e.what();
+    }
+    job.calls += calls;
+    job.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok)
+    {
+        job.error = "encoding the pages for the " + std::string(levelName(job.key.dst)) + " level failed: " + error;
+    }
+    return ok;
 }
 
 void KvCacheManager::ioLoop()
@@ -333,10 +377,16 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
     {
         pairs[i] = {int32_t(i), job.srcSlots[i]};
     }
+    if (encodesOnIoThread())
+    {
+        deferEncode(job, lease.data(), pairs.data(), n);
+        useSlice(job, std::move(lease));
+        return true;
+    }
     Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
         storage_->slots(job.key.src, job.key.srcGroup), storage_->slots(job.key.dst, job.key.dstGroup), false, 0,
         nullptr, false, 0, std::nullopt};
-    uint64_t const callsBefore = storage_->codecCalls();
+    uint64_t const callsBefore = t.calls;
     bool ok = false;
     try
     {
@@ -351,7 +401,7 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
         lease.setStream(job.stream); // Released behind whatever the codec submitted.
         return false;
     }
-    job.calls = storage_->codecCalls() - callsBefore;
+    job.calls = t.calls - callsBefore;
     job.seconds += t.seconds;
     job.finish = runtime_->record(job.stream);
     job.waits.clear();

@@ -36,6 +36,7 @@ struct KvCacheManager::Transfer
     // one, when the transfer returns.
     std::optional<StagingBuffer> lease;
     bool deferred = false; ///< The pages went to the I/O thread as a job: nothing to commit here.
+    uint64_t calls = 0;    ///< Codec calls this transfer made (another thread's are not counted).
 };
 
 // One staged transfer handed to the manager's I/O thread: a write of blobs (encoded into a
@@ -77,6 +78,11 @@ struct KvCacheManager::Job
     /// A write whose encode waits with it for a slice (srcSlots: the hot slots it reads): the
     /// encode is submitted on the call's stream once stageWaiting() gives it one.
     bool encodeLater = false;
+    /// CPU backend: the encode is the I/O thread's, run before the writes (each pair: the blob's
+    /// index at `encodeBase`, the hot slot it reads), so the caller never runs it.
+    bool encodeOnIo = false;
+    std::byte* encodeBase = nullptr;
+    std::vector<PageIndexPair> encodePairs;
     bool decoded = false;   ///< The decode was submitted; the job is queued again for its wait.
     bool hostCheck = false; ///< The envelopes are checked on the host before decoding.
     uint16_t envelope = 0;

@@ -98,7 +98,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
             {"kvcodec transfer remote->hot", "kvcodec transfer remote->host", "kvcodec transfer remote->disk",
                 "kvcodec transfer remote->remote"}};
     nvtx::Range range(kRanges[size_t(key.src)][size_t(key.dst)], count);
-    uint64_t const callsBefore = storage_->codecCalls();
+    uint64_t const callsBefore = t.calls;
     if (!(this->*kPaths[key.path])(t))
     {
         return false;
@@ -106,7 +106,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
     if (count > 0 && !t.deferred) // Zero: every page was dropped before anything was submitted.
     {
         EventPtr const finish = runtime_->record(t.stream);
-        commit(t, storage_->codecCalls() - callsBefore, finish);
+        commit(t, t.calls - callsBefore, finish);
     }
     return true;
 }
@@ -144,9 +144,10 @@ bool KvCacheManager::transcode(
     // GPU timing (opt-in): timed events around the call, read once both completed (harvestGpuTimes).
     bool const timed = gpuTiming_ && timedCalls_.size() < kMaxTimedCalls;
     EventPtr start = timed ? runtime_->recordTimed(t.stream) : nullptr;
-    uint64_t const callsBefore = storage_->codecCalls();
+    uint64_t const callsBefore = t.calls;
     auto const t0 = std::chrono::steady_clock::now();
-    bool const ok = storage_->transcode(encode, t.key.rep, coldBase, pairs, t.count, t.stream, t.error, status);
+    bool const ok
+        = storage_->transcode(encode, t.key.rep, coldBase, pairs, t.count, t.stream, t.error, status, &t.calls);
     t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (start && ok)
     {
@@ -154,7 +155,7 @@ bool KvCacheManager::transcode(
         if (end)
         {
             timedCalls_.push_back({std::move(start), std::move(end), encode, t.key.src, t.key.srcGroup, t.key.dst,
-                t.key.dstGroup, storage_->codecCalls() - callsBefore});
+                t.key.dstGroup, t.calls - callsBefore});
         }
     }
     harvestGpuTimes();
@@ -466,12 +467,22 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     {
         s.codecPairs[i] = {int32_t(i), s.pairs[i].src};
     }
-    uint64_t const callsBefore = storage_->codecCalls();
-    if (!transcode(t, true, t.lease->data(), s.codecPairs.data(), nullptr))
+    std::unique_ptr<Job> job;
+    if (encodesOnIoThread())
     {
-        return false;
+        job = std::make_unique<Job>();
+        job->write = true;
+        deferEncode(*job, t.lease->data(), s.codecPairs.data(), t.count);
     }
-    std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
+    else
+    {
+        uint64_t const callsBefore = t.calls;
+        if (!transcode(t, true, t.lease->data(), s.codecPairs.data(), nullptr))
+        {
+            return false;
+        }
+        job = writeJob(t, t.calls - callsBefore);
+    }
     std::byte* const slice = t.lease->data();
     job->lease = std::move(t.lease);
     t.lease.reset();
@@ -507,17 +518,27 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
         s.codecPairs[i] = {slot, s.pairs[i].src};
     }
     waitAll(s.events, t.stream);
-    uint64_t const callsBefore = storage_->codecCalls();
-    if (!transcode(t, true, base, s.codecPairs.data(), nullptr))
+    std::unique_ptr<Job> job;
+    if (encodesOnIoThread())
     {
-        EventPtr const done = runtime_->record(t.stream);
-        for (int32_t slot : slots)
-        {
-            pool.give(slot, done);
-        }
-        return false;
+        job = std::make_unique<Job>();
+        job->write = true;
+        deferEncode(*job, base, s.codecPairs.data(), t.count);
     }
-    std::unique_ptr<Job> job = writeJob(t, storage_->codecCalls() - callsBefore);
+    else
+    {
+        uint64_t const callsBefore = t.calls;
+        if (!transcode(t, true, base, s.codecPairs.data(), nullptr))
+        {
+            EventPtr const done = runtime_->record(t.stream);
+            for (int32_t slot : slots)
+            {
+                pool.give(slot, done);
+            }
+            return false;
+        }
+        job = writeJob(t, t.calls - callsBefore);
+    }
     job->hostGroup = g;
     job->hostSlots = std::move(slots);
     int32_t const* hostSlots = job->hostSlots.data();
@@ -574,7 +595,7 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
     size_t n = kept;
     Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
         storage_->slots(job.key.src, job.key.srcGroup), dstPool, false, 0, status, false, 0, std::nullopt};
-    uint64_t const callsBefore = storage_->codecCalls();
+    uint64_t const callsBefore = t.calls;
     bool ok = false;
     EventPtr finish;
     try
@@ -603,7 +624,7 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
             "decoding the blobs read from the " + std::string(levelName(job.key.src)) + " level failed: " + error);
         return true;
     }
-    job.calls = storage_->codecCalls() - callsBefore;
+    job.calls = t.calls - callsBefore;
     job.seconds = t.seconds;
     job.finish = finish;
     if (!job.checked || !finish)

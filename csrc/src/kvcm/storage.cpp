@@ -526,11 +526,16 @@ StagingManager& StorageManager::ensureIndexRing()
 }
 
 bool StorageManager::transcode(bool encode, LifeCycleId rep, std::byte* coldBase, PageIndexPair const* pairs,
-    size_t count, Stream stream, std::string& error, uint8_t* pageStatus)
+    size_t count, Stream stream, std::string& error, uint8_t* pageStatus, uint64_t* calls)
 {
+    std::lock_guard<std::mutex> lock(codecMu_);
     size_t done = 0;
     auto call = [&](PageIndexPair const* p, size_t k) {
         ++codecCalls_;
+        if (calls != nullptr)
+        {
+            ++*calls;
+        }
         bool const ok = encode ? codec_->encode(rep, coldBase, p, k, stream)
             : pageStatus       ? codec_->decodeChecked(rep, coldBase, p, k, pageStatus + done, stream)
                                : codec_->decode(rep, coldBase, p, k, stream);

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -162,8 +164,11 @@ public:
     /// representative `rep`, staging the indices where the codec takes them. `count` is at most
     /// kMaxPairsPerCall; the ring may split it into several codec calls. A decode with
     /// `pageStatus` calls decodeChecked() (only when checkedDecode()), one status byte per pair.
+    /// Codec calls are serialized (codecs need not be reentrant): on the CPU backend the
+    /// manager's I/O thread encodes while a caller may decode. `calls` (if given) gets the
+    /// number of codec calls made.
     bool transcode(bool encode, LifeCycleId rep, std::byte* coldBase, PageIndexPair const* pairs, size_t count,
-        Stream stream, std::string& error, uint8_t* pageStatus = nullptr);
+        Stream stream, std::string& error, uint8_t* pageStatus = nullptr, uint64_t* calls = nullptr);
 
     /// True when the codec reports a status per decoded page (plugin ABI >= 2 and
     /// hasCheckedDecode()): blobs are then verified where the codec reads them, not on the host.
@@ -216,7 +221,8 @@ private:
     // disk's), destroyed after the level.
     std::unique_ptr<StagingManager> remoteRing_;
     std::unique_ptr<RemoteColdLevel> remote_;
-    uint64_t codecCalls_ = 0;
+    std::atomic<uint64_t> codecCalls_{0};
+    std::mutex codecMu_; ///< Held around every codec call (see transcode()).
     bool checkedDecode_ = false;
 };
 

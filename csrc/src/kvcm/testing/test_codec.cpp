@@ -2,11 +2,15 @@
 #include "kvcm/testing/test_codec.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
 
 #include "kvcodec/codec_base.h"
 
@@ -14,6 +18,8 @@ namespace kvcodec::kvcm::testing {
 namespace {
 
 std::atomic<int64_t> gFailAfter{-1};
+std::atomic<int64_t> gHoldEncodeUs{0};
+std::atomic<int> gRunning{0}; // test-codec calls in progress
 std::mutex gCallsMutex;
 std::vector<CodecCall> gCalls;
 
@@ -136,10 +142,22 @@ private:
         {
             return submitChecked(call);
         }
+        bool const overlapped = gRunning.fetch_add(1) != 0;
+        struct Leave
+        {
+            ~Leave()
+            {
+                gRunning.fetch_sub(1);
+            }
+        } const leave;
         {
             std::lock_guard<std::mutex> lock(gCallsMutex);
-            gCalls.push_back(
-                {call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages)});
+            gCalls.push_back({call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages),
+                int64_t(syscall(SYS_gettid)), overlapped});
+        }
+        if (int64_t const hold = gHoldEncodeUs.load(); call.encoding && hold > 0)
+        {
+            std::this_thread::sleep_for(std::chrono::microseconds(hold));
         }
         int64_t left = gFailAfter.load();
         if (left == 0)
@@ -248,6 +266,11 @@ KvcodecCodecFactory const kFactoryAbi1{
 KvcodecCodecFactory const* testCodecFactory(uint32_t abiVersion) noexcept
 {
     return abiVersion == 1 ? &kFactoryAbi1 : &kFactory;
+}
+
+void holdEncodes(int64_t us) noexcept
+{
+    gHoldEncodeUs.store(us);
 }
 
 void failCodecCallsAfter(int64_t after) noexcept

@@ -31,12 +31,17 @@ KvcodecCodecFactory const* testCodecFactory(uint32_t abiVersion = KVCODEC_PLUGIN
 /// -1 disables injection.
 void failCodecCallsAfter(int64_t after) noexcept;
 
+/// Every later encode call (of any test codec) sleeps `us` microseconds first; 0 disables.
+void holdEncodes(int64_t us) noexcept;
+
 struct CodecCall
 {
     bool encode;
     int32_t lifeCycle;
     uint64_t pages;
     uintptr_t indices;
+    int64_t thread;  ///< The OS thread id of the thread that made the call.
+    bool overlapped; ///< Another test-codec call was running when this one began.
 };
 
 /// Every encode/decode call made so far (cleared by clearCodecCalls()).
