@@ -319,7 +319,8 @@ class KVCacheManager:
     def shared_stats(self) -> dict:
         """The shared host tier's counters: ``published`` (pages committed to the daemon under
         their keys), ``found`` / ``missed`` / ``rejected`` (keys of :meth:`find_shared` hit,
-        absent, or refused because their slot no longer held them), ``released`` (slots given up
+        absent, or refused because the daemon's blob is not of the level's size; a blob that
+        fails its check is dropped when onboarded), ``released`` (slots given up
         when their pages left), ``leased`` (slots taken from the daemon), ``connected`` (False
         once the daemon stopped answering: the host tier then goes on unshared) and ``reattached``
         (:meth:`reattach_shared` calls that moved it into a restarted daemon's arena). Raises

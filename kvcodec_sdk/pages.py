@@ -456,8 +456,8 @@ def _shared_keys(config: Any, keys: Any, lifecycle: int | None) -> tuple[list[by
 def _lookup_keys(keys: Any) -> list[bytes]:
     """Content keys to look up, as bytes; ValueError for a missing or empty one."""
     raw = list(keys)
-    if all(type(k) is bytes and 0 < len(k) < 255 for k in raw):
-        return raw  # the common case, checked without a message built per key
+    if _native.kvcm.plain_keys(raw):
+        return raw  # the common case, checked natively without a message built per key
     raw = [_content_key(k, f"keys[{i}]") for i, k in enumerate(raw)]
     if any(not k for k in raw):
         raise ValueError("keys contains None or an empty key; every key must be 1..254 bytes")

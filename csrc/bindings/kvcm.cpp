@@ -567,7 +567,11 @@ void bindKvcm(py::module_& m)
                 PyGuard guard(m, "find_shared");
                 std::vector<std::string> const k = keysWithLifeCycles(keys, lifeCycles, "find_shared");
                 py::array_t<uint64_t> out(static_cast<py::ssize_t>(k.size()));
-                m.findShared(k.data(), lifeCycles.data(), k.size(), out.mutable_data());
+                uint64_t* ids = out.mutable_data();
+                {
+                    py::gil_scoped_release nogil; // The lookup waits for the daemon's answer.
+                    m.findShared(k.data(), lifeCycles.data(), k.size(), ids);
+                }
                 return out;
             })
         .def("prefetch_shared",
@@ -656,6 +660,20 @@ void bindKvcm(py::module_& m)
             py::arg("key"), py::arg("lifecycle"), "The store name of a keyed page's blob at the remote level.");
     k.def("page_ring_bytes", &kvcm::pageRingBytes, py::arg("max_cold_page_bytes"),
         "max(64 MiB, 3 * max_cold_page_bytes), the pinned page ring size (OverflowError past 64 bits).");
+    k.def(
+        "plain_keys",
+        [](py::list const& keys) {
+            for (py::handle k : keys)
+            {
+                if (!PyBytes_CheckExact(k.ptr()))
+                    return false;
+                Py_ssize_t const n = PyBytes_GET_SIZE(k.ptr());
+                if (n < 1 || n > 254)
+                    return false;
+            }
+            return true;
+        },
+        py::arg("keys"), "True when every item is a bytes object of 1..254 bytes (a lookup's keys as they are).");
 
     py::module_ t = m.def_submodule("kvcm_testing");
     bindKvcmTesting(t);

@@ -357,11 +357,13 @@ void KvCacheManager::findKept(
     checkLevel(level, (std::string(what) + "'s level").c_str());
     ColdLevel* cold = storage_->coldLevel(level);
     cold->maintain(false);
-    // Keys no live page holds are claimed from the level in one batch.
-    std::vector<std::string> ask;
-    std::vector<int32_t> askLifeCycles;
-    std::vector<size_t> where;
-    std::unordered_set<std::string_view> asked;
+    // Keys no live page holds are claimed from the level in one batch: `keys` itself when that
+    // is every key, each once (the usual lookup), else copies of the distinct ones.
+    std::vector<size_t> where; // The keys asked for, in order.
+    where.reserve(count);
+    bool repeated = false;
+    std::vector<int32_t> seen(count < 8 ? 16 : size_t(1) << (64 - __builtin_clzll(count * 2 - 1)), -1);
+    size_t const mask = seen.size() - 1;
     for (size_t i = 0; i < count; ++i)
     {
         out[i] = 0;
@@ -375,19 +377,54 @@ void KvCacheManager::findKept(
             }
             continue; // A live page elsewhere holds the key; a kept blob under it was replaced.
         }
-        if (asked.insert(keys[i]).second)
+        size_t h = std::hash<std::string>{}(keys[i]) & mask;
+        while (seen[h] >= 0 && keys[size_t(seen[h])] != keys[i])
         {
-            ask.push_back(keys[i]);
-            askLifeCycles.push_back(lifeCycles != nullptr ? lifeCycles[i] : -1);
+            h = (h + 1) & mask;
+        }
+        if (seen[h] >= 0)
+        {
+            repeated = true; // Asked once; found below through the page the first one claims.
+        }
+        else
+        {
+            seen[h] = int32_t(i);
         }
         where.push_back(i);
     }
-    if (ask.empty())
+    if (where.empty())
     {
         return;
     }
-    std::vector<std::optional<ClaimedBlob>> const found = cold->claimMany(ask.data(), askLifeCycles.data(), ask.size());
-    for (size_t j = 0; j < ask.size(); ++j)
+    std::vector<std::string> copies;
+    std::vector<int32_t> askLifeCycles;
+    std::string const* ask = keys;
+    size_t asked = count;
+    if (repeated || where.size() != count)
+    {
+        for (size_t i : where)
+        {
+            size_t h = std::hash<std::string>{}(keys[i]) & mask;
+            while (keys[size_t(seen[h])] != keys[i])
+            {
+                h = (h + 1) & mask;
+            }
+            if (size_t(seen[h]) == i)
+            {
+                copies.push_back(keys[i]);
+                askLifeCycles.push_back(lifeCycles != nullptr ? lifeCycles[i] : -1);
+            }
+        }
+        ask = copies.data();
+        asked = copies.size();
+    }
+    else if (lifeCycles == nullptr)
+    {
+        askLifeCycles.assign(count, -1);
+    }
+    int32_t const* askedLifeCycles = askLifeCycles.empty() ? lifeCycles : askLifeCycles.data();
+    std::vector<std::optional<ClaimedBlob>> const found = cold->claimMany(ask, askedLifeCycles, asked);
+    for (size_t j = 0; j < asked; ++j)
     {
         if (!found[j])
         {
@@ -401,6 +438,14 @@ void KvCacheManager::findKept(
         p.tick = ++clock_;
         lru_.insert(index);
         keys_.set(index, ask[j]);
+        if (ask == keys)
+        {
+            out[j] = pages_.id(index);
+        }
+    }
+    if (ask == keys)
+    {
+        return;
     }
     for (size_t i : where)
     {
