@@ -150,3 +150,46 @@ def test_a_cuda_manager_reattaches_to_a_restarted_daemon(tmp_path):
         if b is not None:
             b.close()
         d.stop()
+
+
+def test_a_large_onboard_drops_each_scribbled_blob_and_decodes_the_rest(tmp_path):
+    # 128 pages of 64 KiB (8 MiB: the CRC-32C pass splits over threads): scribbled blobs at the
+    # start, in the middle and at the end are each dropped before the GPU decodes anything; the
+    # others arrive byte for byte.
+    half, n = 32 << 10, 128
+    groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=half),
+                                   kv.BufferDesc(0, kv.Role.VALUE, bytes=half)])]
+    d = Daemon(DaemonConfig(str(tmp_path / "big.sock"), 64 << 20, hugepages=False)).start()
+    try:
+        def make():
+            return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=n * 2 * half, host_quota=n * 2 * half,
+                                                      device="cuda:0",
+                                                      shared=kv.SharedTierConfig(d.config.socket_path,
+                                                                                 region_slots=2 * n + 64)),
+                                     cold_page_codec="concat")
+
+        a, b = make(), make()
+        try:
+            pages = a.allocate(0, n)
+            expected = write_random(a, pages, np.random.default_rng(8))
+            names = [b"big/%d" % i for i in range(n)]
+            a.set_keys(pages, names)
+            a.evict(pages)
+            found = b.find_shared(names)
+            assert all(f is not None for f in found)
+            bad = [0, 40, n - 1]
+            with DaemonClient(d.config.socket_path) as rogue:
+                region = rogue.find_region(region_name(groups, "concat"))
+                for i in bad:
+                    rogue.slot_view(region, found[i].slot)[5000:5008] = b"garbage!"
+            result = b.onboard(found)
+            assert result.moved == n - len(bad)
+            assert sorted(p.id for p in result.dropped) == sorted(found[i].id for i in bad)
+            b.synchronize()
+            good = [i for i in range(n) if i not in bad]
+            assert all(np.array_equal(hot_bytes(b, found[i]), expected[pages[i].id]) for i in good)
+        finally:
+            a.close()
+            b.close()
+    finally:
+        d.stop()

@@ -44,6 +44,9 @@ template <uint32_t (*Crc)(void const*, size_t, uint32_t) noexcept>
 uint32_t crcOfBuffer(py::buffer const& b, uint32_t crc)
 {
     auto [p, n] = bufferOf(b, false, "data");
+    if (n < (size_t(64) << 10))
+        return Crc(p, n, crc);
+    py::gil_scoped_release nogil; // a page or more: other threads go on meanwhile
     return Crc(p, n, crc);
 }
 
@@ -131,6 +134,9 @@ void bindDisk(py::module_& parent)
             if (dn < sn)
                 throw py::value_error("dst holds " + std::to_string(dn) + " bytes; src has " + std::to_string(sn)
                     + ": dst must hold at least as many");
+            if (sn < (size_t(64) << 10))
+                return kvcodec::crc32cCopy(d, s, sn, crc);
+            py::gil_scoped_release nogil; // a page or more: other threads go on meanwhile
             return kvcodec::crc32cCopy(d, s, sn, crc);
         },
         py::arg("dst"), py::arg("src"), py::arg("crc") = 0,
