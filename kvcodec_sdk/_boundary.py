@@ -153,5 +153,7 @@ def config_to_native(config: KVCacheConfig, envelope_format_version: int = -1,
         shared.region_slots = int(config.shared.region_slots or 0)
         shared.verify_crc = bool(config.shared.verify_crc)
         shared.timeout_s = float(config.shared.timeout_s)
+        every = config.shared.reattach_every_s
+        shared.reattach_every_s = -1.0 if every is None else float(every)
     out.shared = shared
     return out

@@ -174,12 +174,20 @@ class SharedTierConfig:
         so only a misbehaving process on the host could change the bytes.
     :param timeout_s: How long a call waits for the daemon before the level stops sharing (the
         manager goes on with the slots it holds).
+    :param reattach_every_s: None (the default): after the daemon went away the manager goes on
+        unshared until :meth:`~kvcodec_sdk.KVCacheManager.reattach_shared` is called. A number of
+        seconds: the manager tries that itself at the start of a migration or a
+        :meth:`~kvcodec_sdk.KVCacheManager.find_shared`, at most once per that many seconds (0:
+        every call), so a restarted daemon is joined again without the engine's help. The call
+        that re-attaches waits for the transfers in flight and copies the host tier into the new
+        arena, as :meth:`~kvcodec_sdk.KVCacheManager.reattach_shared` does.
     """
 
     socket: str
     region_slots: int | None = None
     verify_crc: bool = True
     timeout_s: float = 5.0
+    reattach_every_s: float | None = None
 
     @staticmethod
     def region_prefix(identity: Any) -> str:
@@ -199,6 +207,11 @@ class SharedTierConfig:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not (
                 math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise KVCacheConfigError(f"{where}.timeout_s is {self.timeout_s!r}; it must be a positive number of seconds")
+        every = self.reattach_every_s
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float))
+                                  or not (math.isfinite(every) and every >= 0)):
+            raise KVCacheConfigError(f"{where}.reattach_every_s is {every!r}; it must be None (re-attach only when "
+                                     "reattach_shared() is called) or a number of seconds >= 0")
 
 
 @dataclass(frozen=True)

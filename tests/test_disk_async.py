@@ -83,11 +83,12 @@ def test_calls_on_in_flight_pages_wait_for_their_transfer(tmp_path, rng):
     model = write_random(m, pages, rng)
     m.evict(pages, level=CacheLevel.DISK, blocking=False)
     assert all(p.in_flight for p in pages)
-    # Onboarding pages still in flight to disk: ordered after the write, byte-exact. (Scribbling
-    # the hot pools of pages in flight relies on the CPU backend's encode having run in the call,
-    # which it does while the page ring has room; users keep them unchanged until done().)
-    scribble(m)
+    # Onboarding pages still in flight to disk: ordered after the write (they land, then come
+    # back from their blobs), byte-exact. Their hot bytes stay as they are until the eviction is
+    # done (its encode runs on the I/O thread), so they are not scribbled here; the tests above
+    # scribble after wait().
     assert m.onboard(pages[:3], source=CacheLevel.DISK).moved == 3
+    assert m.disk_stats(0)["slots_live"] == 3  # the three came off the disk level
     check_hot(m, pages[:3], model)
     # Re-keying a page in flight to disk waits for the landing, then refuses (the blob is
     # written under its old key), as for any page at the disk level.

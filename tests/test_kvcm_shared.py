@@ -329,6 +329,68 @@ def test_a_manager_reattaches_to_a_restarted_daemon_and_shares_again(tmp_path):
         d.stop()
 
 
+def test_with_reattach_every_s_a_manager_rejoins_a_restarted_daemon_by_itself(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    a = kv.KVCacheManager(config(sock, timeout_s=1.0, reattach_every_s=0), cold_page_codec="concat")
+    b = None
+    try:
+        pages = a.allocate(0, 6)
+        data = fill(a, pages, 13)
+        a.set_keys(pages, keys("auto", 6))
+        a.evict(pages[:4])
+        d.stop()
+        # No daemon answers: each call tries (every 0 s), fails quietly and goes on unshared.
+        assert a.find_shared([b"anything"]) == [None]
+        a.evict(pages[4:])
+        s = a.shared_stats()
+        assert s["connected"] is False and s["reattached"] == 0
+        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+        # The next migration re-attaches before it moves anything; the host pages came along.
+        assert a.onboard(pages[:2]).moved == 2
+        s = a.shared_stats()
+        assert s["connected"] is True and s["reattached"] == 1
+        assert a.onboard(pages[2:]).moved == 4
+        assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
+        a.evict(pages)  # published in the new daemon
+        b = kv.KVCacheManager(config(sock), cold_page_codec="concat")
+        found = b.find_shared(keys("auto", 6))
+        assert b.onboard(found).moved == 6
+        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+        d.stop()
+
+
+def test_reattach_every_s_tries_at_most_once_per_period(tmp_path):
+    sock = str(tmp_path / "kvd.sock")
+    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    a = kv.KVCacheManager(config(sock, timeout_s=1.0, reattach_every_s=3600), cold_page_codec="concat")
+    try:
+        pages = a.allocate(0, 2)
+        data = fill(a, pages, 17)
+        a.evict(pages)
+        d.stop()
+        assert a.find_shared([b"x"]) == [None]  # the daemon is found gone here; the first try comes next
+        assert a.find_shared([b"x"]) == [None]  # ... and finds no daemon: the next is an hour away
+        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+        assert a.onboard(pages).moved == 2
+        assert a.shared_stats()["connected"] is False  # not yet due: still unshared, nothing lost
+        assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
+        assert a.reattach_shared() is True  # the engine can always ask
+    finally:
+        a.close()
+        d.stop()
+
+
+@pytest.mark.parametrize("every", [-1, float("nan"), "1", True])
+def test_reattach_every_s_must_be_none_or_seconds(every):
+    with pytest.raises(kv.KVCacheConfigError, match="reattach_every_s"):
+        kv.SharedTierConfig("/tmp/x.sock", reattach_every_s=every).validate()
+
+
 def test_reattach_needs_a_shared_host_tier():
     m = kv.KVCacheManager(kv.KVCacheConfig(layer_groups(), gpu_quota=4 * PAGE, host_quota=4 * PAGE, device="cpu"),
                           cold_page_codec="concat")

@@ -177,6 +177,7 @@ auto migration(char const* what, Method method)
         PyGuard guard(m, what);
         auto [p, n] = pageIds(ids);
         py::gil_scoped_release release;
+        m.maybeReattachShared(); // A public call starts here: nothing holds a host slot yet.
         return std::invoke(method, m, p, n, CacheLevel(level), toStream(stream), optionalLevel(requiredSource));
     };
 }

@@ -116,7 +116,8 @@ void bindRemoteQueue(py::module_& k)
         .def_readwrite("identity", &kvcm::SharedTierConfig::identity)
         .def_readwrite("region_slots", &kvcm::SharedTierConfig::regionSlots)
         .def_readwrite("verify_crc", &kvcm::SharedTierConfig::verifyCrc)
-        .def_readwrite("timeout_s", &kvcm::SharedTierConfig::timeoutS);
+        .def_readwrite("timeout_s", &kvcm::SharedTierConfig::timeoutS)
+        .def_readwrite("reattach_every_s", &kvcm::SharedTierConfig::reattachEveryS);
     py::class_<kvcm::RemoteTierConfig>(
         k, "RemoteTierConfig", "The remote tier (kvcm::RemoteTierConfig); 0 pages: none.")
         .def(py::init<>())

@@ -264,6 +264,7 @@ class RemoteTierConfig(metaclass=_pybind11_type):
 
 class SharedTierConfig(metaclass=_pybind11_type):
     identity: str
+    reattach_every_s: float
     region_slots: int
     socket_path: str
     timeout_s: float

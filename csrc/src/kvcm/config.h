@@ -89,6 +89,10 @@ struct SharedTierConfig
     uint64_t regionSlots = 0;
     bool verifyCrc = true; ///< Check each shared blob's CRC-32C before decoding it.
     double timeoutS = 5.0;
+    /// After the daemon went away, the manager re-attaches by itself at the start of its
+    /// migrations and shared lookups, at most once per this many seconds; negative: only when
+    /// reattachShared() is called.
+    double reattachEveryS = -1;
 };
 
 struct KvcmConfig

@@ -483,6 +483,16 @@ uint64_t KvCacheManager::prefetchShared(std::string const* keys, int32_t const* 
     return sharedLevel().prefetch(keys, lifeCycles, count);
 }
 
+void KvCacheManager::maybeReattachShared()
+{
+    CallGuard guard(*this, "reattachShared");
+    auto* shared = dynamic_cast<SharedColdLevel*>(storage_->coldLevel(CacheLevel::kHost));
+    if (shared != nullptr && shared->reattachDue())
+    {
+        reattachShared(); // A failed try logged why (or found no daemon): the call goes on unshared.
+    }
+}
+
 bool KvCacheManager::reattachShared()
 {
     CallGuard guard(*this, "reattachShared");

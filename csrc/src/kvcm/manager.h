@@ -282,6 +282,7 @@ public:
     /// lifecycle to look under (negative, or null: every lifecycle in order).
     void findShared(std::string const* keys, int32_t const* lifeCycles, size_t count, PageId* out)
     {
+        maybeReattachShared();
         findKept(CacheLevel::kHost, "findShared", keys, count, out, lifeCycles);
     }
     /// The shared host level's counters, or nullopt when the host tier is this process's own.
@@ -298,6 +299,11 @@ public:
     /// re-attached; false while still connected or while no daemon can take the pages.
     /// std::invalid_argument without a shared host level.
     bool reattachShared();
+    /// reattachShared() when the shared host level lost its daemon and re-attaching by itself is
+    /// due (SharedTierConfig::reattachEveryS). Called where a public call starts (the bindings of
+    /// migrate and submit, findShared), never inside another call: the manager's own migrations
+    /// (makeRoom, resize) hold slots a re-attach would renumber.
+    void maybeReattachShared();
     /// SharedColdLevel::prefetch of the keys; std::invalid_argument without a shared host level.
     uint64_t prefetchShared(std::string const* keys, int32_t const* lifeCycles, size_t count);
     /// The shared host level (std::invalid_argument when the host tier is this process's own).

@@ -83,6 +83,7 @@ SharedColdLevel::SharedColdLevel(
     , identity_(config.identity)
     , verifyCrc_(config.verifyCrc)
     , timeoutS_(config.timeoutS)
+    , reattachEveryS_(config.reattachEveryS)
 {
     try
     {
@@ -197,6 +198,21 @@ void SharedColdLevel::unregisterAll(std::vector<std::pair<void*, size_t>>& regis
         runtime_.unregisterHost(ptr);
     }
     registered.clear();
+}
+
+bool SharedColdLevel::reattachDue() noexcept
+{
+    if (client_ || reattachEveryS_ < 0)
+    {
+        return false;
+    }
+    auto const now = std::chrono::steady_clock::now();
+    if (lastReattachTry_ && std::chrono::duration<double>(now - *lastReattachTry_).count() < reattachEveryS_)
+    {
+        return false;
+    }
+    lastReattachTry_ = now;
+    return true;
 }
 
 bool SharedColdLevel::reattach(std::vector<std::vector<int32_t>> const& held, std::vector<std::vector<int32_t>>& moved)

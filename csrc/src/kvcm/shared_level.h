@@ -29,8 +29,10 @@
 // level into the arena of the daemon answering at the socket again (its pages copied there).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,9 @@ public:
     {
         return client_ != nullptr;
     }
+    /// True when the daemon went away, re-attaching by itself is on (reattachEveryS >= 0) and
+    /// the last try was at least that long ago; the try counts from now.
+    [[nodiscard]] bool reattachDue() noexcept;
     struct Counters
     {
         uint64_t published = 0, found = 0, missed = 0, rejected = 0, released = 0, leased = 0, short_ = 0;
@@ -174,6 +179,8 @@ private:
     std::string identity_;
     bool verifyCrc_;
     double timeoutS_;
+    double reattachEveryS_;
+    std::optional<std::chrono::steady_clock::time_point> lastReattachTry_;
     uint64_t reattached_ = 0;
     std::unique_ptr<daemon::Client> client_;
     std::shared_ptr<daemon::Mapping> arena_;
