@@ -294,11 +294,28 @@ def test_a_daemon_that_goes_away_stops_the_sharing_not_the_manager(tmp_path):
         m.close()
 
 
+def start_daemon(sock):
+    """A cache daemon with a 16 MiB arena on ordinary pages, serving ``sock`` (restartable)."""
+    return Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+
+
+def another_manager_onboards(sock, names, data):
+    """A new manager on the daemon at ``sock`` finds every key of ``names`` and onboards the pages
+    byte-exact (``data``, in key order)."""
+    b = kv.KVCacheManager(config(sock), cold_page_codec="concat")
+    try:
+        found = b.find_shared(names)
+        assert all(f is not None for f in found)
+        assert b.onboard(found).moved == len(names)
+        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+    finally:
+        b.close()
+
+
 def test_a_manager_reattaches_to_a_restarted_daemon_and_shares_again(tmp_path):
     sock = str(tmp_path / "kvd.sock")
-    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    d = start_daemon(sock)
     a = kv.KVCacheManager(config(sock, timeout_s=1.0), cold_page_codec="concat")
-    b = None
     try:
         pages = a.allocate(0, 10)
         data = fill(a, pages, 11)
@@ -309,7 +326,7 @@ def test_a_manager_reattaches_to_a_restarted_daemon_and_shares_again(tmp_path):
         assert a.find_shared([b"anything"]) == [None] and a.shared_stats()["connected"] is False
         assert a.reattach_shared() is False  # no daemon answers yet
         a.evict(pages[6:8])  # private slots of the old arena meanwhile
-        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()  # L2 starts empty
+        d = start_daemon(sock)  # L2 starts empty
         assert a.reattach_shared() is True
         s = a.shared_stats()
         assert s["connected"] is True and s["reattached"] == 1
@@ -317,23 +334,16 @@ def test_a_manager_reattaches_to_a_restarted_daemon_and_shares_again(tmp_path):
         assert a.onboard(pages[:8]).moved == 8
         assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
         a.evict(pages)  # published in the new daemon this time
-        b = kv.KVCacheManager(config(sock), cold_page_codec="concat")
-        found = b.find_shared(keys("r", 10))
-        assert all(f is not None for f in found)
-        assert b.onboard(found).moved == 10
-        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+        another_manager_onboards(sock, keys("r", 10), data)
     finally:
         a.close()
-        if b is not None:
-            b.close()
         d.stop()
 
 
 def test_with_reattach_every_s_a_manager_rejoins_a_restarted_daemon_by_itself(tmp_path):
     sock = str(tmp_path / "kvd.sock")
-    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    d = start_daemon(sock)
     a = kv.KVCacheManager(config(sock, timeout_s=1.0, reattach_every_s=0), cold_page_codec="concat")
-    b = None
     try:
         pages = a.allocate(0, 6)
         data = fill(a, pages, 13)
@@ -345,7 +355,7 @@ def test_with_reattach_every_s_a_manager_rejoins_a_restarted_daemon_by_itself(tm
         a.evict(pages[4:])
         s = a.shared_stats()
         assert s["connected"] is False and s["reattached"] == 0
-        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+        d = start_daemon(sock)
         # The next migration re-attaches before it moves anything; the host pages came along.
         assert a.onboard(pages[:2]).moved == 2
         s = a.shared_stats()
@@ -353,20 +363,15 @@ def test_with_reattach_every_s_a_manager_rejoins_a_restarted_daemon_by_itself(tm
         assert a.onboard(pages[2:]).moved == 4
         assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
         a.evict(pages)  # published in the new daemon
-        b = kv.KVCacheManager(config(sock), cold_page_codec="concat")
-        found = b.find_shared(keys("auto", 6))
-        assert b.onboard(found).moved == 6
-        assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+        another_manager_onboards(sock, keys("auto", 6), data)
     finally:
         a.close()
-        if b is not None:
-            b.close()
         d.stop()
 
 
 def test_reattach_every_s_tries_at_most_once_per_period(tmp_path):
     sock = str(tmp_path / "kvd.sock")
-    d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+    d = start_daemon(sock)
     a = kv.KVCacheManager(config(sock, timeout_s=1.0, reattach_every_s=3600), cold_page_codec="concat")
     try:
         pages = a.allocate(0, 2)
@@ -375,7 +380,7 @@ def test_reattach_every_s_tries_at_most_once_per_period(tmp_path):
         d.stop()
         assert a.find_shared([b"x"]) == [None]  # the daemon is found gone here; the first try comes next
         assert a.find_shared([b"x"]) == [None]  # ... and finds no daemon: the next is an hour away
-        d = Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()
+        d = start_daemon(sock)
         assert a.onboard(pages).moved == 2
         assert a.shared_stats()["connected"] is False  # not yet due: still unshared, nothing lost
         assert all(np.array_equal(x, y) for x, y in zip(contents(a, pages), data))
