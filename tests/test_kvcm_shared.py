@@ -294,6 +294,40 @@ def test_a_daemon_that_goes_away_stops_the_sharing_not_the_manager(tmp_path):
         m.close()
 
 
+def test_after_a_non_blocking_eviction_the_checksums_are_computed_off_the_callers_thread(daemon, managers):
+    # A keyed page's CRC-32C is queued for the level's checksum thread at the first call after its
+    # encode completed, and committed by a later call: no call computes it on its own thread.
+    a, b = managers(), managers()
+    pages = a.allocate(0, 8)
+    data = fill(a, pages, 31)
+    a.set_keys(pages, keys("bg", 8))
+    a.evict(pages, blocking=False).wait()
+    assert a.find_shared([b"nothing"]) == [None]  # queues the checksums; commits nothing yet
+    assert a.shared_stats()["published"] == 0
+    deadline = time.monotonic() + 10
+    while a.shared_stats()["published"] < 8 and time.monotonic() < deadline:
+        a.find_shared([b"nothing"])  # commits once the thread computed them
+        time.sleep(0.001)
+    assert a.shared_stats()["published"] == 8
+    found = b.find_shared(keys("bg", 8))
+    assert b.onboard(found).moved == 8
+    assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+
+
+def test_the_end_of_a_blocking_call_waits_for_queued_checksums(daemon, managers):
+    a, b = managers(), managers()
+    pages = a.allocate(0, 8)
+    data = fill(a, pages, 37)
+    a.set_keys(pages, keys("sync", 8))
+    a.evict(pages[:4], blocking=False).wait()
+    a.find_shared([b"nothing"])  # the first four's checksums are queued
+    a.evict(pages[4:])  # blocking: every page is published before it returns
+    assert a.shared_stats()["published"] == 8
+    found = b.find_shared(keys("sync", 8))
+    assert b.onboard(found).moved == 8
+    assert all(np.array_equal(x, y) for x, y in zip(contents(b, found), data))
+
+
 def start_daemon(sock):
     """A cache daemon with a 16 MiB arena on ordinary pages, serving ``sock`` (restartable)."""
     return Daemon(DaemonConfig(sock, 16 << 20, hugepages=False)).start()

@@ -137,6 +137,15 @@ SharedColdLevel::SharedColdLevel(
 
 SharedColdLevel::~SharedColdLevel()
 {
+    {
+        std::lock_guard lock(crcMu_);
+        crcStop_ = true;
+    }
+    crcCv_.notify_all();
+    if (crcThread_.joinable())
+    {
+        crcThread_.join(); // Its batches hold the arena they read; none is waited for any more.
+    }
     // Transfers still reading or writing the arena were waited for by the manager's close.
     unregisterAll(registered_);
     if (client_)
@@ -375,7 +384,7 @@ void SharedColdLevel::landed(
     try
     {
         SharedLevelGroup& g = groups_[size_t(group)];
-        g.publish.push_back({slot, g.generation[size_t(slot)], daemonKey(lifeCycle, key), written});
+        g.publish.push_back({slot, g.generation[size_t(slot)], daemonKey(lifeCycle, key), written, nullptr, 0});
     }
     catch (std::exception const&)
     {
@@ -403,14 +412,32 @@ void SharedColdLevel::maintain(bool waitWrites)
     }
 }
 
-// Commits the landed keyed pages whose encodes completed (waited for with `waitWrites`), each
-// kept pinned for this manager.
+// Commits the landed keyed pages whose encodes completed and whose CRC-32C the checksum thread
+// computed; queues the checksums of those that just completed. With `waitWrites` (the end of a
+// blocking call) every encode and checksum is waited for, and those not queued yet are computed
+// here. Each committed page is kept pinned for this manager.
 void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
 {
     std::vector<uint32_t> slots;
     std::vector<std::string_view> keys;
     std::vector<uint32_t> lengths;
+    std::vector<uint32_t> crcs;
     std::vector<size_t> which;
+    std::vector<size_t> here; // Entries of `slots` whose checksum is computed on this thread.
+    auto batch = std::make_shared<SharedCrcBatch>();
+    std::vector<size_t> batched; // Entries of g.publish whose checksum goes to the thread.
+    auto commitLater = [&](size_t i, std::optional<uint32_t> crc) {
+        auto const& p = g.publish[i];
+        slots.push_back(uint32_t(p.slot));
+        keys.emplace_back(p.key);
+        lengths.push_back(uint32_t(g.pageBytes));
+        crcs.push_back(crc.value_or(0));
+        which.push_back(i);
+        if (!crc)
+        {
+            here.push_back(slots.size() - 1);
+        }
+    };
     for (size_t i = 0; i < g.publish.size(); ++i)
     {
         auto& p = g.publish[i];
@@ -427,16 +454,60 @@ void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
         {
             continue;
         }
-        slots.push_back(uint32_t(p.slot));
-        keys.emplace_back(p.key);
-        lengths.push_back(uint32_t(g.pageBytes));
-        which.push_back(i);
+        if (p.crc)
+        {
+            if (waitWrites)
+            {
+                awaitChecksum(*p.crc);
+            }
+            else
+            {
+                std::lock_guard lock(crcMu_);
+                if (!p.crc->done)
+                {
+                    continue;
+                }
+            }
+            commitLater(i, p.crc->crcs[p.crcAt]);
+        }
+        else if (waitWrites)
+        {
+            commitLater(i, std::nullopt);
+        }
+        else
+        {
+            p.crcAt = batch->blobs.size();
+            batch->blobs.push_back(arena_->data(g.layout, uint32_t(p.slot)));
+            batched.push_back(i);
+        }
+    }
+    if (!batched.empty())
+    {
+        batch->arena = arena_;
+        batch->bytes = g.pageBytes;
+        batch->crcs.resize(batch->blobs.size());
+        bool const queued = checksumLater(batch);
+        for (size_t i : batched)
+        {
+            if (queued)
+            {
+                g.publish[i].crc = batch;
+            }
+            else
+            {
+                commitLater(i, std::nullopt); // No checksum thread: computed here, as at the end of a call.
+            }
+        }
+    }
+    if (!here.empty())
+    {
+        parallelCrcs(here.size(), here.size() * g.pageBytes, [&](size_t j) {
+            size_t const k = here[j];
+            crcs[k] = crc32cFast(arena_->data(g.layout, slots[k]), lengths[k]);
+        });
     }
     if (!slots.empty())
     {
-        std::vector<uint32_t> crcs(slots.size());
-        parallelCrcs(slots.size(), slots.size() * g.pageBytes,
-            [&](size_t i) { crcs[i] = crc32cFast(arena_->data(g.layout, slots[i]), lengths[i]); });
         std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true, crcs.data());
         for (size_t j = 0; j < which.size(); ++j)
         {
@@ -454,6 +525,54 @@ void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
     }
     g.publish.erase(
         std::remove_if(g.publish.begin(), g.publish.end(), [](auto const& p) { return p.slot < 0; }), g.publish.end());
+}
+
+bool SharedColdLevel::checksumLater(std::shared_ptr<SharedCrcBatch> const& batch) noexcept
+{
+    try
+    {
+        std::lock_guard lock(crcMu_);
+        if (!crcThread_.joinable())
+        {
+            crcThread_ = std::thread([this] { checksumLoop(); });
+        }
+        crcQueue_.push_back(batch);
+    }
+    catch (std::exception const&)
+    {
+        return false; // No thread (or no memory): the caller computes them.
+    }
+    crcCv_.notify_all();
+    return true;
+}
+
+void SharedColdLevel::awaitChecksum(SharedCrcBatch const& batch)
+{
+    std::unique_lock lock(crcMu_);
+    crcCv_.wait(lock, [&] { return batch.done; });
+}
+
+void SharedColdLevel::checksumLoop() noexcept
+{
+    std::unique_lock lock(crcMu_);
+    for (;;)
+    {
+        crcCv_.wait(lock, [&] { return crcStop_ || !crcQueue_.empty(); });
+        if (crcStop_)
+        {
+            return;
+        }
+        std::shared_ptr<SharedCrcBatch> const batch = crcQueue_.front();
+        crcQueue_.pop_front();
+        lock.unlock();
+        // The blobs' encodes completed and their pages stay at this level until committed (a page
+        // that leaves first bumps its slot's generation, and its checksum is not used).
+        parallelCrcs(batch->blobs.size(), batch->blobs.size() * batch->bytes,
+            [&](size_t i) { batch->crcs[i] = crc32cFast(batch->blobs[i], batch->bytes); });
+        lock.lock();
+        batch->done = true;
+        crcCv_.notify_all();
+    }
 }
 
 // Releases the pins of given-up slots whose last readers finished, and leases their replacements.

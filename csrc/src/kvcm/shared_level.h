@@ -23,6 +23,10 @@
 //   first to go). A published slot is replaced at once by a spare lease (refilled in batches), so
 //   the manager's share of the arena stays whole; found pages count on top of it while they stay.
 //
+// A keyed page's CRC-32C (what a reader checks its bytes against) is computed on the level's
+// checksum thread once its encode completed, so the call that publishes it pays only the commit;
+// the end of a blocking call (maintain(true)) waits for it, computing what was not started.
+//
 // Round trips to the daemon happen in maintain() (batched, at the start of the manager's calls)
 // and in claimMany(); a daemon that went away stops the sharing, not the manager: the mapping
 // stays valid, the leased slots go on serving as a private host tier, until reattach() moves the
@@ -30,16 +34,30 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/client.h"
 #include "kvcm/levels.h"
 
 namespace kvcodec::kvcm {
+
+/// The CRC-32C of a batch of landed blobs, computed on the shared level's checksum thread.
+struct SharedCrcBatch
+{
+    std::shared_ptr<daemon::Mapping> arena; ///< Keeps the blobs mapped while they are read.
+    std::vector<uint8_t const*> blobs;
+    uint64_t bytes = 0; ///< Per blob.
+    std::vector<uint32_t> crcs;
+    bool done = false; ///< Guarded by the level's checksum mutex.
+};
 
 /// One cold pool group of the shared level: its arena region and what this manager holds of it.
 struct SharedLevelGroup
@@ -64,6 +82,8 @@ struct SharedLevelGroup
         uint32_t generation; ///< The slot's generation when the page landed.
         std::string key;     ///< The daemon key ("L<lifecycle>/<content key>").
         EventPtr written;
+        std::shared_ptr<SharedCrcBatch> crc; ///< Its checksum in flight or computed (index `crcAt`).
+        size_t crcAt = 0;
     };
     std::vector<Pending> publish;                    ///< Landed keyed pages, not yet committed.
     std::vector<std::pair<int32_t, EventPtr>> unpin; ///< Given-up slots, pins not yet released.
@@ -171,6 +191,11 @@ private:
     void unregisterAll(std::vector<std::pair<void*, size_t>>& registered) noexcept;
     void lostDaemon(std::exception const& e) noexcept;
     void publish(SharedLevelGroup& g, bool waitWrites);
+    /// Queues a batch for the checksum thread (started on first use); false when it cannot start.
+    bool checksumLater(std::shared_ptr<SharedCrcBatch> const& batch) noexcept;
+    /// Waits until the checksum thread finished `batch`.
+    void awaitChecksum(SharedCrcBatch const& batch);
+    void checksumLoop() noexcept;
     void giveUp(SharedLevelGroup& g);
     void refillSpares(SharedLevelGroup& g);
 
@@ -187,6 +212,12 @@ private:
     std::vector<std::pair<void*, size_t>> registered_;
     std::vector<PoolGroupIndex> groupOf_; ///< Per lifecycle.
     Counters counters_;
+    // The checksum thread and its queue (declared last: stopped and joined first).
+    std::mutex crcMu_;
+    std::condition_variable crcCv_;
+    std::deque<std::shared_ptr<SharedCrcBatch>> crcQueue_;
+    bool crcStop_ = false;
+    std::thread crcThread_;
 };
 
 } // namespace kvcodec::kvcm
