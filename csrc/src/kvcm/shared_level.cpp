@@ -9,6 +9,7 @@
 
 #include <sys/mman.h>
 
+#include "kvcm/parallel_crcs.h"
 #include "kvcodec/crc32c.h"
 #include "runtime/log.h"
 
@@ -32,46 +33,6 @@ std::string daemonKey(LifeCycleId lifeCycle, std::string const& key)
 std::vector<int32_t> asSlots(std::vector<uint32_t> const& in)
 {
     return {in.begin(), in.end()};
-}
-
-// crc(i) for i in [0, count), split over one thread per 4 MiB of `bytes` (up to 8, the calling
-// thread one of them); threads that cannot start leave their share to the calling thread.
-template <class Crc>
-void parallelCrcs(size_t count, uint64_t bytes, Crc&& crc) noexcept
-{
-    // hardware_concurrency() reads a sysfs file on every call (about 3 us): once per process.
-    static unsigned const cpus = std::max(1u, std::thread::hardware_concurrency());
-    size_t const threads
-        = std::min<size_t>({8, size_t(cpus), std::max<uint64_t>(1, bytes >> 22), std::max<size_t>(count, 1)});
-    auto share = [&](size_t first) {
-        for (size_t i = first; i < count; i += threads)
-        {
-            crc(i);
-        }
-    };
-    std::vector<std::thread> helpers;
-    size_t started = 0;
-    try
-    {
-        helpers.reserve(threads);
-        for (; started + 1 < threads; ++started)
-        {
-            helpers.emplace_back(share, started + 1);
-        }
-    }
-    catch (...)
-    {
-        // Fewer threads.
-    }
-    share(0);
-    for (size_t t = started + 1; t < threads; ++t)
-    {
-        share(t);
-    }
-    for (std::thread& h : helpers)
-    {
-        h.join();
-    }
 }
 
 } // namespace
@@ -412,169 +373,6 @@ void SharedColdLevel::maintain(bool waitWrites)
     }
 }
 
-// Commits the landed keyed pages whose encodes completed and whose CRC-32C the checksum thread
-// computed; queues the checksums of those that just completed. With `waitWrites` (the end of a
-// blocking call) every encode and checksum is waited for, and those not queued yet are computed
-// here. Each committed page is kept pinned for this manager.
-void SharedColdLevel::publish(SharedLevelGroup& g, bool waitWrites)
-{
-    std::vector<uint32_t> slots;
-    std::vector<std::string_view> keys;
-    std::vector<uint32_t> lengths;
-    std::vector<uint32_t> crcs;
-    std::vector<size_t> which;
-    std::vector<size_t> here; // Entries of `slots` whose checksum is computed on this thread.
-    auto batch = std::make_shared<SharedCrcBatch>();
-    std::vector<size_t> batched; // Entries of g.publish whose checksum goes to the thread.
-    auto commitLater = [&](size_t i, std::optional<uint32_t> crc) {
-        auto const& p = g.publish[i];
-        slots.push_back(uint32_t(p.slot));
-        keys.emplace_back(p.key);
-        lengths.push_back(uint32_t(g.pageBytes));
-        crcs.push_back(crc.value_or(0));
-        which.push_back(i);
-        if (!crc)
-        {
-            here.push_back(slots.size() - 1);
-        }
-    };
-    for (size_t i = 0; i < g.publish.size(); ++i)
-    {
-        auto& p = g.publish[i];
-        if (p.generation != g.generation[size_t(p.slot)])
-        {
-            p.slot = -1; // The page left before it was published: the slot is still a private lease.
-            continue;
-        }
-        if (p.written && waitWrites)
-        {
-            p.written->synchronize();
-        }
-        else if (p.written && !p.written->query())
-        {
-            continue;
-        }
-        if (p.crc)
-        {
-            if (waitWrites)
-            {
-                awaitChecksum(*p.crc);
-            }
-            else
-            {
-                std::lock_guard lock(crcMu_);
-                if (!p.crc->done)
-                {
-                    continue;
-                }
-            }
-            commitLater(i, p.crc->crcs[p.crcAt]);
-        }
-        else if (waitWrites)
-        {
-            commitLater(i, std::nullopt);
-        }
-        else
-        {
-            p.crcAt = batch->blobs.size();
-            batch->blobs.push_back(arena_->data(g.layout, uint32_t(p.slot)));
-            batched.push_back(i);
-        }
-    }
-    if (!batched.empty())
-    {
-        batch->arena = arena_;
-        batch->bytes = g.pageBytes;
-        batch->crcs.resize(batch->blobs.size());
-        bool const queued = checksumLater(batch);
-        for (size_t i : batched)
-        {
-            if (queued)
-            {
-                g.publish[i].crc = batch;
-            }
-            else
-            {
-                commitLater(i, std::nullopt); // No checksum thread: computed here, as at the end of a call.
-            }
-        }
-    }
-    if (!here.empty())
-    {
-        parallelCrcs(here.size(), here.size() * g.pageBytes, [&](size_t j) {
-            size_t const k = here[j];
-            crcs[k] = crc32cFast(arena_->data(g.layout, slots[k]), lengths[k]);
-        });
-    }
-    if (!slots.empty())
-    {
-        std::vector<uint8_t> const st = client_->commit(g.layout, slots, keys, lengths, false, true, crcs.data());
-        for (size_t j = 0; j < which.size(); ++j)
-        {
-            auto& p = g.publish[which[j]];
-            if (j < st.size() && st[j] == daemon::kStored)
-            {
-                daemon::SlotHeader const h = arena_->readHeader(g.layout, uint32_t(p.slot));
-                g.pinned[size_t(p.slot)] = SharedLevelGroup::kPublished;
-                g.expected[size_t(p.slot)] = daemon::Found{uint32_t(p.slot), uint32_t(h.length), h.crc, h.version};
-                g.digest[size_t(p.slot)] = daemon::keyDigest(p.key);
-                ++counters_.published;
-            }
-            p.slot = -1; // Done (a refused commit leaves the slot a private lease).
-        }
-    }
-    g.publish.erase(
-        std::remove_if(g.publish.begin(), g.publish.end(), [](auto const& p) { return p.slot < 0; }), g.publish.end());
-}
-
-bool SharedColdLevel::checksumLater(std::shared_ptr<SharedCrcBatch> const& batch) noexcept
-{
-    try
-    {
-        std::lock_guard lock(crcMu_);
-        if (!crcThread_.joinable())
-        {
-            crcThread_ = std::thread([this] { checksumLoop(); });
-        }
-        crcQueue_.push_back(batch);
-    }
-    catch (std::exception const&)
-    {
-        return false; // No thread (or no memory): the caller computes them.
-    }
-    crcCv_.notify_all();
-    return true;
-}
-
-void SharedColdLevel::awaitChecksum(SharedCrcBatch const& batch)
-{
-    std::unique_lock lock(crcMu_);
-    crcCv_.wait(lock, [&] { return batch.done; });
-}
-
-void SharedColdLevel::checksumLoop() noexcept
-{
-    std::unique_lock lock(crcMu_);
-    for (;;)
-    {
-        crcCv_.wait(lock, [&] { return crcStop_ || !crcQueue_.empty(); });
-        if (crcStop_)
-        {
-            return;
-        }
-        std::shared_ptr<SharedCrcBatch> const batch = crcQueue_.front();
-        crcQueue_.pop_front();
-        lock.unlock();
-        // The blobs' encodes completed and their pages stay at this level until committed (a page
-        // that leaves first bumps its slot's generation, and its checksum is not used).
-        parallelCrcs(batch->blobs.size(), batch->blobs.size() * batch->bytes,
-            [&](size_t i) { batch->crcs[i] = crc32cFast(batch->blobs[i], batch->bytes); });
-        lock.lock();
-        batch->done = true;
-        crcCv_.notify_all();
-    }
-}
-
 // Releases the pins of given-up slots whose last readers finished, and leases their replacements.
 void SharedColdLevel::giveUp(SharedLevelGroup& g)
 {
@@ -772,7 +570,7 @@ void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, si
         std::fill(ok, ok + count, uint8_t(0)); // No room to plan the checks: every page is a miss.
         return;
     }
-    parallelCrcs(crc.size(), crc.size() * g.pageBytes, [&](size_t j) {
+    detail::parallelCrcs(crc.size(), crc.size() * g.pageBytes, [&](size_t j) {
         size_t const i = crc[j];
         daemon::Found const& f = g.expected[size_t(slots[i])];
         ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slots[i])), f.length) == f.crc ? 1 : 0;
