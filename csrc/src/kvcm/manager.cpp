@@ -359,9 +359,10 @@ void KvCacheManager::findKept(
     cold->maintain(false);
     // Keys no live page holds are claimed from the level in one batch: `keys` itself when that
     // is every key, each once (the usual lookup), else copies of the distinct ones.
-    std::vector<size_t> where; // The keys asked for, in order.
+    std::vector<size_t> where;  // The keys asked for, in order.
+    std::vector<size_t> firsts; // Of those, each distinct key's first.
     where.reserve(count);
-    bool repeated = false;
+    firsts.reserve(count);
     std::vector<int32_t> seen(count < 8 ? 16 : size_t(1) << (64 - __builtin_clzll(count * 2 - 1)), -1);
     size_t const mask = seen.size() - 1;
     for (size_t i = 0; i < count; ++i)
@@ -382,13 +383,10 @@ void KvCacheManager::findKept(
         {
             h = (h + 1) & mask;
         }
-        if (seen[h] >= 0)
-        {
-            repeated = true; // Asked once; found below through the page the first one claims.
-        }
-        else
+        if (seen[h] < 0) // A repeat is asked once: found below through the page the first claims.
         {
             seen[h] = int32_t(i);
+            firsts.push_back(i);
         }
         where.push_back(i);
     }
@@ -400,20 +398,12 @@ void KvCacheManager::findKept(
     std::vector<int32_t> askLifeCycles;
     std::string const* ask = keys;
     size_t asked = count;
-    if (repeated || where.size() != count)
+    if (firsts.size() != count)
     {
-        for (size_t i : where)
+        for (size_t i : firsts)
         {
-            size_t h = std::hash<std::string>{}(keys[i]) & mask;
-            while (keys[size_t(seen[h])] != keys[i])
-            {
-                h = (h + 1) & mask;
-            }
-            if (size_t(seen[h]) == i)
-            {
-                copies.push_back(keys[i]);
-                askLifeCycles.push_back(lifeCycles != nullptr ? lifeCycles[i] : -1);
-            }
+            copies.push_back(keys[i]);
+            askLifeCycles.push_back(lifeCycles != nullptr ? lifeCycles[i] : -1);
         }
         ask = copies.data();
         asked = copies.size();

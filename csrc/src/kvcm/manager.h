@@ -470,6 +470,7 @@ private:
     // encodeToStaged's stage when the ring is held by jobs in flight: free host-tier slots of the
     // same page size, if there are enough (false: none taken).
     bool encodeToHostSlots(Transfer& t);
+    std::unique_ptr<Job> encodeJob(Transfer& t, std::byte* base);
     std::unique_ptr<Job> writeJob(Transfer& t, uint64_t calls);
     void dropUnread(TransferKey const& key, uint32_t index, int32_t dstSlot, int reason, MigrationResult& result);
     bool decodeFromStaged(Transfer& t);

@@ -386,7 +386,6 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
     Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
         storage_->slots(job.key.src, job.key.srcGroup), storage_->slots(job.key.dst, job.key.dstGroup), false, 0,
         nullptr, false, 0, std::nullopt};
-    uint64_t const callsBefore = t.calls;
     bool ok = false;
     try
     {
@@ -401,7 +400,7 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
         lease.setStream(job.stream); // Released behind whatever the codec submitted.
         return false;
     }
-    job.calls = t.calls - callsBefore;
+    job.calls = t.calls;
     job.seconds += t.seconds;
     job.finish = runtime_->record(job.stream);
     job.waits.clear();

@@ -98,7 +98,6 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
             {"kvcodec transfer remote->hot", "kvcodec transfer remote->host", "kvcodec transfer remote->disk",
                 "kvcodec transfer remote->remote"}};
     nvtx::Range range(kRanges[size_t(key.src)][size_t(key.dst)], count);
-    uint64_t const callsBefore = t.calls;
     if (!(this->*kPaths[key.path])(t))
     {
         return false;
@@ -106,7 +105,7 @@ bool KvCacheManager::transfer(TransferKey const& key, uint32_t* pages, int32_t* 
     if (count > 0 && !t.deferred) // Zero: every page was dropped before anything was submitted.
     {
         EventPtr const finish = runtime_->record(t.stream);
-        commit(t, t.calls - callsBefore, finish);
+        commit(t, t.calls, finish);
     }
     return true;
 }
@@ -467,21 +466,10 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
     {
         s.codecPairs[i] = {int32_t(i), s.pairs[i].src};
     }
-    std::unique_ptr<Job> job;
-    if (encodesOnIoThread())
+    std::unique_ptr<Job> job = encodeJob(t, t.lease->data());
+    if (!job)
     {
-        job = std::make_unique<Job>();
-        job->write = true;
-        deferEncode(*job, t.lease->data(), s.codecPairs.data(), t.count);
-    }
-    else
-    {
-        uint64_t const callsBefore = t.calls;
-        if (!transcode(t, true, t.lease->data(), s.codecPairs.data(), nullptr))
-        {
-            return false;
-        }
-        job = writeJob(t, t.calls - callsBefore);
+        return false;
     }
     std::byte* const slice = t.lease->data();
     job->lease = std::move(t.lease);
@@ -518,26 +506,15 @@ bool KvCacheManager::encodeToHostSlots(Transfer& t)
         s.codecPairs[i] = {slot, s.pairs[i].src};
     }
     waitAll(s.events, t.stream);
-    std::unique_ptr<Job> job;
-    if (encodesOnIoThread())
+    std::unique_ptr<Job> job = encodeJob(t, base);
+    if (!job)
     {
-        job = std::make_unique<Job>();
-        job->write = true;
-        deferEncode(*job, base, s.codecPairs.data(), t.count);
-    }
-    else
-    {
-        uint64_t const callsBefore = t.calls;
-        if (!transcode(t, true, base, s.codecPairs.data(), nullptr))
+        EventPtr const done = runtime_->record(t.stream);
+        for (int32_t slot : slots)
         {
-            EventPtr const done = runtime_->record(t.stream);
-            for (int32_t slot : slots)
-            {
-                pool.give(slot, done);
-            }
-            return false;
+            pool.give(slot, done);
         }
-        job = writeJob(t, t.calls - callsBefore);
+        return false;
     }
     job->hostGroup = g;
     job->hostSlots = std::move(slots);
@@ -595,7 +572,6 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
     size_t n = kept;
     Transfer t{job.key, job.pages.data(), job.dstSlots.data(), n, job.stream, job.owner->result_, error,
         storage_->slots(job.key.src, job.key.srcGroup), dstPool, false, 0, status, false, 0, std::nullopt};
-    uint64_t const callsBefore = t.calls;
     bool ok = false;
     EventPtr finish;
     try
@@ -624,7 +600,7 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
             "decoding the blobs read from the " + std::string(levelName(job.key.src)) + " level failed: " + error);
         return true;
     }
-    job.calls = t.calls - callsBefore;
+    job.calls = t.calls;
     job.seconds = t.seconds;
     job.finish = finish;
     if (!job.checked || !finish)
@@ -644,6 +620,27 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
 // A write job whose I/O waits for the work submitted on the transfer's stream so far (the
 // encode, or the source slots' last transfers): an event recorded now, null on the host
 // backend, whose work is done.
+// The job of a staged write whose blobs the scratch's codec pairs place at `base`: its encode
+// submitted now on the call's stream, or on the CPU backend left to the I/O thread. Null when the
+// encode failed (t.error says why).
+std::unique_ptr<KvCacheManager::Job> KvCacheManager::encodeJob(Transfer& t, std::byte* base)
+{
+    std::vector<PageIndexPair> const& pairs = detail::scratch().codecPairs;
+    if (encodesOnIoThread())
+    {
+        auto job = std::make_unique<Job>();
+        job->write = true;
+        deferEncode(*job, base, pairs.data(), t.count);
+        return job;
+    }
+    uint64_t const callsBefore = t.calls;
+    if (!transcode(t, true, base, pairs.data(), nullptr))
+    {
+        return nullptr;
+    }
+    return writeJob(t, t.calls - callsBefore);
+}
+
 std::unique_ptr<KvCacheManager::Job> KvCacheManager::writeJob(Transfer& t, uint64_t calls)
 {
     auto job = std::make_unique<Job>();
