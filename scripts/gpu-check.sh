@@ -286,10 +286,19 @@ grep -v '^\[bench\]' "$OUT_DIR/bench-disk.txt"
 fi
 
 if want daemon; then
-step "cache daemon: the shared host level's CUDA tests, and kvcodec bench daemon with CUDA managers"
+step "cache daemon: the shared host level's CUDA tests (and under memcheck), and kvcodec bench daemon with CUDA managers"
 (cd "$OUT_DIR" && timeout -k 15 -s ABRT 240 python3 -X faulthandler -m pytest -v -p no:cacheprovider -c "$OLDPWD/pyproject.toml" \
-   --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_shared_gpu.py") > "$OUT_DIR/daemon-gpu.log" 2>&1 || status=1
-grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT_DIR/daemon-gpu.log" | tail -8
+   --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_shared_gpu.py" "$OLDPWD/tests/test_device_checksums.py") \
+   > "$OUT_DIR/daemon-gpu.log" 2>&1 || status=1
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT_DIR/daemon-gpu.log" | tail -12
+if command -v compute-sanitizer > /dev/null; then
+  # The blobs' device checks: the checksum kernel, and the staged decode (8 MiB, one call).
+  (cd "$OUT_DIR" && timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+     python3 -m pytest -q -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
+     "$OLDPWD/tests/test_device_checksums.py" "$OLDPWD/tests/test_kvcm_shared_gpu.py" -k "cuda or test_a_scribbled or 128-1") \
+     > "$OUT_DIR/memcheck-daemon.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck-daemon.log" | tail -5
+fi
 (cd "$OUT_DIR" && timeout 300 kvcodec bench daemon --device cuda --rounds 2000 --json bench-daemon-cuda.json) \
   > "$OUT_DIR/bench-daemon-cuda.txt" 2>&1 || status=1
 cat "$OUT_DIR/bench-daemon-cuda.txt"

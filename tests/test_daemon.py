@@ -332,6 +332,7 @@ def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
     assert manager["shared_found"]["hit_gbps"] < manager["shared_found"]["onboard_gbps"]  # the lookup costs time
     assert manager["host"]["onboard_gbps"] > 0
     assert "manager onboard, remote level on daemon" in r.stdout and "L2 hit: find + onboard" in r.stdout
+    assert report["hugepages"] is False and "arena on ordinary pages" in r.stdout  # without --hugepages
 
 
 def test_the_documented_metrics_table_is_the_collectors():

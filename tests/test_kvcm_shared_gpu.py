@@ -152,20 +152,24 @@ def test_a_cuda_manager_reattaches_to_a_restarted_daemon(tmp_path):
         d.stop()
 
 
-def test_a_large_onboard_drops_each_scribbled_blob_and_decodes_the_rest(tmp_path):
-    # 128 pages of 64 KiB (8 MiB: the CRC-32C pass splits over threads): scribbled blobs at the
-    # start, in the middle and at the end are each dropped before the GPU decodes anything; the
-    # others arrive byte for byte.
-    half, n = 32 << 10, 128
+@pytest.mark.parametrize("n,calls", [(128, 1), (1024, 2)])
+def test_a_large_onboard_drops_each_scribbled_blob_and_decodes_the_rest(tmp_path, n, calls):
+    # Pages of 64 KiB: 8 MiB in one call, and 64 MiB in two calls (each more than the device
+    # staging area the blobs are checked in, so its regions are reused within a call and across
+    # calls). Scribbled blobs at the start, in the middle and at the end are each dropped before
+    # the GPU decodes them; the others arrive byte for byte, together with pages of the
+    # onboarding manager's own (no CRC) in the same calls.
+    half, own = 32 << 10, 16
     groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=half),
                                    kv.BufferDesc(0, kv.Role.VALUE, bytes=half)])]
-    d = Daemon(DaemonConfig(str(tmp_path / "big.sock"), 64 << 20, hugepages=False)).start()
+    slots = 2 * (n + own) + 64
+    d = Daemon(DaemonConfig(str(tmp_path / "big.sock"), (slots + 64) * 2 * half, hugepages=False)).start()
     try:
         def make():
-            return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=n * 2 * half, host_quota=n * 2 * half,
-                                                      device="cuda:0",
+            quota = (n + own) * 2 * half
+            return kv.KVCacheManager(kv.KVCacheConfig(groups, gpu_quota=quota, host_quota=quota, device="cuda:0",
                                                       shared=kv.SharedTierConfig(d.config.socket_path,
-                                                                                 region_slots=2 * n + 64)),
+                                                                                 region_slots=slots)),
                                      cold_page_codec="concat")
 
         a, b = make(), make()
@@ -175,19 +179,29 @@ def test_a_large_onboard_drops_each_scribbled_blob_and_decodes_the_rest(tmp_path
             names = [b"big/%d" % i for i in range(n)]
             a.set_keys(pages, names)
             a.evict(pages)
+            mine = b.allocate(0, own)
+            mine_expected = write_random(b, mine, np.random.default_rng(9))
+            b.evict(mine)
             found = b.find_shared(names)
             assert all(f is not None for f in found)
-            bad = [0, 40, n - 1]
+            bad = sorted({0, 40, n // 2 + 1, n - 2, n - 1})
             with DaemonClient(d.config.socket_path) as rogue:
                 region = rogue.find_region(region_name(groups, "concat"))
                 for i in bad:
                     rogue.slot_view(region, found[i].slot)[5000:5008] = b"garbage!"
-            result = b.onboard(found)
-            assert result.moved == n - len(bad)
-            assert sorted(p.id for p in result.dropped) == sorted(found[i].id for i in bad)
+            cut = [0, *(n * k // calls + 3 for k in range(1, calls)), n]
+            moved, dropped = 0, []
+            for k in range(calls):
+                batch = list(found[cut[k]:cut[k + 1]]) + (list(mine) if k == calls - 1 else [])
+                result = b.onboard(batch)
+                moved += result.moved
+                dropped += [p.id for p in result.dropped]
+            assert moved == n - len(bad) + own
+            assert sorted(dropped) == sorted(found[i].id for i in bad)
             b.synchronize()
             good = [i for i in range(n) if i not in bad]
             assert all(np.array_equal(hot_bytes(b, found[i]), expected[pages[i].id]) for i in good)
+            assert all(np.array_equal(hot_bytes(b, p), mine_expected[p.id]) for p in mine)
         finally:
             a.close()
             b.close()

@@ -6,8 +6,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -152,6 +155,50 @@ void kvcodec::bindings::bindKvcmTesting(py::module_& t)
     t.def("hold_encodes", &kvcm::testing::holdEncodes, py::arg("us"),
         "every later test-codec encode sleeps `us` microseconds first (0: off)");
     t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
+    t.def(
+        "strided_crcs",
+        [](int32_t device, py::bytes const& data, uint64_t stride, std::vector<uint32_t> const& lengths) {
+            // The runtime's checksums() as the manager calls it: blobs in device memory (host
+            // memory for device -1), lengths and results in mapped host memory.
+            std::string const bytes = data;
+            if (stride == 0 || lengths.size() * stride > bytes.size())
+            {
+                throw std::invalid_argument("strided_crcs: len(lengths) * stride must fit in data");
+            }
+            for (uint32_t length : lengths)
+            {
+                if (length > stride)
+                {
+                    throw std::invalid_argument("strided_crcs: every length must be at most stride");
+                }
+            }
+            std::unique_ptr<runtime::DeviceRuntime> rt
+                = device < 0 ? runtime::createHostRuntime() : runtime::createCudaRuntime(device);
+            size_t const n = lengths.size();
+            runtime::Allocation blobs(*rt, runtime::MemoryKind::kDevice, std::max<size_t>(1, bytes.size()));
+            runtime::Allocation words(*rt, runtime::MemoryKind::kMappedHost, std::max<size_t>(1, 8 * n));
+            auto* lens = reinterpret_cast<uint32_t*>(words.data());
+            std::copy(lengths.begin(), lengths.end(), lens);
+            runtime::Allocation host(*rt, runtime::MemoryKind::kMappedHost, std::max<size_t>(1, bytes.size()));
+            std::memcpy(host.data(), bytes.data(), bytes.size());
+            void* dst = blobs.data();
+            void const* src = host.data();
+            size_t const size = bytes.size();
+            runtime::Stream stream = rt->createStream();
+            std::string error;
+            bool ok = rt->copyBatch(&dst, &src, &size, 1, stream, error);
+            ok = ok && rt->checksums(blobs.data(), stride, lens, n, lens + n, stream, error);
+            rt->synchronize(stream);
+            rt->destroyStream(stream);
+            if (!ok)
+            {
+                throw std::runtime_error(error);
+            }
+            return std::vector<uint32_t>(lens + n, lens + 2 * n);
+        },
+        py::arg("device"), py::arg("data"), py::arg("stride"), py::arg("lengths"),
+        "CRC-32C of blob i = the lengths[i] bytes at i * stride of `data`, computed by the runtime "
+        "of `device` (a CUDA ordinal, or -1 for the host backend) from device memory");
 
     py::class_<StagingHarness>(t, "StagingHarness")
         .def(py::init<size_t, std::string const&>(), py::arg("capacity"), py::arg("kind") = "device")

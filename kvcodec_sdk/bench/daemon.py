@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_f
     p.add_argument("--daemon-busy-poll-us", type=float, default=0.0, metavar="US",
                    help="microseconds the daemon polls for a request before sleeping (default 0)")
     p.add_argument("--device", default="cpu", help="the managers' device: cpu (default) or cuda[:N]")
+    p.add_argument("--hugepages", action="store_true",
+                   help="back the daemon's arena with huge pages (where reserved: sysctl vm.nr_hugepages=N); "
+                        "default: ordinary pages")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
 
 
@@ -194,7 +197,8 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
 
 
 def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0,
-        busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0, device: str = "cpu") -> dict:
+        busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0, device: str = "cpu",
+        hugepages: bool = False) -> dict:
     """Measures the daemon (see the module docstring); returns the report."""
     from ..daemon import DaemonClient
     from ..daemon.client import DEFAULT_BUSY_POLL_US
@@ -205,7 +209,8 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
     # The client's region, the remote level's values and the shared host level's region.
     l2 = max(64 << 20, 11 * pages * (page_bytes + 4096) + (64 << 20))
     daemon = subprocess.Popen([sys.executable, "-m", "kvcodec_sdk.daemon", "--socket", sock, "--l2-bytes", str(l2),
-                               "--no-hugepages", "--busy-poll-us", str(daemon_busy_poll_us)], stderr=subprocess.PIPE, text=True)
+                               *([] if hugepages else ["--no-hugepages"]), "--busy-poll-us", str(daemon_busy_poll_us)],
+                              stderr=subprocess.PIPE, text=True)
     busy = []
     try:
         if "serving" not in (daemon.stderr.readline() if daemon.stderr else ""):
@@ -250,7 +255,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
     hit_gbps, base_gbps = moved / min(hit) / 1e9, moved / min(base) / 1e9
     return {"pages": pages, "page_bytes": page_bytes, "batch": batch, "rounds": rounds, "load": load,
             "busy_poll_us": poll, "daemon_busy_poll_us": daemon_busy_poll_us, "device": device,
-            "cpus": os.cpu_count(), "rtt_p50_us": float(np.percentile(lat, 50)),
+            "cpus": os.cpu_count(), "hugepages": bool(stats["hugepages"]), "rtt_p50_us": float(np.percentile(lat, 50)),
             "rtt_p99_us": float(np.percentile(lat, 99)), "target_p50_us": TARGET_P50_US,
             "target_p99_us": TARGET_P99_US, "l2_hit_gbps": hit_gbps, "local_copy_gbps": base_gbps,
             "l2_hit_vs_local": hit_gbps / base_gbps, "socket_bytes_per_page": per_page_socket, "manager": manager,
@@ -259,7 +264,8 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 
 def table(r: dict) -> Table:
     title = [f"kvcodec daemon from one client: {r['pages']} KV-like pages of {r['page_bytes'] >> 10} KiB, lookups "
-             f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs, client polls {r['busy_poll_us']:g} us, daemon {r['daemon_busy_poll_us']:g} us"]
+             f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs, client polls {r['busy_poll_us']:g} us, daemon {r['daemon_busy_poll_us']:g} us, "
+             f"arena on {'huge' if r.get('hugepages') else 'ordinary'} pages"]
     t = Table(title, [Column("figure", 44, "<"), Column("measured", 10), Column("target / baseline", 20, "<", "  ")])
     t.rows = [
         ["lookup round trip p50 (us)", f"{r['rtt_p50_us']:.1f}", f"<= {r['target_p50_us']:.0f}"],
@@ -284,5 +290,5 @@ def table(r: dict) -> Table:
 
 def main_with(args: argparse.Namespace) -> int:
     report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
-                 args.daemon_busy_poll_us, args.device)
+                 args.daemon_busy_poll_us, args.device, args.hugepages)
     return emit(table(report), args.json, report)

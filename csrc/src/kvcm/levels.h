@@ -297,6 +297,18 @@ public:
         (void)slots;
         std::fill(ok, ok + count, uint8_t(1));
     }
+    /// verifyBlobs() without reading the blobs, for a caller that checksums them where it copies
+    /// them (a GPU): `ok[i]` = 0 (the slot fails), 1 (it passes), or 2 (it passes once the first
+    /// `length[i]` bytes of its blob have the CRC-32C `crc[i]`). Default: every slot passes.
+    virtual void checkHeaders(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok, uint32_t* crc,
+        uint32_t* length) const noexcept
+    {
+        (void)group;
+        (void)slots;
+        (void)crc;
+        (void)length;
+        std::fill(ok, ok + count, uint8_t(1));
+    }
     /// Why the level's slots cannot be resized or compacted, or null when they can.
     [[nodiscard]] virtual char const* fixedGeometry() const noexcept
     {

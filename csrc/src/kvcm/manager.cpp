@@ -112,6 +112,7 @@ KvCacheManager::~KvCacheManager()
         owner_.store(std::thread::id(), std::memory_order_relaxed);
     }
     stopIoThread();
+    deviceChecks_.reset();
     storage_.reset(); // Before the stream its ring events were recorded on.
     runtime_->destroyStream(stream_);
 }

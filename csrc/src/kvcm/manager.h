@@ -482,6 +482,29 @@ private:
     // running on a helper thread while the chunk before decodes.
     [[nodiscard]] bool overlapsChecks(Transfer const& t) const noexcept;
     bool decodeWithChecksAhead(Transfer& t);
+    // manager_device_checks.cpp: a decode from a verifying level on a GPU, its blobs copied into
+    // device memory and checksummed there before the codec reads the copies.
+    struct DeviceChecks
+    {
+        explicit DeviceChecks(runtime::DeviceRuntime& r)
+            : runtime(r)
+        {
+        }
+        ~DeviceChecks();
+        DeviceChecks(DeviceChecks const&) = delete;
+        DeviceChecks& operator=(DeviceChecks const&) = delete;
+        runtime::DeviceRuntime& runtime;
+        Stream stream = nullptr;          ///< The copies into the staging area.
+        Stream kernels = nullptr;         ///< The checksums, beside the next chunk's copy.
+        uint64_t pageBytes = 0;           ///< Blob size the staging area is laid out for.
+        size_t chunk = 0;                 ///< Pages per region.
+        runtime::Allocation stage;        ///< Device memory, regions of `chunk` blobs.
+        runtime::Allocation words;        ///< Mapped host: lengths, then checksums.
+        std::vector<EventPtr> regionFree; ///< After the last decode that read each region.
+    };
+    [[nodiscard]] bool checksOnDevice(Transfer const& t) const noexcept;
+    bool decodeWithDeviceChecks(Transfer& t);
+    DeviceChecks& deviceChecks(uint64_t pageBytes);
     void checkResizable(CacheLevel level) const;
     void dropChecked(Transfer& t, size_t i, int reason);
     template <class Check>
@@ -622,7 +645,8 @@ private:
     std::shared_ptr<PendingMigration> current_; ///< The migration whose transfers are being submitted.
     bool prefetching_ = false;                  ///< Those transfers are a prefetch's.
     PrefetchStats prefetch_;
-    uint64_t prefetchBytes_ = 0; ///< Host bytes of prefetched pages in flight or unused.
+    uint64_t prefetchBytes_ = 0;                 ///< Host bytes of prefetched pages in flight or unused.
+    std::unique_ptr<DeviceChecks> deviceChecks_; ///< Created by the first decode checked on a GPU.
 };
 
 } // namespace kvcodec::kvcm

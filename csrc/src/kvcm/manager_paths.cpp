@@ -313,6 +313,10 @@ bool KvCacheManager::verifySources(Transfer& t)
 
 bool KvCacheManager::decodeFromAddressable(Transfer& t)
 {
+    if (checksOnDevice(t))
+    {
+        return decodeWithDeviceChecks(t);
+    }
     if (overlapsChecks(t))
     {
         return decodeWithChecksAhead(t);

@@ -546,22 +546,54 @@ std::vector<std::optional<ClaimedBlob>> SharedColdLevel::claimMany(
     return out;
 }
 
-void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok) const noexcept
+void SharedColdLevel::checkHeaders(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok, uint32_t* crc,
+    uint32_t* length) const noexcept
 {
     SharedLevelGroup const& g = groups_[size_t(group)];
-    std::vector<size_t> crc; // Blobs whose bytes are checked too.
     try
     {
         for (size_t i = 0; i < count; ++i)
         {
             auto const slot = size_t(slots[i]);
             // A slot leased to this manager (not pinned) is written by nobody else.
-            ok[i] = g.pinned[slot] == 0
-                || daemon::headerShows(
-                    arena_->readHeader(g.layout, uint32_t(slot)), g.layout, g.expected[slot], g.digest[slot]);
-            if (ok[i] != 0 && g.pinned[slot] != 0 && verifyCrc_)
+            if (g.pinned[slot] == 0)
             {
-                crc.push_back(i);
+                ok[i] = 1;
+                continue;
+            }
+            if (!daemon::headerShows(
+                    arena_->readHeader(g.layout, uint32_t(slot)), g.layout, g.expected[slot], g.digest[slot]))
+            {
+                ok[i] = 0;
+                continue;
+            }
+            ok[i] = verifyCrc_ ? 2 : 1;
+            crc[i] = g.expected[slot].crc;
+            length[i] = uint32_t(g.expected[slot].length);
+        }
+    }
+    catch (...)
+    {
+        std::fill(ok, ok + count, uint8_t(0)); // Unreadable headers: every page is a miss.
+    }
+}
+
+void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok) const noexcept
+{
+    SharedLevelGroup const& g = groups_[size_t(group)];
+    std::vector<uint32_t> crc;
+    std::vector<uint32_t> length;
+    std::vector<size_t> todo; // Blobs whose bytes are checked too.
+    try
+    {
+        crc.resize(count);
+        length.resize(count);
+        checkHeaders(group, slots, count, ok, crc.data(), length.data());
+        for (size_t i = 0; i < count; ++i)
+        {
+            if (ok[i] == 2)
+            {
+                todo.push_back(i);
             }
         }
     }
@@ -570,10 +602,9 @@ void SharedColdLevel::verifyBlobs(PoolGroupIndex group, int32_t const* slots, si
         std::fill(ok, ok + count, uint8_t(0)); // No room to plan the checks: every page is a miss.
         return;
     }
-    detail::parallelCrcs(crc.size(), crc.size() * g.pageBytes, [&](size_t j) {
-        size_t const i = crc[j];
-        daemon::Found const& f = g.expected[size_t(slots[i])];
-        ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slots[i])), f.length) == f.crc ? 1 : 0;
+    detail::parallelCrcs(todo.size(), todo.size() * g.pageBytes, [&](size_t j) {
+        size_t const i = todo[j];
+        ok[i] = crc32cFast(arena_->data(g.layout, uint32_t(slots[i])), length[i]) == crc[i] ? 1 : 0;
     });
 }
 

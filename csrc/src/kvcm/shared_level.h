@@ -135,6 +135,8 @@ public:
     /// Header checks on this thread; the CRC-32C passes (verify_crc) split over up to 8 threads
     /// when the blobs are large enough to pay for them.
     void verifyBlobs(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok) const noexcept override;
+    void checkHeaders(PoolGroupIndex group, int32_t const* slots, size_t count, uint8_t* ok, uint32_t* crc,
+        uint32_t* length) const noexcept override;
     [[nodiscard]] char const* fixedGeometry() const noexcept override;
     void applyQuota(std::vector<uint64_t> const& slots, uint64_t quota) override;
 

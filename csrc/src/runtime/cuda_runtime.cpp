@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcodec/device_scope.h"
+#include "runtime/checksums.h"
 #include "runtime/driver_api.h"
 #include "runtime/index_upload.h"
 
@@ -389,6 +390,23 @@ bool CudaRuntime::uploadFromPageable(
     if (st != cudaSuccess)
     {
         error = "index upload (kernel parameters, " + std::to_string(bytes) + " bytes) failed: " + cudaErrorText(st);
+        return false;
+    }
+    return true;
+}
+
+bool CudaRuntime::checksums(void const* base, uint64_t stride, uint32_t const* lengths, size_t count, uint32_t* crcs,
+    Stream stream, std::string& error) noexcept
+{
+    if (count == 0)
+    {
+        return true;
+    }
+    DeviceScope scope(ordinal_);
+    cudaError_t const st = launchStridedCrcs(base, stride, lengths, count, crcs, stream);
+    if (st != cudaSuccess)
+    {
+        error = "the checksum kernel over " + std::to_string(count) + " blobs failed to launch: " + cudaErrorText(st);
         return false;
     }
     return true;

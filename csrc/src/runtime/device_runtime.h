@@ -135,6 +135,13 @@ public:
     /// transfer itself may still be in flight.
     virtual bool uploadFromPageable(
         void* dst, void const* hostSrc, size_t bytes, Stream stream, std::string& error) noexcept = 0;
+
+    /// Enqueues on `stream` the CRC-32C of `count` blobs: crcs[i] gets that of the lengths[i]
+    /// bytes at base + i * stride. Every pointer must be device-accessible (device or mapped host
+    /// memory); crcs is read once the stream passed this point. The host backend computes them
+    /// before returning. Returns false with a reason when the work cannot be submitted.
+    virtual bool checksums(void const* base, uint64_t stride, uint32_t const* lengths, size_t count, uint32_t* crcs,
+        Stream stream, std::string& error) noexcept = 0;
 };
 
 /// Creates the host backend.

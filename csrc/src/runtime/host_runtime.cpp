@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kvcodec/crc32c.h"
 #include "kvcodec/plugin.h"
 
 namespace kvcodec::runtime {
@@ -67,6 +68,16 @@ bool HostRuntime::copyBatch(
 bool HostRuntime::uploadFromPageable(void* dst, void const* hostSrc, size_t bytes, Stream, std::string&) noexcept
 {
     std::memcpy(dst, hostSrc, bytes);
+    return true;
+}
+
+bool HostRuntime::checksums(void const* base, uint64_t stride, uint32_t const* lengths, size_t count, uint32_t* crcs,
+    Stream, std::string&) noexcept
+{
+    for (size_t i = 0; i < count; ++i)
+    {
+        crcs[i] = crc32cFast(static_cast<std::byte const*>(base) + i * stride, lengths[i]);
+    }
     return true;
 }
 

@@ -26,6 +26,8 @@ public:
         std::string& error) noexcept override;
     bool uploadFromPageable(
         void* dst, void const* hostSrc, size_t bytes, Stream stream, std::string& error) noexcept override;
+    bool checksums(void const* base, uint64_t stride, uint32_t const* lengths, size_t count, uint32_t* crcs,
+        Stream stream, std::string& error) noexcept override;
 };
 
 } // namespace kvcodec::runtime
