@@ -112,10 +112,6 @@ KvCacheManager::~KvCacheManager()
         owner_.store(std::thread::id(), std::memory_order_relaxed);
     }
     stopIoThread();
-    if (encodeStream_ != nullptr)
-    {
-        runtime_->destroyStream(encodeStream_); // Its work was host-waited for by the I/O thread.
-    }
     deviceChecks_.reset();
     storage_.reset(); // Before the stream its ring events were recorded on.
     runtime_->destroyStream(stream_);

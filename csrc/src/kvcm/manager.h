@@ -526,10 +526,10 @@ private:
     void enqueue(std::unique_ptr<Job> job);
     void ioLoop();
     void startJob(Job& job) noexcept;
-    // A staged write's encode is its job's, run on the I/O thread, so the call neither runs it
-    // (the CPU backend: the codec works on the calling thread) nor submits it (a GPU: submitting
-    // a batch of copies or kernels costs the caller tens of microseconds). A deferred write
-    // (encodeStaged) keeps its encode on the committing call's stream on a GPU.
+    // On the CPU backend a staged write's encode is its job's, run on the I/O thread (the codec
+    // works on the calling thread there: on the caller's it would block the call for the whole
+    // encode). On a GPU the encode is queued on the call's stream and the I/O thread waits for it.
+    [[nodiscard]] bool encodesOnIoThread() const noexcept;
     static void deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count);
     // On the I/O thread: a deferred encode (false, job.error set, when it failed).
     bool encodeOnIoThread(Job& job) noexcept;
@@ -647,7 +647,6 @@ private:
     PrefetchStats prefetch_;
     uint64_t prefetchBytes_ = 0;                 ///< Host bytes of prefetched pages in flight or unused.
     std::unique_ptr<DeviceChecks> deviceChecks_; ///< Created by the first decode checked on a GPU.
-    Stream encodeStream_ = nullptr;              ///< The I/O thread's encodes on a GPU (created by the first).
 };
 
 } // namespace kvcodec::kvcm

@@ -141,6 +141,11 @@ void KvCacheManager::startJob(Job& job) noexcept
     }
 }
 
+bool KvCacheManager::encodesOnIoThread() const noexcept
+{
+    return runtime_->codecDevice() == KVCODEC_DEVICE_CPU;
+}
+
 void KvCacheManager::deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count)
 {
     job.encodeOnIo = true;
@@ -149,49 +154,22 @@ void KvCacheManager::deferEncode(Job& job, std::byte* base, PageIndexPair const*
 }
 
 // The hot slots stay as they are while the job is in flight (its pages are, and the call's rule
-// says their bytes do too); the destination (slice or host slots) is the job's alone. Codec calls
-// are serialized by StorageManager::transcode. On a GPU the encode goes on the manager's encode
-// stream (after startJob host-waited for the call's stream) and is host-waited for here.
+// says their bytes do too); the destination (slice or host slots) is the job's alone. The codec
+// is shared with the callers' calls: StorageManager::transcode serializes them.
 bool KvCacheManager::encodeOnIoThread(Job& job) noexcept
 {
     std::string error;
     uint64_t calls = 0;
     bool ok = false;
     auto const t0 = std::chrono::steady_clock::now();
-    bool const gpu = job.encodeOnDevice;
-    Stream const stream = gpu ? encodeStream_ : job.stream;
     try
     {
-        if (job.timed)
-        {
-            job.timedStart = runtime_->recordTimed(stream);
-        }
         ok = storage_->transcode(true, job.key.rep, job.encodeBase, job.encodePairs.data(), job.encodePairs.size(),
-            stream, error, nullptr, &calls);
-        if (ok && job.timedStart)
-        {
-            job.timedEnd = runtime_->recordTimed(stream);
-        }
+            job.stream, error, nullptr, &calls);
     }
     catch (std::exception const& e)
     {
         error = e.what();
-    }
-    if (gpu)
-    {
-        try
-        {
-            job.finish = runtime_->record(stream);
-            if (job.finish)
-            {
-                job.finish->synchronize();
-            }
-        }
-        catch (std::exception const& e)
-        {
-            ok = false;
-            error = std::string("waiting for the encode failed: ") + e.what();
-        }
     }
     job.calls += calls;
     job.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -399,7 +377,7 @@ bool KvCacheManager::encodeStaged(Job& job, StagingBuffer lease, std::string& er
     {
         pairs[i] = {int32_t(i), job.srcSlots[i]};
     }
-    if (runtime_->codecDevice() == KVCODEC_DEVICE_CPU)
+    if (encodesOnIoThread())
     {
         deferEncode(job, lease.data(), pairs.data(), n);
         useSlice(job, std::move(lease));
@@ -534,12 +512,6 @@ bool KvCacheManager::commitJob(Job& job)
     if (job.decode)
     {
         return decodeJob(job, kept);
-    }
-    if (job.timedStart && job.timedEnd && timedCalls_.size() < kMaxTimedCalls)
-    {
-        // The I/O thread's encode, timed: counted like a caller's once its events completed.
-        timedCalls_.push_back({std::move(job.timedStart), std::move(job.timedEnd), true, job.key.src, job.key.srcGroup,
-            job.key.dst, job.key.dstGroup, job.calls});
     }
     finishCommit(job, kept, job.write ? job.finish : nullptr);
     return true;

@@ -78,17 +78,11 @@ struct KvCacheManager::Job
     /// A write whose encode waits with it for a slice (srcSlots: the hot slots it reads): the
     /// encode is submitted on the call's stream once stageWaiting() gives it one.
     bool encodeLater = false;
-    /// The encode is the I/O thread's, run before the writes (each pair: the blob's index at
-    /// `encodeBase`, the hot slot it reads), so the caller never runs it nor waits for it. On a
-    /// GPU it is submitted on the manager's encode stream once `waits` (the call's stream up to
-    /// the call) completed, and host-waited for before the writes.
+    /// CPU backend: the encode is the I/O thread's, run before the writes (each pair: the blob's
+    /// index at `encodeBase`, the hot slot it reads), so the caller never runs it.
     bool encodeOnIo = false;
     std::byte* encodeBase = nullptr;
     std::vector<PageIndexPair> encodePairs;
-    bool encodeOnDevice = false; ///< A GPU's encode, on the manager's encode stream.
-    bool timed = false;          ///< GPU timing was on at the call: the encode is timed.
-    EventPtr timedStart;         ///< Its timed events, added to the manager's at the commit.
-    EventPtr timedEnd;
     bool decoded = false;   ///< The decode was submitted; the job is queued again for its wait.
     bool hostCheck = false; ///< The envelopes are checked on the host before decoding.
     uint16_t envelope = 0;

@@ -433,8 +433,8 @@ bool KvCacheManager::encodeToStaged(Transfer& t)
 {
     detail::Scratch& s = detail::scratch();
     waitForSlots(t);
-    // Encode into a staging slice: the job's I/O thread runs the encode (on a GPU, once the
-    // call's stream reached this point), then writes the blobs. The slice goes when it commits.
+    // Encode into a staging slice on the stream; a job's I/O thread waits for the encode's event
+    // (never the caller), then writes the blobs. The slice is released when the job commits.
     // While every slice is held by jobs in flight, free host-tier slots stage the blobs instead,
     // or the job waits for a slice with its encode (stageWaiting()): the caller waits for no
     // earlier write.
@@ -621,31 +621,30 @@ bool KvCacheManager::decodeJob(Job& job, size_t kept)
     return false;
 }
 
-// The job of a staged write whose blobs the scratch's codec pairs place at `base`. Its encode is
-// the I/O thread's (encodeOnIoThread): on a GPU it starts once the call's stream has reached this
-// point (an event recorded now), on the manager's encode stream.
+// A write job whose I/O waits for the work submitted on the transfer's stream so far (the
+// encode, or the source slots' last transfers): an event recorded now, null on the host
+// backend, whose work is done.
+// The job of a staged write whose blobs the scratch's codec pairs place at `base`: its encode
+// submitted now on the call's stream, or on the CPU backend left to the I/O thread. Null when the
+// encode failed (t.error says why).
 std::unique_ptr<KvCacheManager::Job> KvCacheManager::encodeJob(Transfer& t, std::byte* base)
 {
     std::vector<PageIndexPair> const& pairs = detail::scratch().codecPairs;
-    auto job = std::make_unique<Job>();
-    job->write = true;
-    deferEncode(*job, base, pairs.data(), t.count);
-    if (EventPtr ready = runtime_->record(t.stream))
+    if (encodesOnIoThread())
     {
-        if (encodeStream_ == nullptr)
-        {
-            encodeStream_ = runtime_->createStream();
-        }
-        job->waits.push_back(std::move(ready));
-        job->encodeOnDevice = true;
-        job->timed = gpuTiming_;
+        auto job = std::make_unique<Job>();
+        job->write = true;
+        deferEncode(*job, base, pairs.data(), t.count);
+        return job;
     }
-    return job;
+    uint64_t const callsBefore = t.calls;
+    if (!transcode(t, true, base, pairs.data(), nullptr))
+    {
+        return nullptr;
+    }
+    return writeJob(t, t.calls - callsBefore);
 }
 
-// A write job whose I/O waits for the work submitted on the transfer's stream so far (the
-// source slots' last transfers): an event recorded now, null on the host backend, whose work is
-// done.
 std::unique_ptr<KvCacheManager::Job> KvCacheManager::writeJob(Transfer& t, uint64_t calls)
 {
     auto job = std::make_unique<Job>();
