@@ -507,6 +507,7 @@ private:
     DeviceChecks& deviceChecks(uint64_t pageBytes);
     void checkResizable(CacheLevel level) const;
     void dropChecked(Transfer& t, size_t i, int reason);
+    void dropFailedChecks(Transfer& t, std::vector<uint32_t>& pages, std::vector<int32_t>& dstSlots);
     template <class Check>
     bool keepChecked(Transfer& t, Check&& check);
     void waitForSlots(Transfer& t);

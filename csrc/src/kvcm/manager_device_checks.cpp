@@ -284,13 +284,7 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
     }
     t.count = kept;
     t.seconds += seconds;
-    size_t failed = failedPages.size();
-    Transfer dropped{t.key, failedPages.data(), failedSlots.data(), failed, t.stream, t.result, t.error, t.srcPool,
-        t.dstPool, false, t.envelope, nullptr, false, 0.0, std::nullopt, false};
-    for (size_t i = 0; i < failed; ++i)
-    {
-        dropChecked(dropped, i, int(EnvelopeStatus::kBadChecksum));
-    }
+    dropFailedChecks(t, failedPages, failedSlots);
     return rest == n;
 }
 

@@ -132,14 +132,21 @@ bool KvCacheManager::decodeWithChecksAhead(Transfer& t)
     join.now(); // before the failed pages are dropped: the helper reads the level
     t.count = kept;
     t.seconds += seconds;
-    size_t failed = failedPages.size();
-    Transfer dropped{t.key, failedPages.data(), failedSlots.data(), failed, t.stream, t.result, t.error, t.srcPool,
-        t.dstPool, false, t.envelope, nullptr, false, 0.0, std::nullopt, false};
+    dropFailedChecks(t, failedPages, failedSlots);
+    return good;
+}
+
+// The pages of `t` whose blobs failed their checksums (their pages and destination slots taken out
+// of `t` already): each has its slots released and is dropped (a miss).
+void KvCacheManager::dropFailedChecks(Transfer& t, std::vector<uint32_t>& pages, std::vector<int32_t>& dstSlots)
+{
+    size_t failed = pages.size();
+    Transfer dropped{t.key, pages.data(), dstSlots.data(), failed, t.stream, t.result, t.error, t.srcPool, t.dstPool,
+        false, t.envelope, nullptr, false, 0.0, std::nullopt, false};
     for (size_t i = 0; i < failed; ++i)
     {
         dropChecked(dropped, i, int(EnvelopeStatus::kBadChecksum));
     }
-    return good;
 }
 
 } // namespace kvcodec::kvcm
