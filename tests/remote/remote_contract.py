@@ -44,6 +44,21 @@ def content_key(blob) -> bytes:
     return hashlib.sha256(memoryview(blob).cast("B")).digest()
 
 
+def stop_process(proc, timeout_s: float = 5.0) -> None:
+    """Sends SIGSTOP to ``proc`` and returns once the kernel shows it stopped: kill() returns before
+    the signal takes effect, and a server thread still running could answer one more request."""
+    import signal
+
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"process {proc.pid} did not stop within {timeout_s} s of SIGSTOP")
+
+
 def out_buffers(sizes, fill: int = 0xA5) -> list[np.ndarray]:
     """Writable buffers of the given sizes, filled with a sentinel byte."""
     return [np.full(n, fill, dtype=np.uint8) for n in sizes]

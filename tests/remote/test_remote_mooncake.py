@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from level_contract import ManagerLevelContract
-from remote_contract import IDENTITY, BackendContract, check_pages, content_key, out_buffers
+from remote_contract import IDENTITY, BackendContract, check_pages, content_key, out_buffers, stop_process
 
 from kvcodec_sdk.remote import RemoteError, RemoteFull, RemoteTimeout, RemoteUnavailable, Status
 
@@ -152,7 +152,7 @@ def test_a_stalled_master_times_out_and_the_next_call_reads_the_right_reply(stor
     be = _backend(store, IDENTITY, timeout_s=0.5)
     a, b = np.arange(1000, dtype=np.uint8), np.arange(3000, dtype=np.uint16).view(np.uint8)
     be.put_batch([content_key(a), content_key(b)], [a, b])
-    store.proc.send_signal(signal.SIGSTOP)
+    stop_process(store.proc)
     try:
         outs = out_buffers([1000])
         t0 = time.monotonic()

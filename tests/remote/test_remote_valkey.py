@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 from level_contract import ManagerLevelContract
-from remote_contract import IDENTITY, BackendContract, content_key, out_buffers
+from remote_contract import IDENTITY, BackendContract, content_key, out_buffers, stop_process
 
 from kvcodec_sdk.remote import RemoteFull, RemoteTimeout, Status
 
@@ -119,7 +119,7 @@ def test_a_stalled_store_times_out_and_the_next_call_reads_the_right_reply(valke
     be = ValkeyBackend("127.0.0.1", valkey_server.port, identity=IDENTITY, timeout_s=0.3)
     a, b = np.arange(1000, dtype=np.uint8), np.arange(3000, dtype=np.uint16).view(np.uint8)
     be.put_batch([content_key(a), content_key(b)], [a, b])
-    valkey_server.proc.send_signal(signal.SIGSTOP)
+    stop_process(valkey_server.proc)
     try:
         t0 = time.monotonic()
         with pytest.raises(RemoteTimeout, match="no answer within 0.3 s"):
