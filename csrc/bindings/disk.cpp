@@ -39,14 +39,18 @@ std::pair<void*, size_t> bufferOf(py::buffer const& b, bool writable, char const
     return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
 }
 
+/// Buffers of at least this many bytes are checksummed without the GIL (other threads go on
+/// meanwhile); below it, releasing and taking the lock back costs more than it frees.
+constexpr size_t kNoGilBytes = size_t(64) << 10;
+
 /// The CRC-32C of a buffer by one of the implementations bound below.
 template <uint32_t (*Crc)(void const*, size_t, uint32_t) noexcept>
 uint32_t crcOfBuffer(py::buffer const& b, uint32_t crc)
 {
     auto [p, n] = bufferOf(b, false, "data");
-    if (n < (size_t(64) << 10))
+    if (n < kNoGilBytes)
         return Crc(p, n, crc);
-    py::gil_scoped_release nogil; // a page or more: other threads go on meanwhile
+    py::gil_scoped_release nogil;
     return Crc(p, n, crc);
 }
 
@@ -134,9 +138,9 @@ void bindDisk(py::module_& parent)
             if (dn < sn)
                 throw py::value_error("dst holds " + std::to_string(dn) + " bytes; src has " + std::to_string(sn)
                     + ": dst must hold at least as many");
-            if (sn < (size_t(64) << 10))
+            if (sn < kNoGilBytes)
                 return kvcodec::crc32cCopy(d, s, sn, crc);
-            py::gil_scoped_release nogil; // a page or more: other threads go on meanwhile
+            py::gil_scoped_release nogil;
             return kvcodec::crc32cCopy(d, s, sn, crc);
         },
         py::arg("dst"), py::arg("src"), py::arg("crc") = 0,
