@@ -333,6 +333,26 @@ def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
     assert manager["host"]["onboard_gbps"] > 0
     assert "manager onboard, remote level on daemon" in r.stdout and "L2 hit: find + onboard" in r.stdout
     assert report["hugepages"] is False and "arena on ordinary pages" in r.stdout  # without --hugepages
+    assert report["codec"] == "concat" and manager["lossless"] is True
+
+
+def test_kvcodec_bench_daemon_runs_a_lossy_codec_and_refuses_unknown_ones(tmp_path):
+    out = tmp_path / "daemon-fp8.json"
+    r = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "bench", "daemon", "--pages", "8", "--rounds", "10",
+                        "--codec", "fp8", "--json", str(out)], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    # fp8 gives back other bytes than it was given: every page onboarded is checked against what a host
+    # tier of its own gave back, and the pages are written again before each round.
+    assert report["codec"] == "fp8" and report["manager"]["lossless"] is False
+    assert report["manager"]["shared_found"]["onboard_gbps"] > 0 and "managers with fp8" in r.stdout
+    for args, problem in ((["--codec", "nope"], "unknown codec 'nope'"),
+                          (["--params", "[1]"], "--params must be a JSON object"),
+                          (["--params", "{"], "--params is not valid JSON"),
+                          (["--params", '{"path": "x"}'], "valid values are 'auto', 'copy_engine', 'sm'")):
+        bad = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "bench", "daemon", *args],
+                             capture_output=True, text=True, timeout=60, cwd="/")
+        assert bad.returncode == 2 and problem in bad.stderr, (args, bad.stderr)
 
 
 def test_the_documented_metrics_table_is_the_collectors():

@@ -20,6 +20,7 @@ processes (a loaded machine). The client stores ``--pages`` KV-like pages, then 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -51,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_f
     p.add_argument("--hugepages", action="store_true",
                    help="back the daemon's arena with huge pages (where reserved: sysctl vm.nr_hugepages=N); "
                         "default: ordinary pages")
+    p.add_argument("--codec", default="concat", metavar="NAME",
+                   help="the managers' codec (a registered name, plugins included; default concat)")
+    p.add_argument("--params", default=None, metavar="JSON", help="the codec's parameters as a JSON object")
     p.add_argument("--json", metavar="PATH", type=output_file, help="also write the report as JSON")
 
 
@@ -85,19 +89,26 @@ def _timed_rounds(rounds: int, step: Any) -> list[tuple[float, ...]]:
     return [step() for _ in range(rounds + 1)][1:]
 
 
-def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, device: str = "cpu") -> dict:
-    """Evict and onboard ``pages`` KV-like pages through managers on ``device`` (concat): with a
-    host tier of their own (the baseline), with the daemon as their remote level, and with the
-    shared host level in the daemon's arena (their own pages, and another manager's pages found
-    in L2, with and without the CRC-32C check). GB/s of page bytes per direction, each call timed
-    until its copies completed (best of
-    ``rounds``); every onboarded page is checked byte for byte."""
+def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, device: str = "cpu",
+                    codec: Any = "concat") -> dict:
+    """Evict and onboard ``pages`` KV-like pages through managers on ``device`` with ``codec`` (a
+    name or ``(name, params)``, as :class:`~kvcodec_sdk.KVCacheManager` takes it): with a host tier
+    of their own (the baseline), with the daemon as their remote level, and with the shared host
+    level in the daemon's arena (their own pages, and another manager's pages found in L2, with and
+    without the CRC-32C check). GB/s of page bytes per direction, each call timed until its copies
+    completed (best of ``rounds``). Every onboarded page is checked byte for byte against what one
+    evict and onboard through a host tier of its own gives (the pages themselves for a lossless
+    codec); with a lossy codec the pages are written again before each round, untimed, so no page
+    is encoded twice."""
     import kvcodec_sdk as kv
 
     from ..remote.daemon import DaemonBackend
 
     half = page_bytes // 2
-    groups = [kv.LayerGroupConfig([kv.BufferDesc(0, kv.Role.KEY, bytes=half), kv.BufferDesc(0, kv.Role.VALUE, bytes=half)])]
+    # K and V side by side in one pool, each bf16 rows of 128 channels (what kv_page writes), so a
+    # quantizing codec sees its dtype; sizes that are no whole number of rows are plain bytes.
+    shape = dict(dtype=kv.DType.BFLOAT16, tokens_per_page=half // 256, num_heads=1, head_dim=128) if half % 256 == 0 else {}
+    groups = [kv.LayerGroupConfig([kv.BufferDesc(0, role, bytes=half, **shape) for role in (kv.Role.KEY, kv.Role.VALUE)])]
     quota = pages * 2 * half
     moved = pages * 2 * half
     keys = [f"bench-manager/{i}".encode() for i in range(pages)]
@@ -109,7 +120,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
             groups, gpu_quota=quota, host_quota=0 if level == "daemon" else quota, device=device,
             remote=kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages) if level == "daemon" else None,
             shared=kv.SharedTierConfig(sock, region_slots=8 * pages + 64, verify_crc=verify_crc)
-            if level == "shared" else None), cold_page_codec="concat")
+            if level == "shared" else None), cold_page_codec=codec)
 
     def wait(m: Any) -> None:
         """On a GPU a call returns once its copies are queued: the timed call waits for them. On
@@ -125,17 +136,32 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
         return ps
 
     def check(m: Any, ps: Any, what: str) -> None:
-        for p, raw in zip(ps, model):
+        for p, raw in zip(ps, expected):
             if not np.array_equal(_get(m, p), raw):
                 raise RuntimeError(f"a page onboarded from {what} differs from the page evicted")
 
-    out: dict = {}
+    # What the codec gives back: one evict and onboard through a host tier of its own.
+    m = manager("host")
+    try:
+        ps = filled(m)
+        m.evict(ps, level=kv.CacheLevel.HOST)
+        m.onboard(ps, source=kv.CacheLevel.HOST)
+        wait(m)
+        expected = [_get(m, p) for p in ps]
+    finally:
+        m.close()
+    lossy = any(not np.array_equal(e, raw) for e, raw in zip(expected, model))
+    out: dict = {"lossless": not lossy}
     for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE), ("shared", kv.CacheLevel.HOST)):
         m = manager(name)
         try:
             ps = filled(m)
 
             def step() -> tuple[float, float]:
+                if lossy:
+                    for p, raw in zip(ps, model):
+                        _put(m, p, raw)
+                    wait(m)
                 t0 = time.perf_counter()
                 m.evict(ps, level=level)
                 wait(m)
@@ -198,8 +224,9 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
 
 def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0,
         busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0, device: str = "cpu",
-        hugepages: bool = False) -> dict:
-    """Measures the daemon (see the module docstring); returns the report."""
+        hugepages: bool = False, codec: str = "concat", params: dict | None = None) -> dict:
+    """Measures the daemon (see the module docstring); returns the report. ``codec`` and ``params``
+    are the managers' codec."""
     from ..daemon import DaemonClient
     from ..daemon.client import DEFAULT_BUSY_POLL_US
 
@@ -243,7 +270,8 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 
             base = wall_times(local_copy, 5)
             stats = client.stats()  # the client's figures; the manager's run comes after
-            manager = through_manager(sock, pages, page_bytes, device=device)
+            manager = through_manager(sock, pages, page_bytes, device=device,
+                                      codec=codec if params is None else (codec, params))
     finally:
         for b in busy:
             b.kill()
@@ -255,6 +283,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
     hit_gbps, base_gbps = moved / min(hit) / 1e9, moved / min(base) / 1e9
     return {"pages": pages, "page_bytes": page_bytes, "batch": batch, "rounds": rounds, "load": load,
             "busy_poll_us": poll, "daemon_busy_poll_us": daemon_busy_poll_us, "device": device,
+            "codec": codec, "params": params,
             "cpus": os.cpu_count(), "hugepages": bool(stats["hugepages"]), "rtt_p50_us": float(np.percentile(lat, 50)),
             "rtt_p99_us": float(np.percentile(lat, 99)), "target_p50_us": TARGET_P50_US,
             "target_p99_us": TARGET_P99_US, "l2_hit_gbps": hit_gbps, "local_copy_gbps": base_gbps,
@@ -265,7 +294,8 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 def table(r: dict) -> Table:
     title = [f"kvcodec daemon from one client: {r['pages']} KV-like pages of {r['page_bytes'] >> 10} KiB, lookups "
              f"of {r['batch']} keys, {r['load']} busy processes on {r['cpus']} CPUs, client polls {r['busy_poll_us']:g} us, daemon {r['daemon_busy_poll_us']:g} us, "
-             f"arena on {'huge' if r.get('hugepages') else 'ordinary'} pages"]
+             f"arena on {'huge' if r.get('hugepages') else 'ordinary'} pages, managers with "
+             f"{r.get('codec', 'concat')}{' ' + json.dumps(r['params']) if r.get('params') else ''}"]
     t = Table(title, [Column("figure", 44, "<"), Column("measured", 10), Column("target / baseline", 20, "<", "  ")])
     t.rows = [
         ["lookup round trip p50 (us)", f"{r['rtt_p50_us']:.1f}", f"<= {r['target_p50_us']:.0f}"],
@@ -289,6 +319,28 @@ def table(r: dict) -> Table:
 
 
 def main_with(args: argparse.Namespace) -> int:
+    from ..errors import CodecParamError, UnknownCodecError
+    from ..registry import get_codec_spec
+
+    params = None
+    if args.params is not None:
+        try:
+            params = json.loads(args.params)
+        except json.JSONDecodeError as exc:
+            return _usage(f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {args.params!r}; pass an "
+                          "object, e.g. '{\"path\": \"sm\"}'")
+        if not isinstance(params, dict):
+            return _usage(f"--params must be a JSON object of parameter names to values, got "
+                          f"{type(params).__name__}: {args.params!r}")
+    try:  # An unknown codec or bad parameters fail here, before a daemon starts.
+        get_codec_spec(args.codec).validate_params(params)
+    except (UnknownCodecError, CodecParamError) as exc:
+        return _usage(f"--codec {args.codec}: {exc}")
     report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
-                 args.daemon_busy_poll_us, args.device, args.hugepages)
+                 args.daemon_busy_poll_us, args.device, args.hugepages, args.codec, params)
     return emit(table(report), args.json, report)
+
+
+def _usage(message: str) -> int:
+    print(f"kvcodec bench daemon: error: {message}", file=sys.stderr)
+    return 2
