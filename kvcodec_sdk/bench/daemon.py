@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser, *, count: Any, size: Any, output_f
     p.add_argument("--hugepages", action="store_true",
                    help="back the daemon's arena with huge pages (where reserved: sysctl vm.nr_hugepages=N); "
                         "default: ordinary pages")
+    p.add_argument("--manager-rounds", type=count(2, 100000), default=30,
+                   help="rounds of the measurements through the manager (best and median reported; default 30)")
     p.add_argument("--codec", default="concat", metavar="NAME",
                    help="the managers' codec (a registered name, plugins included; default concat)")
     p.add_argument("--params", default=None, metavar="JSON", help="the codec's parameters as a JSON object")
@@ -84,19 +86,15 @@ def _get(m: Any, page: Any) -> np.ndarray:
     return np.asarray(view) if m.device == "cpu" else view.cpu().numpy()
 
 
-def _timed_rounds(rounds: int, step: Any) -> list[tuple[float, ...]]:
-    """``step()`` returns its phases' seconds; the first of ``rounds + 1`` warms up (dropped)."""
-    return [step() for _ in range(rounds + 1)][1:]
-
-
-def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, device: str = "cpu",
+def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 30, device: str = "cpu",
                     codec: Any = "concat") -> dict:
     """Evict and onboard ``pages`` KV-like pages through managers on ``device`` with ``codec`` (a
     name or ``(name, params)``, as :class:`~kvcodec_sdk.KVCacheManager` takes it): with a host tier
     of their own (the baseline), with the daemon as their remote level, and with the shared host
     level in the daemon's arena (their own pages, and another manager's pages found in L2, with and
     without the CRC-32C check). GB/s of page bytes per direction, each call timed until its copies
-    completed (best of ``rounds``). Every onboarded page is checked byte for byte against what one
+    completed: the best of ``rounds`` (``..._gbps``) and their median (``..._p50_gbps``), every
+    figure measured once per round in turn. Every onboarded page is checked byte for byte against what one
     evict and onboard through a host tier of its own gives (the pages themselves for a lossless
     codec); with a lossy codec the pages are written again before each round, untimed, so no page
     is encoded twice."""
@@ -128,11 +126,11 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
         if device != "cpu":
             m.synchronize()
 
-    def filled(m: Any) -> Any:
+    def filled(m: Any, names: list[bytes]) -> Any:
         ps = m.allocate(0, pages)
         for p, raw in zip(ps, model):
             _put(m, p, raw)
-        m.set_keys(ps, keys)
+        m.set_keys(ps, names)
         return ps
 
     def check(m: Any, ps: Any, what: str) -> None:
@@ -143,7 +141,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
     # What the codec gives back: one evict and onboard through a host tier of its own.
     m = manager("host")
     try:
-        ps = filled(m)
+        ps = filled(m, keys)
         m.evict(ps, level=kv.CacheLevel.HOST)
         m.onboard(ps, source=kv.CacheLevel.HOST)
         wait(m)
@@ -151,72 +149,86 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
     finally:
         m.close()
     lossy = any(not np.array_equal(e, raw) for e, raw in zip(expected, model))
-    out: dict = {"lossless": not lossy}
-    for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE), ("shared", kv.CacheLevel.HOST)):
-        m = manager(name)
-        try:
-            ps = filled(m)
 
-            def step() -> tuple[float, float]:
-                if lossy:
-                    for p, raw in zip(ps, model):
-                        _put(m, p, raw)
-                    wait(m)
-                t0 = time.perf_counter()
-                m.evict(ps, level=level)
-                wait(m)
-                t1 = time.perf_counter()
-                r = m.onboard(ps, source=level)
-                wait(m)
-                t2 = time.perf_counter()
-                if r.moved != pages:
-                    raise RuntimeError(f"the {name} level onboarded {r.moved} of {pages} pages ({len(r.dropped)} dropped)")
-                return t1 - t0, t2 - t1
+    def round_trip(name: str, m: Any, ps: Any, level: Any) -> tuple[float, float]:
+        if lossy:
+            for p, raw in zip(ps, model):
+                _put(m, p, raw)
+            wait(m)
+        t0 = time.perf_counter()
+        m.evict(ps, level=level)
+        wait(m)
+        t1 = time.perf_counter()
+        r = m.onboard(ps, source=level)
+        wait(m)
+        t2 = time.perf_counter()
+        if r.moved != pages:
+            raise RuntimeError(f"the {name} level onboarded {r.moved} of {pages} pages ({len(r.dropped)} dropped)")
+        return t1 - t0, t2 - t1
 
-            times = _timed_rounds(rounds, step)
-            check(m, ps, f"the {name} level")
-        finally:
-            m.close()
-        out[name] = {"evict_gbps": moved / min(t[0] for t in times) / 1e9,
-                     "onboard_gbps": moved / min(t[1] for t in times) / 1e9}
-    # L2 hits: a writer keeps its pages in the shared host level; a reader finds and onboards them.
-    writer = manager()
+    def found_step(reader: Any) -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        found = reader.find_shared(keys)
+        t1 = time.perf_counter()
+        if any(f is None for f in found):
+            raise RuntimeError(f"{sum(f is None for f in found)} of {pages} pages were not found in L2")
+        r = reader.onboard(found)
+        wait(reader)
+        t2 = time.perf_counter()
+        if r.moved != pages:
+            raise RuntimeError(f"onboarded {r.moved} of {pages} pages found in L2 ({len(r.dropped)} dropped)")
+        check(reader, found, "L2")
+        reader.free(found)
+        return t2 - t0, t2 - t1, t1 - t0
+
+    # Every figure is measured once per round, in turn, so a machine that slows down or speeds up
+    # during the run moves all of them alike (the ratios compare the same stretch of time).
+    made: list = []
     try:
-        ps = filled(writer)
-        writer.evict(ps)
-        for name, crc in (("shared_found", True), ("shared_found_no_crc", False)):
-            reader = manager(verify_crc=crc)
-            try:
-                def found_step() -> tuple[float, float]:
-                    t0 = time.perf_counter()
-                    found = reader.find_shared(keys)
-                    t1 = time.perf_counter()
-                    if any(f is None for f in found):
-                        raise RuntimeError(f"{sum(f is None for f in found)} of {pages} pages were not found in L2")
-                    r = reader.onboard(found)
-                    wait(reader)
-                    t2 = time.perf_counter()
-                    if r.moved != pages:
-                        raise RuntimeError(f"onboarded {r.moved} of {pages} pages found in L2 ({len(r.dropped)} dropped)")
-                    check(reader, found, "L2")
-                    reader.free(found)
-                    return t2 - t0, t2 - t1, t1 - t0
-
-                times = _timed_rounds(rounds, found_step)
-            finally:
-                reader.close()
-            # "hit": find_shared and onboard together; "onboard": the onboard alone.
-            out[name] = {"hit_gbps": moved / min(t[0] for t in times) / 1e9,
-                         "onboard_gbps": moved / min(t[1] for t in times) / 1e9,
-                         "find_us": 1e6 * float(np.median([t[2] for t in times]))}
+        rigs = {}
+        for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE),
+                            ("shared", kv.CacheLevel.HOST)):
+            made.append(manager(name))
+            # The shared level's own pages under keys of their own: the reader finds the writer's.
+            rigs[name] = (made[-1], filled(made[-1], [b"own/" + k for k in keys]), level)
+        # L2 hits: a writer keeps its pages in the shared host level; a reader finds and onboards them.
+        made.append(manager())
+        made[-1].evict(filled(made[-1], keys))
+        wait(made[-1])
+        readers = {"shared_found": manager(verify_crc=True)}
+        made.append(readers["shared_found"])
+        readers["shared_found_no_crc"] = manager(verify_crc=False)
+        made.append(readers["shared_found_no_crc"])
+        times: dict[str, list] = {name: [] for name in (*rigs, *readers)}
+        for _ in range(rounds + 1):  # the first round warms up (dropped)
+            for name, (m, ps, level) in rigs.items():
+                times[name].append(round_trip(name, m, ps, level))
+            for name, reader in readers.items():
+                times[name].append(found_step(reader))
+        for name, (m, ps, _level) in rigs.items():
+            check(m, ps, f"the {name} level")
     finally:
-        writer.close()
+        for m in made:
+            m.close()
+    out: dict = {"lossless": not lossy, "rounds": rounds}
+    for name, t in times.items():
+        t = np.array(t[1:])
+        best, p50 = t.min(axis=0), np.median(t, axis=0)
+        if name in rigs:
+            out[name] = {"evict_gbps": moved / best[0] / 1e9, "onboard_gbps": moved / best[1] / 1e9,
+                         "evict_p50_gbps": moved / p50[0] / 1e9, "onboard_p50_gbps": moved / p50[1] / 1e9}
+        else:  # "hit": find_shared and onboard together; "onboard": the onboard alone.
+            out[name] = {"hit_gbps": moved / best[0] / 1e9, "onboard_gbps": moved / best[1] / 1e9,
+                         "hit_p50_gbps": moved / p50[0] / 1e9, "onboard_p50_gbps": moved / p50[1] / 1e9,
+                         "find_us": 1e6 * float(p50[2])}
+    host = out["host"]
     for name in ("daemon", "shared"):
-        out[name]["evict_vs_host"] = out[name]["evict_gbps"] / out["host"]["evict_gbps"]
+        out[name]["evict_vs_host"] = out[name]["evict_gbps"] / host["evict_gbps"]
     for name in ("daemon", "shared", "shared_found", "shared_found_no_crc"):
-        out[name]["onboard_vs_host"] = out[name]["onboard_gbps"] / out["host"]["onboard_gbps"]
+        out[name]["onboard_vs_host"] = out[name]["onboard_gbps"] / host["onboard_gbps"]
+        out[name]["onboard_p50_vs_host"] = out[name]["onboard_p50_gbps"] / host["onboard_p50_gbps"]
     for name in ("shared_found", "shared_found_no_crc"):
-        out[name]["hit_vs_host"] = out[name]["hit_gbps"] / out["host"]["onboard_gbps"]
+        out[name]["hit_vs_host"] = out[name]["hit_gbps"] / host["onboard_gbps"]
     out["onboard_vs_host"] = out["daemon"]["onboard_vs_host"]
     out["evict_vs_host"] = out["daemon"]["evict_vs_host"]
     return out
@@ -224,7 +236,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 20, de
 
 def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: int = 2000, load: int = 0,
         busy_poll_us: float | None = None, daemon_busy_poll_us: float = 0.0, device: str = "cpu",
-        hugepages: bool = False, codec: str = "concat", params: dict | None = None) -> dict:
+        hugepages: bool = False, codec: str = "concat", params: dict | None = None, manager_rounds: int = 30) -> dict:
     """Measures the daemon (see the module docstring); returns the report. ``codec`` and ``params``
     are the managers' codec."""
     from ..daemon import DaemonClient
@@ -270,7 +282,7 @@ def run(pages: int = 256, page_bytes: int = 64 << 10, batch: int = 64, rounds: i
 
             base = wall_times(local_copy, 5)
             stats = client.stats()  # the client's figures; the manager's run comes after
-            manager = through_manager(sock, pages, page_bytes, device=device,
+            manager = through_manager(sock, pages, page_bytes, manager_rounds, device=device,
                                       codec=codec if params is None else (codec, params))
     finally:
         for b in busy:
@@ -313,8 +325,9 @@ def table(r: dict) -> Table:
     for d, name, what in rows:
         base = "evict" if d == "evict" else "onboard"
         target = ", target 0.9x" if name.startswith("shared_found") else ""
+        p50 = f", p50 {m[name]['onboard_p50_vs_host']:.2f}x" if d == "onboard" and "onboard_p50_vs_host" in m[name] else ""
         t.rows.append([f"{what if d == 'hit' else 'manager ' + d + ', ' + what} (GB/s)", f"{m[name][d + '_gbps']:.2f}",
-                       f"{m[name][d + '_vs_host']:.2f}x host tier {base} ({m['host'][base + '_gbps']:.2f}){target}"])
+                       f"{m[name][d + '_vs_host']:.2f}x host tier {base} ({m['host'][base + '_gbps']:.2f}){p50}{target}"])
     return t
 
 
@@ -337,7 +350,7 @@ def main_with(args: argparse.Namespace) -> int:
     except (UnknownCodecError, CodecParamError) as exc:
         return _usage(f"--codec {args.codec}: {exc}")
     report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
-                 args.daemon_busy_poll_us, args.device, args.hugepages, args.codec, params)
+                 args.daemon_busy_poll_us, args.device, args.hugepages, args.codec, params, args.manager_rounds)
     return emit(table(report), args.json, report)
 
 
