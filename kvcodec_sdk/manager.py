@@ -205,11 +205,12 @@ class KVCacheManager:
         if isinstance(pages, np.ndarray):
             return np.ascontiguousarray(pages, dtype=np.uint64)
         pages = pages if isinstance(pages, list) else list(pages)
-        if not all(type(p) is PageHandle and p._manager is self for p in pages):  # else: say which
+        ids = np.fromiter([p.id for p in pages if type(p) is PageHandle and p._manager is self], np.uint64)
+        if len(ids) != len(pages):  # one pass over the handles above; now say which is wrong
             for i, p in enumerate(pages):
                 if not isinstance(p, PageHandle) or p._manager is not self:
                     raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
-        return np.array([p.id for p in pages], dtype=np.uint64)
+        return ids
 
     # -- pages ---------------------------------------------------------------------------------
 

@@ -236,6 +236,12 @@ def test_page_handle_errors():
         m.evict(pages[[0, 1, 1]])
     with pytest.raises(ValueError, match="belong to another KVCacheManager"):
         other.evict(pages)
+    # A list of handles: each must be one of this manager's; the first that is not is named.
+    with pytest.raises(TypeError, match=r"pages\[1\] is .*; expected a PageHandle of this manager"):
+        other.evict([other.allocate(0, 1)[0], pages[0]])
+    with pytest.raises(TypeError, match=r"pages\[2\] is 7; expected a PageHandle of this manager"):
+        m.evict([pages[0], pages[1], 7])
+    assert m.evict([]).moved == 0
     m.evict(pages[:1])
     with pytest.raises(ValueError, match=r"pages\[0\] .* is at the host level; this call moves pages from the hot level only"):
         m.evict(pages[:1])
