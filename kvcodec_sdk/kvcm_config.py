@@ -168,8 +168,9 @@ class SharedTierConfig:
     :param region_slots: Slots each cold pool group's region asks for when this manager is the
         first to use it (None: eight times the group's share of ``host_quota``); a region that
         exists keeps its size. Every manager's share and the pages kept for others come out of it.
-    :param verify_crc: Check each shared blob's CRC-32C on the host before it is decoded or copied
-        (a blob another process scribbled over is then a miss). With False only the slot's header
+    :param verify_crc: Check each shared blob's CRC-32C before it is decoded or copied (on the
+        host; a CUDA manager checks the copy it decodes on the GPU): a blob another process
+        scribbled over is then a miss. With False only the slot's header
         (version, region, key digest) is checked: the daemon never reuses a slot a reader pinned,
         so only a misbehaving process on the host could change the bytes.
     :param timeout_s: How long a call waits for the daemon before the level stops sharing (the

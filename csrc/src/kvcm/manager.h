@@ -483,7 +483,7 @@ private:
     [[nodiscard]] bool overlapsChecks(Transfer const& t) const noexcept;
     bool decodeWithChecksAhead(Transfer& t);
     // manager_device_checks.cpp: a decode from a verifying level on a GPU, its blobs copied into
-    // device memory and checksummed there before the codec reads the copies.
+    // device memory (and checksummed there where they need it) before the codec reads the copies.
     struct DeviceChecks
     {
         explicit DeviceChecks(runtime::DeviceRuntime& r)
