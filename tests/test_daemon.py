@@ -338,12 +338,15 @@ def test_kvcodec_bench_daemon_reports_round_trips_and_socket_bytes(tmp_path):
 
 def test_kvcodec_bench_daemon_runs_a_lossy_codec_and_refuses_unknown_ones(tmp_path):
     out = tmp_path / "daemon-fp8.json"
-    r = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "bench", "daemon", "--pages", "8", "--rounds", "10",
-                        "--codec", "fp8", "--json", str(out)], capture_output=True, text=True, timeout=120, cwd="/")
+    r = subprocess.run([sys.executable, "-m", "kvcodec_sdk.cli", "bench", "daemon", "--pages", "256", "--rounds", "10",
+                        "--manager-rounds", "3", "--codec", "fp8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    # fp8 gives back other bytes than it was given: every page onboarded is checked against what a host
-    # tier of its own gave back, and the pages are written again before each round.
+    # fp8 gives back other bytes than it was given: every page onboarded is checked against what a
+    # host tier of its own gave back, and the pages are written again before each round. Its blobs
+    # are half a page: each manager leases slots for its pages' blobs (256 pages would overfill the
+    # daemon's region with slots for twice as many).
     assert report["codec"] == "fp8" and report["manager"]["lossless"] is False
     assert report["manager"]["shared_found"]["onboard_gbps"] > 0 and "managers with fp8" in r.stdout
     for args, problem in ((["--codec", "nope"], "unknown codec 'nope'"),

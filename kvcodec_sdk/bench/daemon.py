@@ -108,6 +108,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 30, de
     shape = dict(dtype=kv.DType.BFLOAT16, tokens_per_page=half // 256, num_heads=1, head_dim=128) if half % 256 == 0 else {}
     groups = [kv.LayerGroupConfig([kv.BufferDesc(0, role, bytes=half, **shape) for role in (kv.Role.KEY, kv.Role.VALUE)])]
     quota = pages * 2 * half
+    host_quota = quota  # until the codec's blob size is known: then room for `pages` blobs
     moved = pages * 2 * half
     keys = [f"bench-manager/{i}".encode() for i in range(pages)]
     model = [kv_page(np.random.default_rng(1000 + i), 2 * half) for i in range(pages)]
@@ -115,7 +116,7 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 30, de
     def manager(level: str = "shared", verify_crc: bool = True) -> Any:
         """A manager whose host ("host", "shared") or remote ("daemon") level is measured."""
         return kv.KVCacheManager(kv.KVCacheConfig(
-            groups, gpu_quota=quota, host_quota=0 if level == "daemon" else quota, device=device,
+            groups, gpu_quota=quota, host_quota=0 if level == "daemon" else host_quota, device=device,
             remote=kv.RemoteTierConfig(lambda i: DaemonBackend(sock, i), max_pages=pages) if level == "daemon" else None,
             shared=kv.SharedTierConfig(sock, region_slots=8 * pages + 64, verify_crc=verify_crc)
             if level == "shared" else None), cold_page_codec=codec)
@@ -146,6 +147,9 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 30, de
         m.onboard(ps, source=kv.CacheLevel.HOST)
         wait(m)
         expected = [_get(m, p) for p in ps]
+        # A compressing codec's blobs are smaller: each manager's host tier (and its share of the
+        # daemon's region) holds the pages' blobs, not twice or four times as many.
+        host_quota = pages * m.cold_page_bytes(0)
     finally:
         m.close()
     lossy = any(not np.array_equal(e, raw) for e, raw in zip(expected, model))
