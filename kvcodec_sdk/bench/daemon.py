@@ -188,21 +188,24 @@ def through_manager(sock: str, pages: int, page_bytes: int, rounds: int = 30, de
     # Every figure is measured once per round, in turn, so a machine that slows down or speeds up
     # during the run moves all of them alike (the ratios compare the same stretch of time).
     made: list = []
+
+    def keep(m: Any) -> Any:
+        made.append(m)  # closed at the end, whatever happens
+        return m
+
     try:
         rigs = {}
         for name, level in (("host", kv.CacheLevel.HOST), ("daemon", kv.CacheLevel.REMOTE),
                             ("shared", kv.CacheLevel.HOST)):
-            made.append(manager(name))
+            m = keep(manager(name))
             # The shared level's own pages under keys of their own: the reader finds the writer's.
-            rigs[name] = (made[-1], filled(made[-1], [b"own/" + k for k in keys]), level)
+            rigs[name] = (m, filled(m, [b"own/" + k for k in keys]), level)
         # L2 hits: a writer keeps its pages in the shared host level; a reader finds and onboards them.
-        made.append(manager())
-        made[-1].evict(filled(made[-1], keys))
-        wait(made[-1])
-        readers = {"shared_found": manager(verify_crc=True)}
-        made.append(readers["shared_found"])
-        readers["shared_found_no_crc"] = manager(verify_crc=False)
-        made.append(readers["shared_found_no_crc"])
+        writer = keep(manager())
+        writer.evict(filled(writer, keys))
+        wait(writer)
+        readers = {"shared_found": keep(manager(verify_crc=True)),
+                   "shared_found_no_crc": keep(manager(verify_crc=False))}
         times: dict[str, list] = {name: [] for name in (*rigs, *readers)}
         for _ in range(rounds + 1):  # the first round warms up (dropped)
             for name, (m, ps, level) in rigs.items():
@@ -335,29 +338,8 @@ def table(r: dict) -> Table:
     return t
 
 
-def main_with(args: argparse.Namespace) -> int:
-    from ..errors import CodecParamError, UnknownCodecError
-    from ..registry import get_codec_spec
-
-    params = None
-    if args.params is not None:
-        try:
-            params = json.loads(args.params)
-        except json.JSONDecodeError as exc:
-            return _usage(f"--params is not valid JSON ({exc.msg} at character {exc.pos}): {args.params!r}; pass an "
-                          "object, e.g. '{\"path\": \"sm\"}'")
-        if not isinstance(params, dict):
-            return _usage(f"--params must be a JSON object of parameter names to values, got "
-                          f"{type(params).__name__}: {args.params!r}")
-    try:  # An unknown codec or bad parameters fail here, before a daemon starts.
-        get_codec_spec(args.codec).validate_params(params)
-    except (UnknownCodecError, CodecParamError) as exc:
-        return _usage(f"--codec {args.codec}: {exc}")
+def main_with(args: argparse.Namespace, params: dict | None = None) -> int:
+    """Runs the benchmark from its parsed options (``params``: --params, already checked)."""
     report = run(args.pages, args.page_bytes, args.batch, args.rounds, args.load, args.busy_poll_us,
                  args.daemon_busy_poll_us, args.device, args.hugepages, args.codec, params, args.manager_rounds)
     return emit(table(report), args.json, report)
-
-
-def _usage(message: str) -> int:
-    print(f"kvcodec bench daemon: error: {message}", file=sys.stderr)
-    return 2

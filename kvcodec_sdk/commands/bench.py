@@ -333,9 +333,7 @@ def run(args: argparse.Namespace) -> int:
 
         return remote.main_with(args)
     if args.benchmark == "daemon":
-        from ..bench import daemon
-
-        return daemon.main_with(args)
+        return _run_daemon(args)
     args.iters = 5 if args.iters is None else args.iters
     if args.benchmark == "kvcm":
         if args.codec_name is None and args.params is not None:
@@ -496,6 +494,25 @@ def _run_kvcm(args: argparse.Namespace) -> int:
     _show(args, kvcm.table(report))
     _write_json(args, report, kvcm.table(report))
     return 0
+
+
+def _run_daemon(args: argparse.Namespace) -> int:
+    """``kvcodec bench daemon``: an unknown --codec or bad --params is a usage error (2), found
+    before a daemon starts."""
+    from ..bench import daemon
+    from ..errors import CodecParamError, UnknownCodecError
+    from ..registry import get_codec_spec
+
+    params = None
+    if args.params is not None:
+        params, problem = _params_object(args.params, '{"path": "sm"}')
+        if problem:
+            return _usage_error(problem)
+    try:
+        get_codec_spec(args.codec).validate_params(params)
+    except (UnknownCodecError, CodecParamError) as exc:
+        return _usage_error(f"--codec {args.codec}: {exc}")
+    return daemon.main_with(args, params)
 
 
 def _run_kvcm_codecs(args: argparse.Namespace) -> int:
