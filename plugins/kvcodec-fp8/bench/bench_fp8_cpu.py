@@ -9,8 +9,8 @@ one call, through the Python ``Codec`` on ``device="cpu"``; the best of ``--repe
 reported as raw hot bytes per second (the CPU codecs run on the calling thread, so this is one
 core). Decode writes its output into a second pool, so encode always sees the original data.
 The fp8 rows run once per CPU kernel variant (``--simd``, default: every variant this CPU runs;
-``portable`` is the build's baseline instruction set, ``avx2`` the variant picked at run time where
-the CPU has it; they write the same bytes). The built-in ``concat`` codec (lossless copy) runs on
+``portable`` is the build's baseline instruction set, ``avx2`` and ``avx512`` the variants picked at
+run time where the CPU has them, the best one first; they write the same bytes). The built-in ``concat`` codec (lossless copy) runs on
 the same data as a reference point.
 """
 

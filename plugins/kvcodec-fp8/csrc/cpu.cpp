@@ -20,6 +20,9 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVFP8_CPU_AVX2 1
 #define KVFP8_TARGET_AVX2 __attribute__((target("avx2")))
+// x86-64-v4's AVX-512 subsets, with 512-bit vectors for the loops (the compiler otherwise prefers
+// 256-bit ones).
+#define KVFP8_TARGET_AVX512 __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -361,6 +364,7 @@ struct Kernels
 KVFP8_CPU_VARIANT(portable, )
 #if KVFP8_CPU_AVX2
 KVFP8_CPU_VARIANT(avx2, KVFP8_TARGET_AVX2)
+KVFP8_CPU_VARIANT(avx512, KVFP8_TARGET_AVX512)
 #endif
 #undef KVFP8_CPU_VARIANT
 
@@ -376,7 +380,13 @@ Kernels const kKernels[kNumSimd][3][2] = {
     {{avx2Kernels<HotBf16, kE4>(), avx2Kernels<HotBf16, kE5>()},
         {avx2Kernels<HotFp16, kE4>(), avx2Kernels<HotFp16, kE5>()},
         {avx2Kernels<HotFp32, kE4>(), avx2Kernels<HotFp32, kE5>()}},
-#else
+    {{avx512Kernels<HotBf16, kE4>(), avx512Kernels<HotBf16, kE5>()},
+        {avx512Kernels<HotFp16, kE4>(), avx512Kernels<HotFp16, kE5>()},
+        {avx512Kernels<HotFp32, kE4>(), avx512Kernels<HotFp32, kE5>()}},
+#else // never selected: simdSupported() is false for both
+    {{portableKernels<HotBf16, kE4>(), portableKernels<HotBf16, kE5>()},
+        {portableKernels<HotFp16, kE4>(), portableKernels<HotFp16, kE5>()},
+        {portableKernels<HotFp32, kE4>(), portableKernels<HotFp32, kE5>()}},
     {{portableKernels<HotBf16, kE4>(), portableKernels<HotBf16, kE5>()},
         {portableKernels<HotFp16, kE4>(), portableKernels<HotFp16, kE5>()},
         {portableKernels<HotFp32, kE4>(), portableKernels<HotFp32, kE5>()}},
@@ -400,6 +410,17 @@ bool detectAvx2() noexcept
 #endif
 }
 
+bool detectAvx512() noexcept
+{
+#if KVFP8_CPU_AVX2
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return false;
+#endif
+}
+
 /// -1: automatic; otherwise a Simd value.
 std::atomic<int> gOverride{-1};
 
@@ -407,13 +428,14 @@ std::atomic<int> gOverride{-1};
 
 char const* simdName(Simd simd) noexcept
 {
-    return simd == Simd::kAvx2 ? "avx2" : "portable";
+    return simd == Simd::kAvx512 ? "avx512" : simd == Simd::kAvx2 ? "avx2" : "portable";
 }
 
 bool simdSupported(Simd simd) noexcept
 {
     static bool const avx2 = detectAvx2();
-    return simd == Simd::kPortable || (simd == Simd::kAvx2 && avx2);
+    static bool const avx512 = detectAvx512();
+    return simd == Simd::kPortable || (simd == Simd::kAvx2 && avx2) || (simd == Simd::kAvx512 && avx512);
 }
 
 Simd activeSimd() noexcept
@@ -423,7 +445,7 @@ Simd activeSimd() noexcept
     {
         return Simd(o);
     }
-    return simdSupported(Simd::kAvx2) ? Simd::kAvx2 : Simd::kPortable;
+    return simdSupported(Simd::kAvx512) ? Simd::kAvx512 : simdSupported(Simd::kAvx2) ? Simd::kAvx2 : Simd::kPortable;
 }
 
 bool overrideSimd(Simd const* simd) noexcept

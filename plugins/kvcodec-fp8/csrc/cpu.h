@@ -3,10 +3,10 @@
 // The CPU implementation of blob format 1 (format.h). It performs the same IEEE operations
 // as the scalar functions of format.h, element for element, written so that the compiler
 // vectorizes them: every element computes both ranges of a conversion and selects one instead
-// of branching. Each kernel is compiled twice, for the build's baseline instruction set (SSE2
-// on x86-64, or whatever the target's baseline is) and, on x86-64, for AVX2; the AVX2 variant is
-// picked at run time when the CPU has it. Both write the same bytes (IEEE arithmetic on every
-// path; built with -ffp-contract=off, so no FMA contraction).
+// of branching. Each kernel is compiled for the build's baseline instruction set (SSE2 on
+// x86-64, or whatever the target's baseline is) and, on x86-64, for AVX2 and for AVX-512 (F, BW,
+// VL, DQ; 512-bit vectors); the best variant the CPU has is picked at run time. All write the
+// same bytes (IEEE arithmetic on every path; built with -ffp-contract=off, so no FMA contraction).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,9 @@ enum class Simd : uint32_t
 {
     kPortable = 0, ///< The build's baseline (SSE2 on x86-64); runs everywhere.
     kAvx2 = 1,     ///< x86-64 with AVX2 (dispatched at run time).
+    kAvx512 = 2,   ///< x86-64 with AVX-512 F, BW, VL and DQ (dispatched at run time).
 };
-inline constexpr uint32_t kNumSimd = 2;
+inline constexpr uint32_t kNumSimd = 3;
 
 char const* simdName(Simd simd) noexcept;
 

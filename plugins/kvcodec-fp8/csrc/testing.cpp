@@ -87,7 +87,12 @@ cpu::Simd parseSimd(std::string const& name)
             return cpu::Simd(s);
         }
     }
-    throw py::value_error("CPU kernel variant is '" + name + "'; valid values are 'portable', 'avx2'");
+    std::string valid;
+    for (uint32_t s = 0; s < cpu::kNumSimd; ++s)
+    {
+        valid += (s == 0 ? "'" : ", '") + std::string(cpu::simdName(cpu::Simd(s))) + "'";
+    }
+    throw py::value_error("CPU kernel variant is '" + name + "'; valid values are " + valid);
 }
 
 using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;

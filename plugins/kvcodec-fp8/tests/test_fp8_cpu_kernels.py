@@ -1,7 +1,7 @@
 """The CPU implementation's vectorized kernels against straightforward references.
 
 Every kernel variant this build and CPU can run (``portable``, the baseline instruction set,
-always; ``avx2`` where available) is checked:
+always; ``avx2`` and ``avx512`` where available) is checked:
 
 - element by element against the scalar conversions of the blob format (``_testing.fp32_to_fp8``,
   ``fp8_to_fp32``, ``fp32_to_bf16``, ``fp32_to_fp16``, themselves pinned to ml_dtypes, numpy and
@@ -50,7 +50,7 @@ def simd(request):
 
 def test_portable_variant_is_always_there():
     assert SIMDS[0] == "portable" and _testing.cpu_simd() in SIMDS
-    with pytest.raises(ValueError, match="valid values are 'portable', 'avx2'"):
+    with pytest.raises(ValueError, match="valid values are 'portable', 'avx2', 'avx512'"):
         _testing.set_cpu_simd("sse9")
     previous = _testing.set_cpu_simd("portable")
     try:
