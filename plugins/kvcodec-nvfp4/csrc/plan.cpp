@@ -42,14 +42,51 @@ void loadElements(uint8_t const* hot, uint64_t first, uint32_t n, bool bf16, uin
 // without converting them.
 float rawAmax(uint8_t const* hot, uint64_t first, uint64_t n, bool bf16)
 {
-    uint32_t const expMask = bf16 ? 0x7F80u : 0x7C00u;
-    uint32_t m = 0;
+    // A magnitude is finite when it is below the exponent mask (the smallest one with every
+    // exponent bit set); non-finite ones count as 0, masked rather than selected so that the
+    // loop vectorizes.
+    uint16_t const expMask = bf16 ? 0x7F80u : 0x7C00u;
+    uint16_t m = 0;
     for (uint64_t i = 0; i < n; ++i)
     {
-        uint32_t const h = load16(hot + 2 * (first + i)) & 0x7FFFu;
-        m = ((h & expMask) != expMask && h > m) ? h : m;
+        uint16_t const h = uint16_t(load16(hot + 2 * (first + i)) & 0x7FFFu);
+        uint16_t const finite = uint16_t(h & -uint16_t(h < expMask));
+        m = finite > m ? finite : m;
     }
-    return halfToFloat(uint16_t(m), bf16);
+    return halfToFloat(m, bf16);
+}
+
+// encodeBlock() for the CPU: the same block scale and thresholds, and each element's code as the
+// number of thresholds its magnitude exceeds. The thresholds are sorted, so that count is what
+// encodeElement()'s binary search finds; counted without branches, the loop vectorizes (the
+// search's data-dependent branches mispredict on KV data). The comparisons are on the bits as
+// signed integers, which order non-negative floats as their values do: a threshold is a
+// non-negative float or, when the block scale is 0, NaN (0x7FC00000, above every magnitude that
+// is not NaN, as `f > NaN` is false). NaN elements take code 0.
+uint8_t encodeBlockCpu(uint32_t const* u, uint32_t n, float s, uint8_t* codes)
+{
+    uint8_t const sb = blockScaleCode(finiteAmax(u, n), s);
+    float t[7];
+    e2m1Thresholds(blockScale(sb, s), t);
+    int32_t ti[7];
+    for (int k = 0; k < 7; ++k)
+    {
+        ti[k] = int32_t(floatBits(t[k]) & 0x7FFFFFFFu);
+    }
+    uint8_t code[kBlockElems];
+    for (uint32_t i = 0; i < kBlockElems; ++i)
+    {
+        int32_t const a = int32_t(u[i] & 0x7FFFFFFFu);
+        int32_t const m
+            = (a > ti[0]) + (a > ti[1]) + (a > ti[2]) + (a > ti[3]) + (a > ti[4]) + (a > ti[5]) + (a > ti[6]);
+        int32_t const c = int32_t((u[i] >> 28) & 8u) | m;
+        code[i] = uint8_t(a > 0x7F800000 ? 0 : c);
+    }
+    for (uint32_t i = 0; i < n; i += 2)
+    {
+        codes[i / 2] = uint8_t(code[i] | (i + 1 < n ? code[i + 1] << 4 : 0));
+    }
+    return sb;
 }
 
 } // namespace
@@ -181,7 +218,7 @@ void encodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t* blob)
             continue;
         }
         bool const bf16 = b.bf16 != 0;
-        uint32_t u[kBlockElems];
+        uint32_t u[kBlockElems] = {}; // a short block's tail keeps earlier (ignored) elements
         for (uint64_t g = 0; g < b.groups; ++g)
         {
             float amax = 0.0f;
@@ -195,15 +232,17 @@ void encodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t* blob)
             }
             float const s = globalScale(amax);
             std::memcpy(blob + b.globalScaleOffset + 4 * g, &s, 4);
-            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            // Block k of the group is block j of row blockPosition() names; walked row by row.
+            for (uint64_t r = 0; r < b.blocksPerGroup / b.blocksPerRow; ++r)
             {
-                uint64_t row;
-                uint32_t j;
-                blockPosition(b, g, k, row, j);
-                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
-                loadElements(hot, row * b.headDim + kBlockElems * j, n, bf16, u);
-                uint8_t* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
-                blob[b.blockScaleOffset + row * b.blocksPerRow + j] = encodeBlock(u, n, s, codes);
+                uint64_t const row = b.groups == 1 ? r : r * b.heads + g;
+                for (uint32_t j = 0; j < b.blocksPerRow; ++j)
+                {
+                    uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
+                    loadElements(hot, row * b.headDim + kBlockElems * j, n, bf16, u);
+                    uint8_t* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
+                    blob[b.blockScaleOffset + row * b.blocksPerRow + j] = encodeBlockCpu(u, n, s, codes);
+                }
             }
         }
     }
@@ -224,19 +263,20 @@ void decodePageCpu(LifeCyclePlan const& plan, uint64_t hotSlot, uint8_t const* b
         {
             float s;
             std::memcpy(&s, blob + b.globalScaleOffset + 4 * g, 4);
-            for (uint64_t k = 0; k < b.blocksPerGroup; ++k)
+            for (uint64_t r = 0; r < b.blocksPerGroup / b.blocksPerRow; ++r) // as in encodePageCpu
             {
-                uint64_t row;
-                uint32_t j;
-                blockPosition(b, g, k, row, j);
-                uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
-                uint8_t const* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
-                uint16_t out[kBlockElems];
-                decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, bf16, out);
-                uint8_t* dst = hot + 2 * (row * b.headDim + kBlockElems * j);
-                for (uint32_t i = 0; i < n; ++i)
+                uint64_t const row = b.groups == 1 ? r : r * b.heads + g;
+                for (uint32_t j = 0; j < b.blocksPerRow; ++j)
                 {
-                    store16(dst + 2 * i, out[i]);
+                    uint32_t const n = std::min(kBlockElems, b.headDim - kBlockElems * j);
+                    uint8_t const* codes = blob + b.dataOffset + row * b.rowCodeBytes + kBlockElems / 2 * j;
+                    uint16_t out[kBlockElems];
+                    decodeBlock(codes, n, blob[b.blockScaleOffset + row * b.blocksPerRow + j], s, bf16, out);
+                    uint8_t* dst = hot + 2 * (row * b.headDim + kBlockElems * j);
+                    for (uint32_t i = 0; i < n; ++i)
+                    {
+                        store16(dst + 2 * i, out[i]);
+                    }
                 }
             }
         }
