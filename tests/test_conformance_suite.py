@@ -114,6 +114,8 @@ NEW_CPU_CASES = {
                                                              "the decoded page"),
     "checked_skips_checksum": ("test_checked_decode[cpu]", "checked-decode",
                                "flipped but decodeChecked() reported status 0 (kPageOk) for it"),
+    "follows_caller_fp": ("test_fp_environment[cpu]", "fp-environment",
+                          "encoded to other blobs with flush-to-zero, denormals-are-zero and rounding toward zero"),
 }
 ALSO = {"retains_sources": {"test_stateful_sequence[cpu]"}}  # a retained source also breaks a long sequence
 

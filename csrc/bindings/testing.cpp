@@ -6,12 +6,34 @@
 #include <cstdint>
 #include <memory>
 
+#include "kvcodec/fp_environment.h"
 #include "runtime/stream_blocker.h"
 
 namespace py = pybind11;
 
 void bindConformanceTesting(py::module_& m)
 {
+    m.def(
+        "swap_fp_control",
+        [](unsigned bits) {
+#if KVCODEC_HAVE_MXCSR
+            if ((bits & ~kvcodec::IeeeScope::kControlBits) != 0)
+            {
+                throw py::value_error("bits is " + std::to_string(bits)
+                    + "; give a combination of 0x8000 (flush to zero), "
+                    + "0x0040 (denormals are zero) and 0x6000 (rounding control)");
+            }
+            unsigned const csr = _mm_getcsr();
+            _mm_setcsr((csr & ~kvcodec::IeeeScope::kControlBits) | bits);
+            return csr & kvcodec::IeeeScope::kControlBits;
+#else
+            (void)bits;
+            throw std::runtime_error("this platform has no MXCSR register to set");
+#endif
+        },
+        py::arg("bits"),
+        "Sets this thread's floating-point control bits (MXCSR: flush to zero 0x8000, denormals are zero 0x0040, "
+        "rounding control 0x6000) to `bits`, returns the previous ones (conformance suite helper; x86-64 only).");
     using kvcodec::runtime::StreamBlocker;
     py::class_<StreamBlocker>(m, "StreamBlocker",
         "Holds a CUDA stream at a wait on a mapped host flag until release() (conformance suite helper). "

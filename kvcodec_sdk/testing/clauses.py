@@ -42,6 +42,8 @@ CLAUSES: dict[str, str] = {
     "host-indices-after-return": "host page-index arrays are not read after the call returns",
     "data-not-retained": "hot and cold data pointers are not used beyond the submitted work",
     "cpu-synchronous": "a CPU reference completes its work before it returns and ignores the stream argument",
+    "fp-environment": "a CPU reference writes the same blobs and pages whatever floating-point settings the "
+    "calling thread has (flush to zero, denormals are zero, rounding mode)",
     "bad-arguments": "invalid arguments return false without crashing or writing",
     "envelope": "an enveloped codec starts every blob with a consistent cold-page envelope whose CRCs cover every "
     "byte its decode reads",

@@ -58,6 +58,7 @@ enum class Flaw
     kThrowsOnEmpty,           // any clause (noexcept): throws from encode() on an empty call, null pointers
     kWrongPoolBound,          // bad-arguments: bounds hot slots by the largest pool group's slot count (CPU, CUDA)
     kCheckedSkipsChecksum,    // checked-decode: decodeChecked() reports a payload failing its CRC as kPageOk
+    kFollowsCallerFp,         // fp-environment: copies bf16 elements through a float multiply in the caller's mode
 };
 
 struct Call
@@ -444,6 +445,33 @@ private:
                 }
             }
         }
+        if (encode && flaw_ == Flaw::kFollowsCallerFp && device_ < 0)
+        {
+            // Exact under IEEE's defaults (x * 1); a subnormal becomes 0 under denormals-are-zero.
+            static float volatile one = 1.0f;
+            for (BufferDesc const& b : layout_.find(id)->buffers)
+            {
+                if (b.dtype != DataType::kBFloat16)
+                {
+                    continue;
+                }
+                uint64_t at = b.byteOffset;
+                for (int32_t q = 0; q < b.poolIndex; ++q)
+                {
+                    at += group.pools[size_t(q)].slotBytes;
+                }
+                for (uint64_t e = 0; e + 1 < b.bytes; e += 2)
+                {
+                    uint32_t bits = uint32_t(cold[at + e]) << 16 | uint32_t(cold[at + e + 1]) << 24;
+                    float f;
+                    std::memcpy(&f, &bits, 4);
+                    f = f * one;
+                    std::memcpy(&bits, &f, 4);
+                    cold[at + e] = uint8_t(bits >> 16);
+                    cold[at + e + 1] = uint8_t(bits >> 24);
+                }
+            }
+        }
         if (encode && (flaw_ == Flaw::kZeroesFp8 || flaw_ == Flaw::kChangesOpaque))
         {
             for (BufferDesc const& b : layout_.find(id)->buffers)
@@ -583,6 +611,7 @@ Entry const kEntries[] = {
     {"throws_on_empty", Flaw::kThrowsOnEmpty},
     {"wrong_pool_bound", Flaw::kWrongPoolBound},
     {"checked_skips_checksum", Flaw::kCheckedSkipsChecksum},
+    {"follows_caller_fp", Flaw::kFollowsCallerFp},
     // Correct codecs under other names (the registry wants the factory named as the codec).
     {"cuda_only", Flaw::kNone},
     {"golden_none", Flaw::kNone},

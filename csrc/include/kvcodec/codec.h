@@ -150,7 +150,9 @@ static_assert(std::is_trivially_copyable_v<PoolGroupDesc>);
 ///    wait for queued work.
 ///  - A CPU reference codec takes host pointers, runs synchronously on the calling thread and
 ///    ignores the stream argument. Blobs of the CUDA and CPU implementations of one codec are
-///    interchangeable.
+///    interchangeable. Its results do not depend on the calling thread's floating-point settings
+///    (flush to zero, denormals are zero, rounding mode): kvcodec::IeeeScope
+///    (kvcodec/fp_environment.h) sets IEEE's defaults for a call, and CodecBase holds one.
 ///  - Data base pointers may be used by work enqueued on the supplied stream but must not be
 ///    retained beyond that work.
 class IKvCacheColdPageCodec

@@ -40,6 +40,7 @@
 #include "kvcodec/codec.h"
 #include "kvcodec/cuda_error.h"
 #include "kvcodec/device_scope.h"
+#include "kvcodec/fp_environment.h"
 #include "kvcodec/layout.h"
 #include "kvcodec/params.h"
 #include "kvcodec/plugin.h"
@@ -319,6 +320,7 @@ private:
             CodecCall const call{*lc, group, lc->group, coldBase, pairs, n, stream, encoding, pageStatus, maxCold};
             if (isCpu())
             {
+                IeeeScope ieee; // the same bytes whatever the caller's floating-point settings
                 return submit(call);
             }
             if (stream == nullptr || stream == cudaStreamLegacy)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ... import gpu
+from ... import _native, gpu
 from ...layout import (
     BufferDesc,
+    DType,
     LifeCycleDesc,
     PageIndexLocation,
     PoolDesc,
@@ -18,6 +20,7 @@ from ...layout import (
     to_native,
 )
 from ..clauses import clause, violated
+from ..data import from_float32, to_float32
 from ..harness import (
     Harness,
     describe_stray_write,
@@ -29,6 +32,7 @@ from ._fixtures import (
     _blame_round_trip,
     _classes,
     _diff,
+    _restored_bytes,
 )
 
 
@@ -183,6 +187,58 @@ class BaseMemorySafetyTests(BaseFixtures):
                                          "a CPU reference completes its work before returning")
             h.restore_hot()
 
+    @clause("fp-environment")
+    @_blame_round_trip
+    def test_fp_environment(self, make_harness):
+        name = "fp-environment"
+        h = make_harness()
+        if h.stream is not None:
+            pytest.skip("a CPU clause: runs on the cpu device")
+        try:
+            _native.swap_fp_control(_native.swap_fp_control(0))
+        except RuntimeError as e:
+            pytest.skip(f"cannot set the floating-point environment here: {e}")
+        # Every lifecycle with float buffers, by its own ID (a class's representative may describe
+        # its pages as opaque bytes).
+        floats = [lc for lc in h.plan.lifecycle_ids
+                  if any(DType(b.dtype) in _SMALLEST_NORMAL for b in h.plan.buffers_of(lc))]
+        for lc in floats:
+            g = h.plan.group_of(lc)
+            src, back = h.pages(lc, PAGES)
+            h.write_hot_pages(g, src, _tiny_pages(h, lc, src))
+            dst = h.spread_blobs(len(src))
+            plain = h.cold_buffer(lc, 2 * len(src) + 1, clause=name)
+            hostile = h.cold_buffer(lc, 2 * len(src) + 1, clause=name)
+            hostile.region.write(plain.read_all())
+            h.must("encode", lc, plain.base, h.index_array(lc, dst, src), clause=name)
+            with _hostile_fp_environment():
+                h.must("encode", lc, hostile.base, h.index_array(lc, dst, src), clause=name)
+            a, b = plain.blobs(), hostile.blobs()
+            for i in dst:
+                if not np.array_equal(a[i], b[i]):
+                    raise violated(name, f"lifecycle {lc}: the same hot pages (values near and below the "
+                                         f"smallest normal of their dtype) encoded to other blobs with flush-to-zero, "
+                                         f"denormals-are-zero and rounding toward zero set on the calling thread "
+                                         f"({_diff(a[i], b[i])}): a CPU reference must compute as IEEE's defaults "
+                                         "do whatever the caller set (kvcodec::IeeeScope; CodecBase holds one)")
+            decoded = []
+            for hostile_env in (False, True):
+                h.fill_hot_slots(g, back, 0xEE)
+                if hostile_env:
+                    with _hostile_fp_environment():
+                        h.must("decode", lc, plain.base, h.index_array(lc, back, dst), clause=name)
+                else:
+                    h.must("decode", lc, plain.base, h.index_array(lc, back, dst), clause=name)
+                decoded.append(h.hot_raw()[g])
+            for p, (m, x, y) in enumerate(zip(_restored_bytes(h, lc), *decoded)):
+                x, y = h.hot_slots(x, g, p)[back][:, m], h.hot_slots(y, g, p)[back][:, m]
+                if not np.array_equal(x, y):
+                    raise violated(name, f"lifecycle {lc}: the same blobs decoded to other bytes in pool {p} with "
+                                         f"flush-to-zero, denormals-are-zero and rounding toward zero set on the "
+                                         f"calling thread ({_diff(x, y)}): a CPU reference must compute as IEEE's "
+                                         "defaults do whatever the caller set")
+            h.restore_hot()
+
     @clause("bad-arguments")
     def test_bad_arguments(self, make_harness):
         _check_bad_arguments(make_harness)
@@ -311,3 +367,37 @@ def _check_bad_arguments(make_harness) -> None:
                     raise violated(name, f"a rejected call of lifecycle {lc} wrote into hot pool {p}")
 
 
+#: MXCSR flush-to-zero, denormals-are-zero and rounding toward zero (what a library such as
+#: torch.set_flush_denormal(True) leaves on a thread, and more).
+_HOSTILE_FP_CONTROL = 0x8000 | 0x0040 | 0x6000
+
+
+@contextlib.contextmanager
+def _hostile_fp_environment():
+    """This thread's floating-point control bits set to _HOSTILE_FP_CONTROL for the block."""
+    previous = _native.swap_fp_control(_HOSTILE_FP_CONTROL)
+    try:
+        yield
+    finally:
+        _native.swap_fp_control(previous)
+
+
+_SMALLEST_NORMAL = {DType.BFLOAT16: 2.0**-126, DType.FLOAT32: 2.0**-126, DType.FLOAT16: 2.0**-14}
+
+
+def _tiny_pages(h: Harness, lifecycle: int, src: np.ndarray) -> list[np.ndarray]:
+    """The original pages of hot slots ``src``, per pool, with every float buffer (bf16, fp16,
+    fp32) scaled so that its largest magnitude is 4x its dtype's smallest normal: most elements
+    subnormal, where flush-to-zero and denormals-are-zero change results."""
+    g = h.plan.group_of(lifecycle)
+    pages = [h.original[g][p][np.asarray(src)].copy() for p in range(len(h.original[g]))]
+    for b in h.plan.buffers_of(lifecycle):
+        if DType(b.dtype) not in _SMALLEST_NORMAL:
+            continue
+        raw = pages[b.pool_index][:, b.byte_offset : b.byte_offset + b.bytes]
+        values = to_float32(raw, b.dtype).astype(np.float64)
+        amax = np.abs(values[np.isfinite(values)]).max(initial=0.0)
+        if amax > 0:
+            values = values * (4 * _SMALLEST_NORMAL[DType(b.dtype)] / amax)
+        raw[:] = from_float32(values.astype(np.float32), b.dtype).reshape(raw.shape)
+    return pages

@@ -231,8 +231,7 @@ private:
 
     bool submitCpu(CodecCall const& call) override
     {
-        LifeCyclePlan const& plan = plans_.at(call.lifeCycle.id);
-        cpu::IeeeScope ieee;
+        LifeCyclePlan const& plan = plans_.at(call.lifeCycle.id); // in CodecBase's IeeeScope
         cpu::Simd const simd = cpu::activeSimd();
         for (size_t i = 0; i < call.numPages; ++i)
         {

@@ -12,11 +12,6 @@
 
 #include "kvcodec/codec.h"
 
-#if defined(__x86_64__) || defined(__SSE2__)
-#include <xmmintrin.h>
-#define KVFP8_HAVE_MXCSR 1
-#endif
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVFP8_CPU_AVX2 1
 #define KVFP8_TARGET_AVX2 __attribute__((target("avx2")))
@@ -466,21 +461,6 @@ bool simdOverride(Simd* simd) noexcept
         *simd = Simd(o);
     }
     return o >= 0;
-}
-
-IeeeScope::IeeeScope() noexcept
-{
-#if KVFP8_HAVE_MXCSR
-    saved_ = _mm_getcsr();
-    _mm_setcsr(saved_ & ~0xE040u); // FTZ, DAZ and the rounding control bits
-#endif
-}
-
-IeeeScope::~IeeeScope()
-{
-#if KVFP8_HAVE_MXCSR
-    _mm_setcsr(saved_);
-#endif
 }
 
 void encodeBuffer(BufferPlan const& b, char const* hot, char* cold, Format f, Simd simd) noexcept

@@ -13,6 +13,7 @@
 
 #include "format.h"
 #include "kernel.h"
+#include "kvcodec/fp_environment.h"
 
 namespace kvcodec::fp8::cpu {
 
@@ -40,19 +41,9 @@ bool overrideSimd(Simd const* simd) noexcept;
 /// True while overrideSimd() holds a variant; `*simd` receives it.
 bool simdOverride(Simd* simd) noexcept;
 
-/// Clears flush-to-zero / denormals-are-zero and selects round-to-nearest for the scope: the
-/// CPU path must do IEEE arithmetic whatever a library loaded into the process set.
-class IeeeScope
-{
-public:
-    IeeeScope() noexcept;
-    ~IeeeScope();
-    IeeeScope(IeeeScope const&) = delete;
-    IeeeScope& operator=(IeeeScope const&) = delete;
-
-private:
-    unsigned saved_ = 0;
-};
+/// The scope the CPU path's IEEE arithmetic needs (kvcodec/fp_environment.h): the codec's calls
+/// run inside one (CodecBase), the test hooks hold their own.
+using IeeeScope = kvcodec::IeeeScope;
 
 /// One buffer of one page, hot -> blob (`cold` is the blob's start) and back. Callers hold an
 /// IeeeScope.
