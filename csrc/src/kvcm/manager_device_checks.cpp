@@ -14,6 +14,7 @@
 // than they read the arena in place. Blobs are copied in the order of their slots, neighbouring
 // slots as one copy.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "kvcm/manager.h"
@@ -139,17 +140,34 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
     ColdLevel& cold = *storage_->coldLevel(t.key.src);
     PoolGroupIndex const group = t.key.srcGroup;
     uint64_t const pageBytes = cold.pageBytes(group);
+    // In the order of their slots, so that neighbouring slots are copied as one run (copyRuns).
+    std::vector<std::pair<int32_t, uint32_t>> bySlot(t.count); // (slot, index in t)
+    for (size_t i = 0; i < t.count; ++i)
+    {
+        bySlot[i] = {pages_[t.pages[i]].slot, uint32_t(i)};
+    }
+    if (!std::is_sorted(bySlot.begin(), bySlot.end()))
+    {
+        std::sort(bySlot.begin(), bySlot.end());
+        std::vector<uint32_t> const pages(t.pages, t.pages + t.count);
+        std::vector<int32_t> const dstSlots(t.dstSlots, t.dstSlots + t.count);
+        for (size_t i = 0; i < t.count; ++i)
+        {
+            t.pages[i] = pages[bySlot[i].second];
+            t.dstSlots[i] = dstSlots[bySlot[i].second];
+        }
+    }
     std::vector<int32_t> slots(t.count);
     std::vector<uint8_t> ok(t.count);
     std::vector<uint32_t> crc(t.count);
     std::vector<uint32_t> length(t.count);
     for (size_t i = 0; i < t.count; ++i)
     {
-        slots[i] = pages_[t.pages[i]].slot;
+        slots[i] = bySlot[i].first;
     }
     cold.checkHeaders(group, slots.data(), t.count, ok.data(), crc.data(), length.data());
     // Headers that fail are dropped before anything is copied; the rest move down, with their
-    // expectations, in order.
+    // slots and expectations, in order.
     size_t n = 0;
     bool anyCrc = false;
     for (size_t i = 0; i < t.count; ++i)
@@ -162,6 +180,7 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
         anyCrc = anyCrc || ok[i] == 2;
         t.pages[n] = t.pages[i];
         t.dstSlots[n] = t.dstSlots[i];
+        slots[n] = slots[i];
         ok[n] = ok[i];
         crc[n] = crc[i];
         length[n] = ok[i] == 2 ? length[i] : 0;
@@ -171,30 +190,6 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
     if (n == 0)
     {
         return true; // Every page was dropped.
-    }
-    // In the order of their slots, so that neighbouring slots are copied as one run (copyRuns).
-    std::vector<uint32_t> order(n);
-    for (uint32_t i = 0; i < uint32_t(n); ++i)
-    {
-        order[i] = i;
-    }
-    auto const slotOf = [this, &t](uint32_t i) { return pages_[t.pages[i]].slot; };
-    if (!std::is_sorted(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return slotOf(a) < slotOf(b); }))
-    {
-        std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return slotOf(a) < slotOf(b); });
-        std::vector<uint32_t> pages(t.pages, t.pages + n);
-        std::vector<int32_t> dstSlots(t.dstSlots, t.dstSlots + n);
-        std::vector<uint8_t> ok0(ok.begin(), ok.begin() + ptrdiff_t(n));
-        std::vector<uint32_t> crc0(crc.begin(), crc.begin() + ptrdiff_t(n));
-        std::vector<uint32_t> length0(length.begin(), length.begin() + ptrdiff_t(n));
-        for (size_t i = 0; i < n; ++i)
-        {
-            t.pages[i] = pages[order[i]];
-            t.dstSlots[i] = dstSlots[order[i]];
-            ok[i] = ok0[order[i]];
-            crc[i] = crc0[order[i]];
-            length[i] = length0[order[i]];
-        }
     }
     waitForSlots(t); // The decodes, on t.stream, wait for the source and destination slots.
     DeviceChecks& d = deviceChecks(pageBytes);
@@ -246,10 +241,6 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
         checked[c] = runtime_->record(d.kernels);
         return true;
     };
-    for (size_t i = 0; i < n; ++i)
-    {
-        slots[i] = pages_[t.pages[i]].slot;
-    }
     std::vector<uint32_t> failedPages;
     std::vector<int32_t> failedSlots;
     std::vector<PageIndexPair> pairs;
