@@ -155,9 +155,7 @@ class BaseMemorySafetyTests(BaseFixtures):
     @_blame_round_trip
     def test_cpu_synchronous(self, make_harness):
         name = "cpu-synchronous"
-        h = make_harness()
-        if h.stream is not None:
-            pytest.skip("a CPU clause: runs on the cpu device")
+        h = _cpu_harness(make_harness)
         bogus = 0x7E57_0000  # not null and no stream: a CPU reference ignores it
         for rep in _classes(h):
             g = h.plan.group_of(rep)
@@ -191,9 +189,7 @@ class BaseMemorySafetyTests(BaseFixtures):
     @_blame_round_trip
     def test_fp_environment(self, make_harness):
         name = "fp-environment"
-        h = make_harness()
-        if h.stream is not None:
-            pytest.skip("a CPU clause: runs on the cpu device")
+        h = _cpu_harness(make_harness)
         try:
             _native.swap_fp_control(_native.swap_fp_control(0))
         except RuntimeError as e:
@@ -365,6 +361,14 @@ def _check_bad_arguments(make_harness) -> None:
             for p, (a, b) in enumerate(zip(x, y)):
                 if not np.array_equal(a, b):
                     raise violated(name, f"a rejected call of lifecycle {lc} wrote into hot pool {p}")
+
+
+def _cpu_harness(make_harness) -> Harness:
+    """The default harness, for a clause of the CPU reference: the test skips on a CUDA device."""
+    h = make_harness()
+    if h.stream is not None:
+        pytest.skip("a CPU clause: runs on the cpu device")
+    return h
 
 
 #: MXCSR flush-to-zero, denormals-are-zero and rounding toward zero (what a library such as
