@@ -286,14 +286,26 @@ bool copyBlobs(runtime::DeviceRuntime& runtime, std::byte* base, uint64_t pageBy
     thread_local std::vector<size_t> sizes;
     try
     {
-        to.resize(count);
-        from.resize(count);
-        sizes.assign(count, pageBytes);
+        to.clear();
+        from.clear();
+        sizes.clear();
         for (size_t i = 0; i < count; ++i)
         {
             std::byte* blob = base + uint64_t(slots[i]) * pageBytes;
-            to[i] = dsts != nullptr ? static_cast<void*>(dsts[i]) : blob;
-            from[i] = dsts != nullptr ? static_cast<void const*>(blob) : srcs[i];
+            std::byte const* other = dsts != nullptr ? dsts[i] : srcs[i];
+            // A blob that continues the previous copy on both sides joins it: the copy engines
+            // move a copy of one 64 KiB page far below the link's speed, and pages moved
+            // together mostly lie in neighbouring slots.
+            bool const joins = i > 0 && slots[i] == slots[i - 1] + 1
+                && other == (dsts != nullptr ? dsts[i - 1] : srcs[i - 1]) + pageBytes;
+            if (joins)
+            {
+                sizes.back() += size_t(pageBytes);
+                continue;
+            }
+            to.push_back(dsts != nullptr ? static_cast<void*>(dsts[i]) : blob);
+            from.push_back(dsts != nullptr ? static_cast<void const*>(blob) : srcs[i]);
+            sizes.push_back(size_t(pageBytes));
         }
     }
     catch (std::exception const& e)
@@ -301,7 +313,7 @@ bool copyBlobs(runtime::DeviceRuntime& runtime, std::byte* base, uint64_t pageBy
         error = e.what();
         return false;
     }
-    return runtime.copyBatch(to.data(), from.data(), sizes.data(), count, stream, error);
+    return runtime.copyBatch(to.data(), from.data(), sizes.data(), to.size(), stream, error);
 }
 
 bool HostColdLevel::copy(PoolGroupIndex group, int32_t const* slots, std::byte* const* dsts,

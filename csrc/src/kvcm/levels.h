@@ -475,7 +475,9 @@ protected:
 };
 
 /// Raw copies of `count` blobs of an addressable pool (blob s at base + s * pageBytes): out of it
-/// into `dsts`, or into it from `srcs` (exactly one is given), ordered on `stream`.
+/// into `dsts`, or into it from `srcs` (exactly one is given), ordered on `stream`. Blobs in
+/// neighbouring slots whose other addresses are neighbours too go as one copy, so those addresses
+/// must lie in one allocation (a pool or a staging area, as every caller's do).
 bool copyBlobs(runtime::DeviceRuntime& runtime, std::byte* base, uint64_t pageBytes, int32_t const* slots,
     std::byte* const* dsts, std::byte const* const* srcs, size_t count, Stream stream, std::string& error) noexcept;
 

@@ -27,35 +27,6 @@ namespace {
 constexpr uint64_t kChunkBytes = 4ULL << 20;  ///< Blob bytes copied and checked per step.
 constexpr uint64_t kStageBytes = 32ULL << 20; ///< Device memory the steps rotate through.
 
-// Copies the blobs of `m` slots of a group's region (at `base`) into consecutive blobs at `dst`,
-// a run of consecutive slots as one copy: the copy engines move a copy of a page of 64 KiB far
-// below the link's speed, and the pages another manager evicted together lie in neighbouring
-// slots. A verifying level's group region is one registered mapping, so no copy crosses a
-// registration.
-bool copyRuns(runtime::DeviceRuntime& runtime, std::byte const* base, uint64_t pageBytes, int32_t const* slots,
-    size_t m, std::byte* dst, Stream stream, std::string& error)
-{
-    thread_local std::vector<void*> to;
-    thread_local std::vector<void const*> from;
-    thread_local std::vector<size_t> sizes;
-    to.clear();
-    from.clear();
-    sizes.clear();
-    for (size_t j = 0; j < m;)
-    {
-        size_t k = j + 1;
-        while (k < m && slots[k] == slots[k - 1] + 1)
-        {
-            ++k;
-        }
-        to.push_back(dst + j * pageBytes);
-        from.push_back(base + uint64_t(slots[j]) * pageBytes);
-        sizes.push_back(size_t((k - j) * pageBytes));
-        j = k;
-    }
-    return runtime.copyBatch(to.data(), from.data(), sizes.data(), to.size(), stream, error);
-}
-
 } // namespace
 
 KvCacheManager::DeviceChecks::~DeviceChecks()
@@ -140,7 +111,7 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
     ColdLevel& cold = *storage_->coldLevel(t.key.src);
     PoolGroupIndex const group = t.key.srcGroup;
     uint64_t const pageBytes = cold.pageBytes(group);
-    // In the order of their slots, so that neighbouring slots are copied as one run (copyRuns).
+    // In the order of their slots, so that neighbouring slots are copied as one run (copyBlobs).
     std::vector<std::pair<int32_t, uint32_t>> bySlot(t.count); // (slot, index in t)
     for (size_t i = 0; i < t.count; ++i)
     {
@@ -209,6 +180,7 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
     auto* lengths = reinterpret_cast<uint32_t*>(d.words.data());
     uint32_t* crcs = lengths + regions * d.chunk;
     std::vector<EventPtr> checked(chunks);
+    std::vector<std::byte*> dsts(d.chunk);
     // Chunk c: copied into region c % regions once the decode that read it last has finished,
     // then checksummed there on the second stream, while the next chunk is copied.
     auto issue = [&](size_t c) {
@@ -222,10 +194,10 @@ bool KvCacheManager::decodeWithDeviceChecks(Transfer& t)
         std::byte* const base = d.stage.data() + r * d.chunk * pageBytes;
         for (size_t j = 0; j < m; ++j)
         {
+            dsts[j] = base + j * pageBytes; // consecutive: neighbouring slots go as one copy
             lengths[r * d.chunk + j] = length[first + j];
         }
-        if (!copyRuns(
-                *runtime_, cold.accessibleBase(group), pageBytes, slots.data() + first, m, base, d.stream, t.error))
+        if (!cold.copyOut(group, slots.data() + first, dsts.data(), m, d.stream, t.error))
         {
             return false;
         }

@@ -13,7 +13,7 @@
 #include "kvcodec/codec.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define KVFP8_CPU_AVX2 1
+#define KVFP8_CPU_X86_VARIANTS 1
 #define KVFP8_TARGET_AVX2 __attribute__((target("avx2")))
 // x86-64-v4's AVX-512 subsets, with 512-bit vectors for the loops (the compiler otherwise prefers
 // 256-bit ones).
@@ -357,7 +357,7 @@ struct Kernels
     }
 
 KVFP8_CPU_VARIANT(portable, )
-#if KVFP8_CPU_AVX2
+#if KVFP8_CPU_X86_VARIANTS
 KVFP8_CPU_VARIANT(avx2, KVFP8_TARGET_AVX2)
 KVFP8_CPU_VARIANT(avx512, KVFP8_TARGET_AVX512)
 #endif
@@ -371,7 +371,7 @@ Kernels const kKernels[kNumSimd][3][2] = {
     {{portableKernels<HotBf16, kE4>(), portableKernels<HotBf16, kE5>()},
         {portableKernels<HotFp16, kE4>(), portableKernels<HotFp16, kE5>()},
         {portableKernels<HotFp32, kE4>(), portableKernels<HotFp32, kE5>()}},
-#if KVFP8_CPU_AVX2
+#if KVFP8_CPU_X86_VARIANTS
     {{avx2Kernels<HotBf16, kE4>(), avx2Kernels<HotBf16, kE5>()},
         {avx2Kernels<HotFp16, kE4>(), avx2Kernels<HotFp16, kE5>()},
         {avx2Kernels<HotFp32, kE4>(), avx2Kernels<HotFp32, kE5>()}},
@@ -397,7 +397,7 @@ Kernels const& kernels(Simd simd, uint32_t dtype, Format f)
 
 bool detectAvx2() noexcept
 {
-#if KVFP8_CPU_AVX2
+#if KVFP8_CPU_X86_VARIANTS
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2");
 #else
@@ -407,9 +407,9 @@ bool detectAvx2() noexcept
 
 bool detectAvx512() noexcept
 {
-#if KVFP8_CPU_AVX2
+#if KVFP8_CPU_X86_VARIANTS
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+    return detectAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
         && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #else
     return false;
