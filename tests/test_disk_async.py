@@ -551,12 +551,14 @@ def make_with_test_codec(path, **kw):
 
 @pytest.fixture
 def held_encodes():
-    """Every test-codec encode sleeps a while (restored after the test)."""
+    """The test codec's calls, recorded; its encodes and decodes held as a test asks (restored after
+    the test)."""
     from test_kvcm_support import T
 
     T.clear_codec_calls()
     yield T
     T.hold_encodes(0)
+    T.hold_decodes(0)
     T.clear_codec_calls()
 
 
@@ -629,4 +631,56 @@ def test_an_encode_failing_on_the_io_thread_leaves_the_pages_hot(tmp_path, rng, 
     assert m.evict(pages, level=CacheLevel.DISK).moved == 3  # and a retry lands
     scribble(m)
     assert m.onboard(pages, source=CacheLevel.DISK).moved == 3
+    check_hot(m, pages, model)
+
+
+def test_on_the_cpu_backend_a_read_from_disk_decodes_on_the_io_thread_without_the_lock(tmp_path, rng, held_encodes):
+    # A read job's decode is the I/O thread's too: run at its commit, under the manager's lock, it
+    # blocked every caller (even one that needs no codec) for the whole decode.
+    T = held_encodes
+    m = make_with_test_codec(tmp_path)
+    pages = m.allocate(0, 4) + m.allocate(1, 2)
+    model = write_random(m, pages, rng)
+    assert m.evict(pages, level=CacheLevel.DISK).moved == 6
+    scribble(m)
+    T.clear_codec_calls()
+    T.hold_decodes(2_000_000)
+    pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
+    deadline = time.monotonic() + 10
+    while not any(c.kind == "decode" for c in T.codec_calls()) and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the I/O thread's decode began (it holds the codec 2 s)
+    m.stats(CacheLevel.HOT)  # takes the manager's lock: it returns while the decode still runs
+    assert not pending.done()
+    assert all(p.in_flight for p in pages)
+    T.hold_decodes(0)
+    assert pending.wait().moved == 6
+    decodes = [c for c in T.codec_calls() if c.kind == "decode"]
+    assert decodes and all(c.thread != threading.get_native_id() for c in decodes)
+    check_hot(m, pages, model)
+    # A blocking onboard decodes there too; the caller waits for its job as before.
+    assert m.evict(pages, level=CacheLevel.DISK).moved == 6
+    scribble(m)
+    T.clear_codec_calls()
+    assert m.onboard(pages, source=CacheLevel.DISK).moved == 6
+    assert all(c.thread != threading.get_native_id() for c in T.codec_calls() if c.kind == "decode")
+    check_hot(m, pages, model)
+
+
+def test_a_decode_failing_on_the_io_thread_leaves_the_pages_on_disk(tmp_path, rng, held_encodes):
+    T = held_encodes
+    m = make_with_test_codec(tmp_path)
+    pages = m.allocate(0, 3)
+    model = write_random(m, pages, rng)
+    assert m.evict(pages, level=CacheLevel.DISK).moved == 3
+    T.fail_codec_calls_after(0)  # the next codec call (the I/O thread's decode) fails
+    try:
+        pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
+        with pytest.raises(MigrationError, match="decoding the blobs read from the disk level failed"):
+            pending.wait()
+    finally:
+        T.fail_codec_calls_after(-1)
+    assert all(p.level == CacheLevel.DISK and not p.in_flight for p in pages)
+    assert m.in_flight_transfers() == 0
+    scribble(m)
+    assert m.onboard(pages, source=CacheLevel.DISK).moved == 3  # and a retry lands
     check_hot(m, pages, model)

@@ -154,6 +154,8 @@ void kvcodec::bindings::bindKvcmTesting(py::module_& t)
     t.def("codec_calls", [] { return kvcm::testing::codecCalls(); });
     t.def("hold_encodes", &kvcm::testing::holdEncodes, py::arg("us"),
         "every later test-codec encode sleeps `us` microseconds first (0: off)");
+    t.def("hold_decodes", &kvcm::testing::holdDecodes, py::arg("us"),
+        "every later test-codec decode sleeps `us` microseconds first (0: off)");
     t.def("clear_codec_calls", &kvcm::testing::clearCodecCalls);
     t.def(
         "strided_crcs",

@@ -255,7 +255,9 @@ public:
         BlobName const* names, size_t count) noexcept;
     /// Waits for a submitted batch. A read returns false with `error` when a page failed (its
     /// status kFailed; a miss is not a failure); a write returns false with `error` when any page
-    /// failed (then none of them is stored). Every handle is completed exactly once.
+    /// failed (then none of them is stored). Every handle is completed exactly once. On the CPU
+    /// backend the manager's I/O thread completes reads itself, without the manager's lock, after
+    /// awaitIo() (it decodes them there): a staged level guards the state complete() touches.
     virtual bool complete(BlobIo io, std::string& error) noexcept;
     /// Blocks until a submitted batch's I/O has finished, without completing it (complete() then
     /// returns at once). The one call a level must take from a thread other than the manager's

@@ -534,6 +534,12 @@ private:
     static void deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count);
     // On the I/O thread: a deferred encode (false, job.error set, when it failed).
     bool encodeOnIoThread(Job& job) noexcept;
+    // On the CPU backend a staged read's decode is the I/O thread's too, run once its blobs
+    // landed (its commit would run it under the manager's lock, blocking every caller).
+    [[nodiscard]] bool decodesOnIoThread(Job const& job) const noexcept;
+    void decodeOnIoThread(Job& job) noexcept;
+    // A read job's page `i`: EnvelopeStatus::kOk when its blob may be decoded, else the drop reason.
+    [[nodiscard]] int blobReadable(Job const& job, size_t i, uint64_t blobBytes) const noexcept;
     // Under the manager's lock: commits (or rolls back) every job whose I/O finished.
     void drainJobs();
     // False when the job was queued again (a decode submitted, whose wait comes next).

@@ -141,45 +141,6 @@ void KvCacheManager::startJob(Job& job) noexcept
     }
 }
 
-bool KvCacheManager::encodesOnIoThread() const noexcept
-{
-    return runtime_->codecDevice() == KVCODEC_DEVICE_CPU;
-}
-
-void KvCacheManager::deferEncode(Job& job, std::byte* base, PageIndexPair const* pairs, size_t count)
-{
-    job.encodeOnIo = true;
-    job.encodeBase = base;
-    job.encodePairs.assign(pairs, pairs + count);
-}
-
-// The hot slots stay as they are while the job is in flight (its pages are, and the call's rule
-// says their bytes do too); the destination (slice or host slots) is the job's alone. The codec
-// is shared with the callers' calls: StorageManager::transcode serializes them.
-bool KvCacheManager::encodeOnIoThread(Job& job) noexcept
-{
-    std::string error;
-    uint64_t calls = 0;
-    bool ok = false;
-    auto const t0 = std::chrono::steady_clock::now();
-    try
-    {
-        ok = storage_->transcode(true, job.key.rep, job.encodeBase, job.encodePairs.data(), job.encodePairs.size(),
-            job.stream, error, nullptr, &calls);
-    }
-    catch (std::exception const& e)
-    {
-        error = e.what();
-    }
-    job.calls += calls;
-    job.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!ok)
-    {
-        job.error = "encoding the pages for the " + std::string(levelName(job.key.dst)) + " level failed: " + error;
-    }
-    return ok;
-}
-
 void KvCacheManager::ioLoop()
 {
     std::vector<Job*> starting;
@@ -238,6 +199,10 @@ void KvCacheManager::ioLoop()
             if (job->started && job->io.id != 0)
             {
                 storage_->coldLevel(job->write ? job->key.dst : job->key.src)->awaitIo(job->io);
+                if (decodesOnIoThread(*job))
+                {
+                    decodeOnIoThread(*job);
+                }
             }
             {
                 std::lock_guard<std::mutex> lock(jobsMu_);
@@ -431,12 +396,17 @@ bool KvCacheManager::commitJob(Job& job)
     else if (!job.error.empty())
     {
         std::string ignored;
-        if (job.io.id != 0)
+        if (job.io.id != 0 && !job.completed)
         {
             cold->complete(job.io, ignored);
         }
         ok = false;
         error = job.error;
+    }
+    else if (job.completed)
+    {
+        ok = job.completeOk; // On the I/O thread (decodeOnIoThread()).
+        error = job.completeError;
     }
     else
     {
@@ -477,14 +447,8 @@ bool KvCacheManager::commitJob(Job& job)
         for (size_t i = 0; i < n; ++i)
         {
             uint32_t const index = job.pages[i];
-            bool good = job.status[i] == BlobStatus::kOk;
-            int reason = unreadReason(job.status[i]);
-            if (good && job.hostCheck)
-            {
-                reason = int(checkColdPageEnvelope(job.blobs[i], blobBytes, job.envelope));
-                good = reason == int(EnvelopeStatus::kOk);
-            }
-            if (good)
+            int const reason = blobReadable(job, i, blobBytes);
+            if (reason == int(EnvelopeStatus::kOk))
             {
                 job.pages[kept] = index;
                 job.dstSlots[kept] = job.dstSlots[i];
@@ -507,6 +471,12 @@ bool KvCacheManager::commitJob(Job& job)
     if (kept == 0)
     {
         job.lease.reset();
+        return true;
+    }
+    if (job.preDecoded)
+    {
+        job.lease.reset(); // The I/O thread's decode read it and returned.
+        settleDecode(job);
         return true;
     }
     if (job.decode)
@@ -558,7 +528,8 @@ void KvCacheManager::settleDecode(Job& job)
     }
     if (job.checked)
     {
-        auto const* status = reinterpret_cast<uint8_t const*>(job.checkStatus.data());
+        auto const* status
+            = job.preDecoded ? job.decodeStatus.data() : reinterpret_cast<uint8_t const*>(job.checkStatus.data());
         size_t good = 0;
         for (size_t i = 0; i < kept; ++i)
         {
@@ -574,7 +545,10 @@ void KvCacheManager::settleDecode(Job& job)
             dropUnread(job.key, job.pages[i], job.dstSlots[i], reason, job.owner->result_);
         }
         kept = good;
-        statusFree_.push_back(std::move(job.checkStatus));
+        if (!job.preDecoded)
+        {
+            statusFree_.push_back(std::move(job.checkStatus));
+        }
     }
     if (kept > 0)
     {

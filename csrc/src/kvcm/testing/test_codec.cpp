@@ -19,6 +19,7 @@ namespace {
 
 std::atomic<int64_t> gFailAfter{-1};
 std::atomic<int64_t> gHoldEncodeUs{0};
+std::atomic<int64_t> gHoldDecodeUs{0};
 std::atomic<int> gRunning{0}; // test-codec calls in progress
 std::mutex gCallsMutex;
 std::vector<CodecCall> gCalls;
@@ -155,7 +156,7 @@ private:
             gCalls.push_back({call.encoding, call.lifeCycle.id, call.numPages, reinterpret_cast<uintptr_t>(call.pages),
                 int64_t(syscall(SYS_gettid)), overlapped});
         }
-        if (int64_t const hold = gHoldEncodeUs.load(); call.encoding && hold > 0)
+        if (int64_t const hold = (call.encoding ? gHoldEncodeUs : gHoldDecodeUs).load(); hold > 0)
         {
             std::this_thread::sleep_for(std::chrono::microseconds(hold));
         }
@@ -271,6 +272,11 @@ KvcodecCodecFactory const* testCodecFactory(uint32_t abiVersion) noexcept
 void holdEncodes(int64_t us) noexcept
 {
     gHoldEncodeUs.store(us);
+}
+
+void holdDecodes(int64_t us) noexcept
+{
+    gHoldDecodeUs.store(us);
 }
 
 void failCodecCallsAfter(int64_t after) noexcept

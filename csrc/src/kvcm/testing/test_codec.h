@@ -34,6 +34,9 @@ void failCodecCallsAfter(int64_t after) noexcept;
 /// Every later encode call (of any test codec) sleeps `us` microseconds first; 0 disables.
 void holdEncodes(int64_t us) noexcept;
 
+/// Every later decode call (of any test codec) sleeps `us` microseconds first; 0 disables.
+void holdDecodes(int64_t us) noexcept;
+
 struct CodecCall
 {
     bool encode;
