@@ -562,6 +562,14 @@ def held_encodes():
     T.clear_codec_calls()
 
 
+def until_a_codec_call_began(T, kind, timeout_s=10.0):
+    """Waits until the test codec recorded a call of ``kind`` ("encode" or "decode")."""
+    deadline = time.monotonic() + timeout_s
+    while not any(c.kind == kind for c in T.codec_calls()):
+        assert time.monotonic() < deadline, f"no {kind} began within {timeout_s} s"
+        time.sleep(0.001)
+
+
 def test_on_the_cpu_backend_an_eviction_to_disk_encodes_on_the_io_thread(tmp_path, rng, held_encodes):
     # The codec runs where it is called on the CPU backend: on the caller's thread the call would
     # block for the whole encode. It is the I/O thread's, before the job's writes.
@@ -600,9 +608,7 @@ def test_an_encode_on_the_io_thread_never_overlaps_a_callers_codec_call(tmp_path
     T.clear_codec_calls()
     T.hold_encodes(150_000)
     pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
-    deadline = time.monotonic() + 10
-    while not any(c.kind == "encode" for c in T.codec_calls()) and time.monotonic() < deadline:
-        time.sleep(0.001)  # until the I/O thread's encode began (it holds the codec 150 ms)
+    until_a_codec_call_began(T, "encode")  # on the I/O thread, which holds the codec 150 ms
     assert m.onboard(warm, source=CacheLevel.HOST).moved == 3  # the caller's decode
     assert pending.wait().moved == 3
     calls = T.codec_calls()
@@ -614,18 +620,25 @@ def test_an_encode_on_the_io_thread_never_overlaps_a_callers_codec_call(tmp_path
     check_hot(m, pages, model)
 
 
+def fail_the_io_threads_codec_call(T, start, match):
+    """The next codec call fails: the I/O thread's, in the migration ``start()`` returns, whose
+    ``wait()`` raises ``match``."""
+    T.fail_codec_calls_after(0)
+    try:
+        pending = start()
+        with pytest.raises(MigrationError, match=match):
+            pending.wait()
+    finally:
+        T.fail_codec_calls_after(-1)
+
+
 def test_an_encode_failing_on_the_io_thread_leaves_the_pages_hot(tmp_path, rng, held_encodes):
     T = held_encodes
     m = make_with_test_codec(tmp_path)
     pages = m.allocate(0, 3)
     model = write_random(m, pages, rng)
-    T.fail_codec_calls_after(0)  # the next codec call (the I/O thread's encode) fails
-    try:
-        pending = m.evict(pages, level=CacheLevel.DISK, blocking=False)
-        with pytest.raises(MigrationError, match="encoding the pages for the disk level failed"):
-            pending.wait()
-    finally:
-        T.fail_codec_calls_after(-1)
+    fail_the_io_threads_codec_call(T, lambda: m.evict(pages, level=CacheLevel.DISK, blocking=False),
+                                   "encoding the pages for the disk level failed")
     check_hot(m, pages, model)
     assert disk_slots_free(m) and m.in_flight_transfers() == 0
     assert m.evict(pages, level=CacheLevel.DISK).moved == 3  # and a retry lands
@@ -646,9 +659,7 @@ def test_on_the_cpu_backend_a_read_from_disk_decodes_on_the_io_thread_without_th
     T.clear_codec_calls()
     T.hold_decodes(2_000_000)
     pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
-    deadline = time.monotonic() + 10
-    while not any(c.kind == "decode" for c in T.codec_calls()) and time.monotonic() < deadline:
-        time.sleep(0.001)  # until the I/O thread's decode began (it holds the codec 2 s)
+    until_a_codec_call_began(T, "decode")  # on the I/O thread, which holds the codec 2 s
     m.stats(CacheLevel.HOT)  # takes the manager's lock: it returns while the decode still runs
     assert not pending.done()
     assert all(p.in_flight for p in pages)
@@ -672,13 +683,8 @@ def test_a_decode_failing_on_the_io_thread_leaves_the_pages_on_disk(tmp_path, rn
     pages = m.allocate(0, 3)
     model = write_random(m, pages, rng)
     assert m.evict(pages, level=CacheLevel.DISK).moved == 3
-    T.fail_codec_calls_after(0)  # the next codec call (the I/O thread's decode) fails
-    try:
-        pending = m.onboard(pages, source=CacheLevel.DISK, blocking=False)
-        with pytest.raises(MigrationError, match="decoding the blobs read from the disk level failed"):
-            pending.wait()
-    finally:
-        T.fail_codec_calls_after(-1)
+    fail_the_io_threads_codec_call(T, lambda: m.onboard(pages, source=CacheLevel.DISK, blocking=False),
+                                   "decoding the blobs read from the disk level failed")
     assert all(p.level == CacheLevel.DISK and not p.in_flight for p in pages)
     assert m.in_flight_transfers() == 0
     scribble(m)
