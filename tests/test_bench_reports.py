@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kvcodec_sdk import cli
@@ -229,3 +230,33 @@ def test_report_into_a_file_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "concat", "--report", str(tmp_path / "f")])
     assert exc.value.code == 2 and "is a file" in capsys.readouterr().err
+
+
+def _fake_cache(cpu_dir, index, level, kind, size, shared):
+    d = cpu_dir / "cache" / f"index{index}"
+    d.mkdir(parents=True)
+    (d / "level").write_text(f"{level}\n")
+    (d / "type").write_text(f"{kind}\n")
+    (d / "size").write_text(f"{size}\n")
+    (d / "shared_cpu_list").write_text(f"{shared}\n")
+
+
+def test_last_level_cache_bytes_sums_the_distinct_top_level_caches(tmp_path):
+    # Two CPUs per L3 instance, two instances; per-CPU L1 and L2 below them.
+    for cpu in range(4):
+        d = tmp_path / f"cpu{cpu}"
+        _fake_cache(d, 0, 1, "Instruction", "32K", cpu)
+        _fake_cache(d, 1, 1, "Data", "48K", cpu)
+        _fake_cache(d, 2, 2, "Unified", "2048K", cpu)
+        _fake_cache(d, 3, 3, "Unified", "32M" if cpu < 2 else "16384K", "0-1" if cpu < 2 else "2-3")
+    assert _common.last_level_cache_bytes(tmp_path) == (32 << 20) + (16 << 20)
+    # Without cache folders (or without sysfs) the size is unknown.
+    assert _common.last_level_cache_bytes(tmp_path / "missing") == 0
+
+
+def test_a_cache_evictor_writes_at_least_64_mib():
+    evict = _common.CacheEvictor()
+    assert (64 << 20) <= evict.nbytes <= (1 << 30)
+    before = evict._buf[::4096].copy()
+    evict()
+    assert np.array_equal(evict._buf[::4096], before + 1)

@@ -10,6 +10,7 @@ command line renders the same cells as a terminal table.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -50,6 +51,47 @@ def wall_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[
         fn()
         samples.append(time.perf_counter() - t0)
     return samples
+
+
+def last_level_cache_bytes(base: Path = Path("/sys/devices/system/cpu")) -> int:
+    """The CPU's last-level cache in bytes, summed over its distinct instances (0 when the system
+    does not say); ``base`` is the sysfs folder of the CPUs."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    caches: dict[tuple[int, str], int] = {}  # (level, the CPUs sharing it) -> bytes
+    try:
+        for index in base.glob("cpu[0-9]*/cache/index[0-9]*"):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()
+            m = re.fullmatch(r"(\d+)([KMG]?)", size)
+            if m:
+                level = int((index / "level").read_text())
+                caches[(level, (index / "shared_cpu_list").read_text().strip())] = \
+                    int(m.group(1)) * units.get(m.group(2), 1)
+    except OSError:
+        return 0
+    if not caches:
+        return 0
+    top = max(level for level, _ in caches)
+    return sum(size for (level, _), size in caches.items() if level == top)
+
+
+class CacheEvictor:
+    """Calling it writes a buffer twice the CPU's last-level cache (64 MiB to 1 GiB; 256 MiB when
+    the size is unknown), so that the next timed step reads its data from memory, as a tier does
+    for a page evicted a while ago, not from a cache that a step just before filled."""
+
+    def __init__(self) -> None:
+        llc = last_level_cache_bytes()
+        nbytes = min(1 << 30, max(64 << 20, 2 * llc)) if llc else 256 << 20
+        self._buf = np.zeros(nbytes // 8, dtype=np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buf.nbytes)
+
+    def __call__(self) -> None:
+        self._buf += 1
 
 
 def take_rows(pool: Any, rows: Any) -> np.ndarray:
