@@ -396,19 +396,14 @@ bool KvCacheManager::commitJob(Job& job)
     else if (!job.error.empty())
     {
         std::string ignored;
-        if (job.io.id != 0 && !job.completed)
+        if (job.io.id != 0 && !job.decodedOnIo)
         {
             cold->complete(job.io, ignored);
         }
         ok = false;
         error = job.error;
     }
-    else if (job.completed)
-    {
-        ok = job.completeOk; // On the I/O thread (decodeOnIoThread()).
-        error = job.completeError;
-    }
-    else
+    else if (!job.decodedOnIo) // Else completed on the I/O thread, and decoded.
     {
         ok = cold->complete(job.io, error);
     }
@@ -473,7 +468,7 @@ bool KvCacheManager::commitJob(Job& job)
         job.lease.reset();
         return true;
     }
-    if (job.preDecoded)
+    if (job.decodedOnIo)
     {
         job.lease.reset(); // The I/O thread's decode read it and returned.
         settleDecode(job);
@@ -529,7 +524,7 @@ void KvCacheManager::settleDecode(Job& job)
     if (job.checked)
     {
         auto const* status
-            = job.preDecoded ? job.decodeStatus.data() : reinterpret_cast<uint8_t const*>(job.checkStatus.data());
+            = job.decodedOnIo ? job.decodeStatus.data() : reinterpret_cast<uint8_t const*>(job.checkStatus.data());
         size_t good = 0;
         for (size_t i = 0; i < kept; ++i)
         {
@@ -545,7 +540,7 @@ void KvCacheManager::settleDecode(Job& job)
             dropUnread(job.key, job.pages[i], job.dstSlots[i], reason, job.owner->result_);
         }
         kept = good;
-        if (!job.preDecoded)
+        if (!job.decodedOnIo)
         {
             statusFree_.push_back(std::move(job.checkStatus));
         }

@@ -89,12 +89,9 @@ struct KvCacheManager::Job
     bool checked = false;             ///< The decode writes one status byte per page.
     runtime::Allocation checkStatus;  ///< Mapped host memory for those bytes.
     std::vector<uint32_t> leaseIndex; ///< Each kept page's blob index in the slice.
-    // CPU backend: the I/O thread completed the batch and decoded the good blobs (see
-    // decodeOnIoThread()); the commit settles the pages from these.
-    bool completed = false; ///< complete() was called; its result follows.
-    bool completeOk = false;
-    std::string completeError;
-    bool preDecoded = false;           ///< The good blobs were decoded (job.error: the decode failed).
+    /// CPU backend: the I/O thread completed the batch and decoded the good blobs
+    /// (decodeOnIoThread(); `error` says when either failed); the commit only settles the pages.
+    bool decodedOnIo = false;
     std::vector<uint8_t> decodeStatus; ///< A checked decode's status per decoded page.
 };
 

@@ -55,7 +55,7 @@ bool KvCacheManager::encodeOnIoThread(Job& job) noexcept
 
 bool KvCacheManager::decodesOnIoThread(Job const& job) const noexcept
 {
-    return job.decode && !job.write && !job.cancelled && job.error.empty() && encodesOnIoThread();
+    return job.decode && !job.write && job.error.empty() && encodesOnIoThread(); // started: never cancelled
 }
 
 // The read's batch is completed here (a staged level guards its own state), its pages' blobs
@@ -67,11 +67,10 @@ void KvCacheManager::decodeOnIoThread(Job& job) noexcept
     ColdLevel* cold = storage_->coldLevel(job.key.src);
     size_t const n = job.pages.size();
     std::string error;
-    job.completed = true;
-    job.completeOk = cold->complete(job.io, error);
-    if (!job.completeOk)
+    job.decodedOnIo = true;
+    if (!cold->complete(job.io, error))
     {
-        job.completeError = std::move(error);
+        job.error = std::move(error);
         return;
     }
     uint64_t calls = 0;
@@ -103,7 +102,6 @@ void KvCacheManager::decodeOnIoThread(Job& job) noexcept
     }
     job.calls = calls;
     job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    job.preDecoded = true;
     if (!ok)
     {
         job.error
