@@ -17,8 +17,10 @@ Why each choice:
   (the client may wait seconds on a dead master before failing: a time-out there would hide
   that the store is gone).
 - **Gets read into the backend's own staging buffers** (``batch_get_into``, one per key: the
-  caller's buffer size plus the header), and only the caller's thread, after the call returned,
-  checks a value and copies its payload out: a late reply never writes into a caller's buffer.
+  caller's buffer size plus the header), and only the caller's thread, once a value has landed,
+  checks it and copies its payload out: a late reply never writes into a caller's buffer. A
+  batch is read in runs of a few MiB, one ``batch_get_into`` each, so the caller checks one run
+  while the worker reads the next.
   The staging buffers are cut from an arena of up to 256 MiB kept between calls (fresh pages cost
   more than the transfer); a call starts only once the previous one returned, so no late reply
   lands in a reused arena. ``batch_get_into`` also answers per key why a key has no data (not
@@ -41,8 +43,10 @@ Why each choice:
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
+import time
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
@@ -71,6 +75,19 @@ _NOT_FOUND = -704  # OBJECT_NOT_FOUND
 _UNREACHABLE = (-900, -901)  # RPC_FAIL, RPC_TIMEOUT: the master does not answer
 _MIN_SEGMENT = 16 << 20  # the client refuses a smaller global segment (-600)
 _ARENA_MAX = 256 << 20  # a get batch needing more staging than this gets it fresh, not kept
+
+def _runs(sizes: Sequence[int], run_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, end)`` index ranges of ``sizes``, each about ``run_bytes`` (at least one key)."""
+    runs, start, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        total += n
+        if total >= run_bytes:
+            runs.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes):
+        runs.append((start, len(sizes)))
+    return runs
+
 
 def _import_store() -> Any:
     try:
@@ -127,6 +144,9 @@ class MooncakeBackend(RemoteBackend):
     """
 
     name = "mooncake"
+    #: Bytes of values a get reads per ``batch_get_into`` (at least one value): the caller's thread
+    #: checks one run while the worker reads the next.
+    get_run_bytes: int = 4 << 20
 
     def __init__(self, master_address: str, metadata_server: str, *, identity: Any, timeout_s: float = 5.0,
                  local_hostname: str = "127.0.0.1", global_segment_size: int = 64 << 20,
@@ -181,21 +201,30 @@ class MooncakeBackend(RemoteBackend):
             return e
         return None
 
-    def _run(self, op: str, fn: Callable[[], _T], timeout_s: float | None = None, keep: Any = None) -> _T:
-        """Run ``fn`` on a worker thread, waiting at most ``timeout_s`` (default: the backend's);
-        ``keep`` is held until ``fn`` returns, however late."""
+    def _start(self, op: str, fn: Callable[[], Any], keep: Any = None) -> _Call:
+        """Start ``fn`` on a worker thread (``keep`` held until it returns, however late)."""
         if self._closed:
             raise self._error(RemoteUnavailable, op, "the backend is closed")
         if self._inflight is not None and not self._inflight.done.is_set():
             raise self._error(RemoteUnavailable, op, "an earlier call that timed out has not returned yet")
         call = self._inflight = _Call(fn, keep)
+        return call
+
+    def _overran(self, op: str, bound: float) -> RemoteError:
+        """The error of a call that did not answer within ``bound`` seconds."""
+        refused = self._master_refuses(min(bound, 0.5))
+        if refused is not None:
+            return self._error(RemoteUnavailable, op, f"no answer within {bound:g} s, and the master does "
+                               f"not answer: {refused}")
+        return self._error(RemoteTimeout, op, f"no answer within {bound:g} s")
+
+    def _run(self, op: str, fn: Callable[[], _T], timeout_s: float | None = None, keep: Any = None) -> _T:
+        """Run ``fn`` on a worker thread, waiting at most ``timeout_s`` (default: the backend's);
+        ``keep`` is held until ``fn`` returns, however late."""
+        call = self._start(op, fn, keep)
         bound = self.timeout_s if timeout_s is None else float(timeout_s)
         if not call.done.wait(bound):
-            refused = self._master_refuses(min(bound, 0.5))
-            if refused is not None:
-                raise self._error(RemoteUnavailable, op, f"no answer within {bound:g} s, and the master does "
-                                  f"not answer: {refused}")
-            raise self._error(RemoteTimeout, op, f"no answer within {bound:g} s")
+            raise self._overran(op, bound)
         if call.error is not None:
             raise self._error(RemoteError, op, call.error) from call.error
         return call.result
@@ -249,9 +278,13 @@ class MooncakeBackend(RemoteBackend):
         return statuses
 
     def get_batch(self, keys: Sequence[bytes], out_buffers: Sequence[Any]) -> list[int]:
-        """Read each key's value into a staging buffer (one ``batch_get_into``), check it and copy its
-        payload out; see :meth:`~kvcodec_sdk.remote.RemoteBackend.get_batch`. A caller's
-        buffer is written only for a hit.
+        """Read each key's value into a staging buffer, check it and copy its payload out; see
+        :meth:`~kvcodec_sdk.remote.RemoteBackend.get_batch`. A caller's buffer is written only
+        for a hit.
+
+        The keys are read in runs of about :attr:`get_run_bytes` (one ``batch_get_into`` each, in
+        turn, on the worker thread), and the caller's thread checks and copies out each run as
+        soon as it has landed, while the worker reads the next: the check overlaps the transfer.
 
         :raises RemoteUnavailable: the master did not answer for some key.
         """
@@ -260,28 +293,58 @@ class MooncakeBackend(RemoteBackend):
         if not keys and not self._closed:  # nothing to ask (a closed backend still raises)
             return []
         skeys = [self._key(k) for k in keys]
-        staging = self._staging_for([len(out) + HEADER_BYTES for out in outs])
+        sizes = [len(out) + HEADER_BYTES for out in outs]
+        staging = self._staging_for(sizes)
+        ptrs = [s.ctypes.data for s in staging]
+        runs = _runs(sizes, self.get_run_bytes)
+        landed: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
         store = self._store
 
-        def work() -> tuple[list[int], dict[int, int]]:
-            """Per key the value's size or a code; for values too large for their staging, the size."""
-            codes = [int(c) for c in store.batch_get_into(skeys, [s.ctypes.data for s in staging],
-                                                          [s.size for s in staging])]
-            large = {i: int(store.get_size(skeys[i])) for i, c in enumerate(codes) if c == _INVALID}
-            return codes, large
+        def work() -> None:
+            """Per run, in turn: each key's value size or a code, and for values too large for their
+            staging, their size. Stops after a run where the master did not answer, or when asked."""
+            try:
+                for a, b in runs:
+                    if stop.is_set():
+                        return
+                    codes = [int(c) for c in store.batch_get_into(skeys[a:b], ptrs[a:b], sizes[a:b])]
+                    large = {i: int(store.get_size(skeys[i])) for i, c in zip(range(a, b), codes) if c == _INVALID}
+                    landed.put((a, codes, large))
+                    if any(c in _UNREACHABLE for c in (*codes, *large.values())):
+                        return
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+                landed.put(e)
+                raise
 
-        codes, large = self._run("get_batch", work)
-        self._unreachable("get_batch", [*codes, *large.values()])
-        out = []
-        for i, (k, code) in enumerate(zip(keys, codes)):
-            if code >= 0:
-                out.append(self._unpack_value(k, memoryview(staging[i])[:code], outs[i]))
-            elif code == _NOT_FOUND or large.get(i) == _NOT_FOUND:
-                out.append(self._count_get(GET_MISS))
-            elif code == _INVALID and large[i] > staging[i].size:
-                out.append(self._count_get(GET_TOO_SMALL))
-            else:
-                out.append(self._count_get(GET_ERROR))
+        op, bound = "get_batch", self.timeout_s
+        call = self._start(op, work)
+        deadline = time.monotonic() + bound
+        out: list[int] = [GET_ERROR] * len(keys)
+        try:
+            for _ in runs:
+                try:
+                    got = landed.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise self._overran(op, bound) from None
+                if isinstance(got, BaseException):
+                    raise self._error(RemoteError, op, got) from got
+                a, codes, large = got
+                self._unreachable(op, [*codes, *large.values()])
+                for i, code in zip(range(a, a + len(codes)), codes):
+                    if code >= 0:
+                        out[i] = self._unpack_value(keys[i], memoryview(staging[i])[:code], outs[i])
+                    elif code == _NOT_FOUND or large.get(i) == _NOT_FOUND:
+                        out[i] = self._count_get(GET_MISS)
+                    elif code == _INVALID and large[i] > staging[i].size:
+                        out[i] = self._count_get(GET_TOO_SMALL)
+                    else:
+                        out[i] = self._count_get(GET_ERROR)
+        finally:
+            # On a failure the worker reads no further run; either way it is let finish within the
+            # bound, so the next call finds it done.
+            stop.set()
+            call.done.wait(max(0.0, deadline - time.monotonic()))
         return out
 
     def _staging_for(self, sizes: Sequence[int]) -> list[np.ndarray]:

@@ -145,6 +145,46 @@ def test_a_batch_larger_than_the_client_local_buffer_goes_through(store):
     be.close()
 
 
+class _CountingStore:
+    """The client, with the keys of each ``batch_get_into`` call recorded."""
+
+    def __init__(self, inner):
+        self.inner, self.runs = inner, []
+
+    def batch_get_into(self, keys, ptrs, sizes):
+        self.runs.append(len(keys))
+        return self.inner.batch_get_into(keys, ptrs, sizes)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_get_reads_its_batch_in_runs_and_answers_each_key(store):
+    """A batch larger than get_run_bytes is read in runs (one batch_get_into each); a miss, a
+    buffer too small and hits in different runs are each answered as in one call."""
+    from kvcodec_sdk.remote.backend import GET_MISS, GET_TOO_SMALL
+
+    be = _backend(store, IDENTITY)
+    be.get_run_bytes = 3 << 20
+    rng = np.random.default_rng(11)
+    blobs = [rng.integers(0, 256, 1 << 20, dtype=np.uint8) for _ in range(10)]
+    keys = [content_key(b) for b in blobs]
+    assert be.put_batch(keys[:4] + keys[5:], blobs[:4] + blobs[5:]) == [Status.OK] * 9  # 4 is missing
+    sizes = [len(b) for b in blobs]
+    sizes[7] = 1000  # too small for its value
+    outs = out_buffers(sizes)
+    counting = be._store = _CountingStore(be._store)
+    got = be.get_batch(keys, outs)
+    assert counting.runs == [3, 3, 4]  # runs of at least 3 MiB of staging; 7's is 1000 bytes
+    want = [len(b) for b in blobs]
+    want[4], want[7] = GET_MISS, GET_TOO_SMALL
+    assert got == want
+    assert all(np.array_equal(outs[i], blobs[i]) for i in range(10) if want[i] > 0)
+    assert (be.stats.hits, be.stats.misses, be.stats.too_small) == (8, 1, 1)
+    be._store = counting.inner
+    be.close()
+
+
 def test_a_stalled_master_times_out_and_the_next_call_reads_the_right_reply(store):
     """A stopped master (SIGSTOP) makes a call time out within timeout_s and the next one fail at
     once (the timed-out call still runs); once the master runs again, the late reply is never taken
