@@ -9,15 +9,21 @@
 // the region and the key's digest, and the bytes' CRC-32C matches (bytes another client wrote
 // where it should not are detected); anything else is a miss, never wrong data.
 //
-// Calls are serialised by a mutex (one request in flight per connection).
+// Calls are serialised by a mutex (one request in flight per connection). A release is not sent
+// on its own: it goes out with the client's next request, in the same write, so the daemon wakes
+// once for both; a release no request follows is sent within kReleaseDelay by a flusher thread.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "daemon/l2_index.h"
@@ -49,6 +55,12 @@ struct OutBuffer
 class Client
 {
 public:
+    /// The longest a release waits for a request to go out with before it is sent alone.
+    static constexpr std::chrono::microseconds kReleaseDelay{1000};
+    /// How long after the last release the flusher stops looking every kReleaseDelay and sleeps
+    /// until the next release wakes it.
+    static constexpr std::chrono::milliseconds kFlusherIdleAfter{100};
+
     /// Connects at once (DaemonGone when no daemon answers within `timeoutS`). A reply is polled
     /// for `busyPollUs` microseconds before the thread sleeps on the socket (0: sleep at once).
     Client(std::string socketPath, double timeoutS, double busyPollUs = 0);
@@ -79,7 +91,8 @@ public:
     /// Where each key's page is (pinned until released), or a miss (slot Found::kMissSlot). Every
     /// answer lies inside the region (a reference outside it raises DaemonRefused).
     std::vector<Found> get(RegionLayout const& r, std::vector<std::string_view> const& keys);
-    /// Drops one pin per slot (Found::kMissSlot entries are skipped); no reply is awaited.
+    /// Drops one pin per slot (Found::kMissSlot entries are skipped); no reply is awaited. The
+    /// daemon has it before this client's next request, and within kReleaseDelay without one.
     void release(RegionLayout const& r, std::vector<uint32_t> const& slots);
     /// True when the slot still holds what the daemon answered for `key` (header and, with
     /// `checkCrc`, the bytes' CRC-32C).
@@ -115,7 +128,7 @@ public:
     }
     [[nodiscard]] uint64_t socketBytes() const noexcept
     {
-        return socketBytes_;
+        return socketBytes_.load(std::memory_order_relaxed);
     }
     [[nodiscard]] std::string const& socketPath() const noexcept
     {
@@ -125,7 +138,11 @@ public:
 private:
     void connect();
     void disconnect() noexcept;
-    void sendAll(std::string const& frame);
+    /// Sends `frame` after the releases waiting to go out, in one write.
+    void sendAll(std::string const& request);
+    void sendBytes(std::string const& bytes);
+    /// The flusher thread: sends releases that waited kReleaseDelay for a request.
+    void flushReleases();
     std::string call(std::string const& frame); // the reply's payload after an Ok status
     std::string readFrame();
     std::vector<Found> getLocked(RegionLayout const& r, std::vector<std::string_view> const& keys);
@@ -148,8 +165,15 @@ private:
     int fd_ = -1;
     std::shared_ptr<Mapping> arena_;
     uint32_t clientId_ = 0;
-    uint64_t socketBytes_ = 0;
+    std::atomic<uint64_t> socketBytes_{0}; // also added to by the flusher thread
     std::string in_;
+    std::string released_;                              // release frames waiting for the next request (or the flusher)
+    std::chrono::steady_clock::time_point releasedAt_;  // the oldest waiting release's time
+    std::chrono::steady_clock::time_point lastRelease_; // the latest release's time
+    std::condition_variable releasedCv_;
+    bool flusherAsleep_ = false; // waiting for a release to wake it
+    bool stopping_ = false;
+    std::thread flusher_; // started at the first release
 };
 
 } // namespace kvcodec::daemon
