@@ -88,28 +88,6 @@ def test_a_batch_lookup_answers_arrays_and_releases_every_pin(client):
     assert bytes(view) == data[2].tobytes()
 
 
-def test_a_release_goes_out_with_the_next_request_or_alone_soon(daemon, client):
-    """A release is not sent on its own: the client's next request carries it (the daemon has it
-    before answering); with no request after it, it is sent alone within a millisecond or so."""
-    region = client.region(IDENTITY, PAGE, 16)
-    assert client.set(region, keys("d", 4), pages(4, 17)) == [True] * 4
-    with DaemonClient(daemon.config.socket_path) as other:
-        held = 0
-        for _ in range(20):
-            found = client.lookup(region, keys("d", 4))
-            before = client.socket_bytes
-            client.release(region, found)
-            held += client.socket_bytes == before  # not sent yet (unless a millisecond passed)
-            # The client's next request goes out after the release, in the same write.
-            assert client.stats()["slots_pinned"] == 0
-        assert held >= 15
-        client.release(region, client.lookup(region, keys("d", 2)))
-        t0 = time.monotonic()
-        wait_for(lambda: other.stats()["slots_pinned"] == 0, timeout=5.0)  # seen by another client
-        assert time.monotonic() - t0 < 1.0
-        assert client.stats()["slots_pinned"] == 0
-
-
 def test_frames_that_break_the_protocol_cost_only_their_own_connection(daemon, client):
     region = client.region(IDENTITY, PAGE, 8)
     assert all(client.set(region, [b"g/0"], pages(1, 14)))

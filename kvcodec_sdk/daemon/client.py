@@ -228,10 +228,7 @@ class DaemonClient:
 
     def release(self, region: RegionHandle, hits: Sequence[Hit | None] | Lookup) -> None:
         """Unpins the slots of ``hits`` (a :class:`Lookup`, or :meth:`get`'s list: None entries are
-        skipped); no reply is awaited. The release goes out with this client's next request, in
-        the same write (the daemon wakes once for both and applies it first); when no request
-        follows, it is sent alone within about a millisecond. Another client may see the slots
-        pinned until then."""
+        skipped); no reply is awaited."""
         if isinstance(hits, Lookup):
             slots = hits.slots  # misses are skipped
         else:

@@ -62,50 +62,7 @@ Client::Client(std::string socketPath, double timeoutS, double busyPollUs)
 
 Client::~Client()
 {
-    {
-        std::lock_guard lock(mutex_);
-        stopping_ = true;
-        disconnect();
-    }
-    releasedCv_.notify_all();
-    if (flusher_.joinable())
-        flusher_.join();
-}
-
-void Client::flushReleases()
-{
-    std::unique_lock lock(mutex_);
-    while (!stopping_)
-    {
-        auto const now = std::chrono::steady_clock::now();
-        if (released_.empty())
-        {
-            if (now - lastRelease_ < kFlusherIdleAfter)
-            {
-                // Releases come often: look again later rather than be woken for each one.
-                releasedCv_.wait_for(lock, kReleaseDelay, [this] { return stopping_; });
-                continue;
-            }
-            flusherAsleep_ = true;
-            releasedCv_.wait(lock, [this] { return stopping_ || !released_.empty(); });
-            flusherAsleep_ = false;
-            continue;
-        }
-        if (now < releasedAt_ + kReleaseDelay)
-        {
-            // A request sent meanwhile takes the releases along.
-            releasedCv_.wait_until(lock, releasedAt_ + kReleaseDelay, [this] { return stopping_; });
-            continue;
-        }
-        try
-        {
-            sendAll(std::string());
-        }
-        catch (DaemonGone const&)
-        {
-            // The connection went, and the daemon released its pins; the next call reports it.
-        }
-    }
+    disconnect();
 }
 
 void Client::connect()
@@ -187,7 +144,6 @@ void Client::connect()
 
 void Client::disconnect() noexcept
 {
-    released_.clear(); // the daemon releases a closed connection's pins itself
     if (fd_ >= 0)
         ::close(fd_);
     fd_ = -1;
@@ -215,17 +171,10 @@ std::shared_ptr<Mapping> Client::arena() const
     return arena_;
 }
 
-void Client::sendAll(std::string const& request)
+void Client::sendAll(std::string const& frame)
 {
     if (fd_ < 0)
         throw DaemonGone("this client is closed (reconnect() to use it again)");
-    std::string const frame = released_.empty() ? std::string() : std::move(released_) + request;
-    released_.clear();
-    return sendBytes(frame.empty() ? request : frame);
-}
-
-void Client::sendBytes(std::string const& frame)
-{
     size_t sent = 0;
     while (sent < frame.size())
     {
@@ -461,19 +410,18 @@ void Client::releaseLocked(RegionLayout const& l, std::vector<uint32_t> const& s
         = size_t(std::count_if(slots.begin(), slots.end(), [](uint32_t s) { return s != Found::kMissSlot; }));
     if (hits == 0 || fd_ < 0)
         return; // a daemon that is gone released everything with the connection
-    lastRelease_ = std::chrono::steady_clock::now();
-    if (released_.empty())
-        releasedAt_ = lastRelease_;
-    if (!flusher_.joinable())
-        flusher_ = std::thread([this] { flushReleases(); });
-    else if (flusherAsleep_)
-        releasedCv_.notify_all();
-    released_ += frameOf(Op::Release, [&](FrameWriter& w) {
-        w.put(l.region).put(uint32_t(hits));
-        for (uint32_t s : slots)
-            if (s != Found::kMissSlot)
-                w.put(s);
-    });
+    try
+    {
+        sendAll(frameOf(Op::Release, [&](FrameWriter& w) {
+            w.put(l.region).put(uint32_t(hits));
+            for (uint32_t s : slots)
+                if (s != Found::kMissSlot)
+                    w.put(s);
+        }));
+    }
+    catch (DaemonGone const&)
+    {
+    }
 }
 
 bool Client::valid(RegionLayout const& l, std::string_view key, Found const& f, bool checkCrc) const

@@ -9,21 +9,15 @@
 // the region and the key's digest, and the bytes' CRC-32C matches (bytes another client wrote
 // where it should not are detected); anything else is a miss, never wrong data.
 //
-// Calls are serialised by a mutex (one request in flight per connection). A release is not sent
-// on its own: it goes out with the client's next request, in the same write, so the daemon wakes
-// once for both; a release no request follows is sent within kReleaseDelay by a flusher thread.
+// Calls are serialised by a mutex (one request in flight per connection).
 #pragma once
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "daemon/l2_index.h"
@@ -55,12 +49,6 @@ struct OutBuffer
 class Client
 {
 public:
-    /// The longest a release waits for a request to go out with before it is sent alone.
-    static constexpr std::chrono::microseconds kReleaseDelay{1000};
-    /// How long after the last release the flusher stops looking every kReleaseDelay and sleeps
-    /// until the next release wakes it.
-    static constexpr std::chrono::milliseconds kFlusherIdleAfter{100};
-
     /// Connects at once (DaemonGone when no daemon answers within `timeoutS`). A reply is polled
     /// for `busyPollUs` microseconds before the thread sleeps on the socket (0: sleep at once).
     Client(std::string socketPath, double timeoutS, double busyPollUs = 0);
@@ -91,8 +79,7 @@ public:
     /// Where each key's page is (pinned until released), or a miss (slot Found::kMissSlot). Every
     /// answer lies inside the region (a reference outside it raises DaemonRefused).
     std::vector<Found> get(RegionLayout const& r, std::vector<std::string_view> const& keys);
-    /// Drops one pin per slot (Found::kMissSlot entries are skipped); no reply is awaited. The
-    /// daemon has it before this client's next request, and within kReleaseDelay without one.
+    /// Drops one pin per slot (Found::kMissSlot entries are skipped); no reply is awaited.
     void release(RegionLayout const& r, std::vector<uint32_t> const& slots);
     /// True when the slot still holds what the daemon answered for `key` (header and, with
     /// `checkCrc`, the bytes' CRC-32C).
@@ -128,7 +115,7 @@ public:
     }
     [[nodiscard]] uint64_t socketBytes() const noexcept
     {
-        return socketBytes_.load(std::memory_order_relaxed);
+        return socketBytes_;
     }
     [[nodiscard]] std::string const& socketPath() const noexcept
     {
@@ -138,11 +125,7 @@ public:
 private:
     void connect();
     void disconnect() noexcept;
-    /// Sends `frame` after the releases waiting to go out, in one write.
-    void sendAll(std::string const& request);
-    void sendBytes(std::string const& bytes);
-    /// The flusher thread: sends releases that waited kReleaseDelay for a request.
-    void flushReleases();
+    void sendAll(std::string const& frame);
     std::string call(std::string const& frame); // the reply's payload after an Ok status
     std::string readFrame();
     std::vector<Found> getLocked(RegionLayout const& r, std::vector<std::string_view> const& keys);
@@ -165,15 +148,8 @@ private:
     int fd_ = -1;
     std::shared_ptr<Mapping> arena_;
     uint32_t clientId_ = 0;
-    std::atomic<uint64_t> socketBytes_{0}; // also added to by the flusher thread
+    uint64_t socketBytes_ = 0;
     std::string in_;
-    std::string released_;                              // release frames waiting for the next request (or the flusher)
-    std::chrono::steady_clock::time_point releasedAt_;  // the oldest waiting release's time
-    std::chrono::steady_clock::time_point lastRelease_; // the latest release's time
-    std::condition_variable releasedCv_;
-    bool flusherAsleep_ = false; // waiting for a release to wake it
-    bool stopping_ = false;
-    std::thread flusher_; // started at the first release
 };
 
 } // namespace kvcodec::daemon
