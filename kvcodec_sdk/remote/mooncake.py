@@ -146,7 +146,7 @@ class MooncakeBackend(RemoteBackend):
     name = "mooncake"
     #: Bytes of values a get reads per ``batch_get_into`` (at least one value): the caller's thread
     #: checks one run while the worker reads the next.
-    get_run_bytes: int = 4 << 20
+    get_run_bytes: int = 16 << 20
 
     def __init__(self, master_address: str, metadata_server: str, *, identity: Any, timeout_s: float = 5.0,
                  local_hostname: str = "127.0.0.1", global_segment_size: int = 64 << 20,
