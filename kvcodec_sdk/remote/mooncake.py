@@ -19,8 +19,8 @@ Why each choice:
 - **Gets read into the backend's own staging buffers** (``batch_get_into``, one per key: the
   caller's buffer size plus the header), and only the caller's thread, once a value has landed,
   checks it and copies its payload out: a late reply never writes into a caller's buffer. A
-  batch is read in runs of a few MiB, one ``batch_get_into`` each, so the caller checks one run
-  while the worker reads the next.
+  batch is read in runs of about 16 MiB (``get_run_bytes``), one ``batch_get_into`` each, so the
+  caller checks one run while the worker reads the next.
   The staging buffers are cut from an arena of up to 256 MiB kept between calls (fresh pages cost
   more than the transfer); a call starts only once the previous one returned, so no late reply
   lands in a reused arena. ``batch_get_into`` also answers per key why a key has no data (not
@@ -75,6 +75,12 @@ _NOT_FOUND = -704  # OBJECT_NOT_FOUND
 _UNREACHABLE = (-900, -901)  # RPC_FAIL, RPC_TIMEOUT: the master does not answer
 _MIN_SEGMENT = 16 << 20  # the client refuses a smaller global segment (-600)
 _ARENA_MAX = 256 << 20  # a get batch needing more staging than this gets it fresh, not kept
+
+
+def _first_unreachable(codes: Sequence[int]) -> int | None:
+    """The first code in ``codes`` saying the master did not answer, or None."""
+    return next((c for c in codes if c in _UNREACHABLE), None)
+
 
 def _runs(sizes: Sequence[int], run_bytes: int) -> list[tuple[int, int]]:
     """Consecutive ``(start, end)`` index ranges of ``sizes``, each about ``run_bytes`` (at least one key)."""
@@ -207,8 +213,8 @@ class MooncakeBackend(RemoteBackend):
             raise self._error(RemoteUnavailable, op, "the backend is closed")
         if self._inflight is not None and not self._inflight.done.is_set():
             raise self._error(RemoteUnavailable, op, "an earlier call that timed out has not returned yet")
-        call = self._inflight = _Call(fn, keep)
-        return call
+        self._inflight = _Call(fn, keep)
+        return self._inflight
 
     def _overran(self, op: str, bound: float) -> RemoteError:
         """The error of a call that did not answer within ``bound`` seconds."""
@@ -233,7 +239,7 @@ class MooncakeBackend(RemoteBackend):
         return self.prefix + key.hex()
 
     def _unreachable(self, op: str, codes: Sequence[int]) -> None:
-        bad = next((c for c in codes if c in _UNREACHABLE), None)
+        bad = _first_unreachable(codes)
         if bad is not None:
             raise self._error(RemoteUnavailable, op, f"the master is unreachable (code {bad})")
 
@@ -311,8 +317,8 @@ class MooncakeBackend(RemoteBackend):
                     codes = [int(c) for c in store.batch_get_into(skeys[a:b], ptrs[a:b], sizes[a:b])]
                     large = {i: int(store.get_size(skeys[i])) for i, c in zip(range(a, b), codes) if c == _INVALID}
                     landed.put((a, codes, large))
-                    if any(c in _UNREACHABLE for c in (*codes, *large.values())):
-                        return
+                    if _first_unreachable([*codes, *large.values()]) is not None:
+                        return  # the caller fails the batch on this run
             except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
                 landed.put(e)
                 raise
