@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // Content keys of the KV-cache manager's pages: page index -> key and key -> page index, unique
-// among live pages.
+// among live pages. Each key is stored once, in its key -> page entry; a page finds its key
+// through a pointer to that entry's key (entries of an unordered_map keep their address), so
+// setting a key costs one entry, not two (a lookup of hundreds of keys sets hundreds).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace kvcodec::kvcm {
 
@@ -18,8 +22,8 @@ public:
     [[nodiscard]] std::string const& of(uint32_t index) const noexcept
     {
         static std::string const none;
-        auto const it = keys_.find(index);
-        return it == keys_.end() ? none : it->second;
+        std::string const* key = index < byPage_.size() ? byPage_[index] : nullptr;
+        return key != nullptr ? *key : none;
     }
     /// The page holding `key`, or nullopt.
     [[nodiscard]] std::optional<uint32_t> owner(std::string const& key) const
@@ -31,26 +35,31 @@ public:
     void set(uint32_t index, std::string const& key)
     {
         erase(index);
-        if (!key.empty())
+        if (key.empty())
         {
-            keys_.emplace(index, key);
-            owners_.emplace(key, index);
+            return;
         }
+        if (index >= byPage_.size())
+        {
+            byPage_.resize(std::max<size_t>(size_t(index) + 1, 2 * byPage_.size()), nullptr);
+        }
+        byPage_[index] = &owners_.emplace(key, index).first->first;
     }
     /// The page no longer has a key (it was freed or dropped).
     void erase(uint32_t index) noexcept
     {
-        auto const k = keys_.empty() ? keys_.end() : keys_.find(index);
-        if (k != keys_.end())
+        if (index >= byPage_.size() || byPage_[index] == nullptr)
         {
-            owners_.erase(k->second);
-            keys_.erase(k);
+            return;
         }
+        auto const it = owners_.find(*byPage_[index]);
+        byPage_[index] = nullptr;
+        owners_.erase(it);
     }
 
 private:
-    std::unordered_map<uint32_t, std::string> keys_;
     std::unordered_map<std::string, uint32_t> owners_;
+    std::vector<std::string const*> byPage_; ///< By page index: its key in owners_, or null.
 };
 
 } // namespace kvcodec::kvcm
