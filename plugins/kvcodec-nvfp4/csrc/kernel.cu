@@ -14,9 +14,10 @@
 //    one twice.
 // Both build the codes and block scales in shared memory and write them as contiguous 16-byte
 // stores (which is what lets a blob in pinned host memory be written at the link's speed).
-// Decoding stages the blob's regions in shared memory the same way, decodes each block with byte
-// permutes over a table its hardware conversions built (bit for bit decodeTable()'s), and writes a
-// warp's 32 blocks as contiguous 16-byte stores through shared memory. Other shapes take one work
+// Decoding stages the blob's regions in shared memory the same way, decodes each block (each
+// element's e2m1 value times the block scale in fp32, then the hardware conversion; byte permutes
+// over a table of decodeTable()'s values for extreme scales: decodeWords()), and writes a warp's 32
+// blocks as contiguous 16-byte stores through shared memory. Other shapes take one work
 // item per fp32 scale and read and write in place (the generic path, kernel_common.cuh).
 // Lifecycles of whole buffers with a scale per head whose blobs lie in device memory take the warp
 // kernels instead, a warp per group (kernel_warp.cuh; encoding groups of at most

@@ -243,8 +243,6 @@ __device__ void decodeGroup(BufferPlan const& b, uint64_t g, uint8_t* hot, uint8
 
 // ---- Decoding a whole block (both decoders) ---------------------------------------------------
 
-// One whole block's 32 hot bytes from its 8 code bytes: decodeTable()'s values picked two at a
-// time with byte permutes, the sign bits set on top (decodeBlock()'s result, without branches).
 // floatToHalfSat() of two non-negative finite values with one hardware conversion (the first in
 // the low half): clamping to the largest finite value first gives the same bits as saturating
 // after rounding (both round to nearest even).
@@ -269,11 +267,75 @@ __device__ __forceinline__ uint32_t prmtSign(uint32_t a, uint32_t b, uint32_t s)
     return d;
 }
 
+/// True when decodeByProduct() gives a block of effective scale `bs` decodeBlock()'s bits: bs
+/// times 2^14 is exact and finite, every nonzero product is normal in fp32 (|e2m1| >= 0.5), and
+/// none saturates in the hot type (floatToHalfSat()'s limits; below them its rounding is the
+/// conversion's).
+__device__ __forceinline__ bool decodesByProduct(float bs, bool bf16)
+{
+    uint32_t const top = floatBits(mulRn(6.0f, bs)); // the largest magnitude's product
+    return (bs == 0.0f || (bs >= 0x1p-100f && bs <= 0x1p100f)) && top < (bf16 ? 0x7F7F8000u : 0x477FF000u);
+}
+
+/// decodeWords() for a block decodesByProduct() takes: each element's e2m1 value as fp16 bits, v
+/// times 2^-14 exactly (the sign at bit 15, the three magnitude bits at bits 9-11, where fp16's two
+/// low exponent bits and top mantissa bit are: 0.5 becomes the subnormal 2^-15), widened to fp32
+/// and multiplied by bs times 2^14: mulRn(e2m1Value(code), bs), bit for bit, then converted as
+/// toHotSat2() converts. Two byte permutes and a mask per word of output, the rest on the FMA
+/// pipe, where the table's permutes took eight instructions of the ALU pipe.
+template <bool kBf16>
+__device__ __forceinline__ void decodeByProduct(uint2 codes, float bs, uint4 (&out)[2])
+{
+    float const scale = mulRn(bs, 0x1p14f);
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+#pragma unroll
+    for (uint32_t q = 0; q < 2; ++q)
+    {
+        uint32_t const w = q == 0 ? codes.x : codes.y;
+        // Byte i: the fp16 high byte of element 2i (a) and of element 2i + 1 (b).
+        uint32_t const a = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+        uint32_t const b = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+#pragma unroll
+        for (uint32_t i = 0; i < 4; ++i)
+        {
+            uint32_t const h = __byte_perm(a, b, i * 0x0011u + (4 + i) * 0x1100u) & 0xFF00FF00u;
+            float2 const v = __half22float2(*reinterpret_cast<__half2 const*>(&h));
+            float const lo = mulRn(v.x, scale);
+            float const hi = mulRn(v.y, scale);
+            if constexpr (kBf16)
+            {
+                __nv_bfloat162 const r = __floats2bfloat162_rn(lo, hi);
+                o[4 * q + i] = *reinterpret_cast<uint32_t const*>(&r);
+            }
+            else
+            {
+                __half2 const r = __floats2half2_rn(lo, hi);
+                o[4 * q + i] = *reinterpret_cast<uint32_t const*>(&r);
+            }
+        }
+    }
+}
+
+// One whole block's 32 hot bytes from its 8 code bytes (decodeBlock()'s result, without branches):
+// by products where decodesByProduct() allows (every block of real K/V), else decodeTable()'s
+// values picked two at a time with byte permutes and the sign bits set on top.
 __device__ __forceinline__ void decodeWords(uint2 codes, uint8_t sb, float s, bool bf16, uint4 (&out)[2])
 {
+    float const bs = blockScale(sb, s);
+    if (decodesByProduct(bs, bf16))
+    {
+        if (bf16)
+        {
+            decodeByProduct<true>(codes, bs, out);
+        }
+        else
+        {
+            decodeByProduct<false>(codes, bs, out);
+        }
+        return;
+    }
     // decodeTable(): the hot bits of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times the block
     // scale, two per word.
-    float const bs = blockScale(sb, s);
     uint32_t const r0 = toHotSat2(0.0f, mulRn(e2m1Value(1), bs), bf16);
     uint32_t const r1 = toHotSat2(mulRn(e2m1Value(2), bs), mulRn(e2m1Value(3), bs), bf16);
     uint32_t const r2 = toHotSat2(mulRn(e2m1Value(4), bs), mulRn(e2m1Value(5), bs), bf16);
