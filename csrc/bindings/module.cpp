@@ -26,6 +26,7 @@ void bindDisk(py::module_& m);               // bindings/disk.cpp
 void bindLog(py::module_& m);                // bindings/log.cpp
 void bindDaemon(py::module_& m);             // bindings/daemon.cpp
 void bindDlpack(py::module_& m);             // bindings/dlpack.cpp
+void bindRemote(py::module_& m);             // bindings/remote.cpp
 
 namespace {
 
@@ -273,6 +274,7 @@ PYBIND11_MODULE(_native, m)
     bindLayout(m);
     bindConformanceTesting(m);
     bindDlpack(m);
+    bindRemote(m);
     bindDisk(m); // before kvcm: its DiskTierConfig holds disk.FaultRule values
     bindKvcm(m);
     bindLog(m); // after kvcm: its test hook joins kvcm_testing

@@ -294,20 +294,18 @@ class RemoteBackend(abc.ABC):
 
     def _unpack_value(self, key: bytes, stored: Any, out: memoryview) -> int:
         """Check a stored value and copy its payload into ``out``: bytes copied or a ``GET_*`` code
-        (counted). ``stored`` is the whole value, or None/empty where the store has none."""
-        if not stored:
-            return self._count_get(GET_MISS)
-        stored = memoryview(stored)
-        plen, pcrc = ValueHeader.check(stored, key, self.identity, len(stored))
-        if plen < 0:
-            return self._count_get(plen)
-        if plen > len(out):
-            return self._count_get(GET_TOO_SMALL)
-        # One pass: the payload is copied out and checked on the way (a corrupt one leaves the
-        # buffer's contents unspecified, as get_batch allows); large ones without the GIL.
-        if _native.disk.crc32c_copy(out, stored[HEADER_BYTES:]) != pcrc:
-            return self._count_get(GET_CORRUPT)
-        return self._count_get(plen)
+        (counted). ``stored`` is the whole value, or None/empty where the store has none. The
+        checks are :meth:`ValueHeader.check`'s, then the payload's CRC-32C on the way into ``out``
+        (a corrupt payload leaves ``out``'s contents unspecified, as get_batch allows)."""
+        return self._unpack_values([key], [stored], [out])[0]
+
+    def _unpack_values(self, keys: Sequence[bytes], stored: Sequence[Any], outs: Sequence[memoryview]) -> list[int]:
+        """:meth:`_unpack_value` of many values at once: ``stored[i]`` is the whole value read under
+        ``keys[i]`` (empty or None: the store has none). The checks and copies run natively, without
+        the GIL, a large batch's over several threads; each outcome is counted as one call would."""
+        values = [b"" if v is None else v for v in stored]
+        codes = _native.remote.unpack_values([bytes(k) for k in keys], values, list(outs), self.identity)
+        return [self._count_get(int(c)) for c in codes]
 
     def _count_get(self, code: int) -> int:
         s = self.stats

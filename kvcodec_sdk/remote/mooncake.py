@@ -18,7 +18,8 @@ Why each choice:
   that the store is gone).
 - **Gets read into the backend's own staging buffers** (``batch_get_into``, one per key: the
   caller's buffer size plus the header), and only the caller's thread, once a value has landed,
-  checks it and copies its payload out: a late reply never writes into a caller's buffer. A
+  checks it and copies its payload out (one native call per run, without the GIL, a large run's
+  values over several threads): a late reply never writes into a caller's buffer. A
   batch is read in runs of about 16 MiB (``get_run_bytes``), one ``batch_get_into`` each, so the
   caller checks one run while the worker reads the next.
   The staging buffers are cut from an arena of up to 256 MiB kept between calls (fresh pages cost
@@ -337,9 +338,15 @@ class MooncakeBackend(RemoteBackend):
                     raise self._error(RemoteError, op, got) from got
                 a, codes, large = got
                 self._unreachable(op, [*codes, *large.values()])
+                hits = [i for i, code in zip(range(a, a + len(codes)), codes) if code >= 0]
+                if hits:  # one native call for the run's values (checked and copied without the GIL)
+                    unpacked = self._unpack_values([keys[i] for i in hits], [staging[i][:codes[i - a]] for i in hits],
+                                                   [outs[i] for i in hits])
+                    for i, code in zip(hits, unpacked):
+                        out[i] = code
                 for i, code in zip(range(a, a + len(codes)), codes):
                     if code >= 0:
-                        out[i] = self._unpack_value(keys[i], memoryview(staging[i])[:code], outs[i])
+                        continue
                     elif code == _NOT_FOUND or large.get(i) == _NOT_FOUND:
                         out[i] = self._count_get(GET_MISS)
                     elif code == _INVALID and large[i] > staging[i].size:

@@ -209,9 +209,15 @@ class ValkeyBackend(RemoteBackend):
         keys = self._check_keys(keys, out_buffers, "out_buffers")
         outs = [byte_view(b, f"out_buffers[{i}]", writable=True) for i, b in enumerate(out_buffers)]
         replies = self._pipeline("get_batch", lambda pipe: [pipe.get(self.prefix + k) for k in keys])
-        codes = []
-        for k, r, out in zip(keys, replies, outs):
-            codes.append(self._count_get(GET_ERROR) if isinstance(r, Exception) else self._unpack_value(k, r, out))
+        codes = [GET_ERROR] * len(keys)
+        landed = [i for i, r in enumerate(replies) if not isinstance(r, Exception)]
+        for i in range(len(keys)):
+            if isinstance(replies[i], Exception):
+                codes[i] = self._count_get(GET_ERROR)
+        if landed:  # one native call for every value (checked and copied without the GIL)
+            for i, code in zip(landed, self._unpack_values([keys[i] for i in landed], [replies[i] for i in landed],
+                                                           [outs[i] for i in landed])):
+                codes[i] = code
         return codes
 
     def exists_batch(self, keys: Sequence[bytes]) -> list[bool]:

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The remote cold tier's stored values (their header: kvcodec_sdk/remote/backend.py): checking a
+// batch of values that landed in a backend's staging memory and copying their payloads out, off
+// the interpreter's lock and over several threads for large batches. The checks are those of
+// ValueHeader.check() and RemoteBackend._unpack_value() in backend.py, which tests compare with
+// these value by value.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace kvcodec::remote {
+
+inline constexpr size_t kHeaderBytes = 48;
+inline constexpr size_t kIdentityBytes = 16;
+using Identity = std::array<unsigned char, kIdentityBytes>;
+
+// Per-value outcomes: backend.py's GET_* codes.
+inline constexpr int64_t kGetMiss = -1;
+inline constexpr int64_t kGetMismatch = -2;
+inline constexpr int64_t kGetCorrupt = -3;
+inline constexpr int64_t kGetTooSmall = -4;
+
+/// One value read from the store into staging memory, and where its payload goes.
+struct LandedValue
+{
+    std::string_view key;        ///< The content key it was read under.
+    unsigned char const* stored; ///< The whole value as stored: header, then payload.
+    uint64_t storedBytes;        ///< Its size as the store reported it (0: the store has none).
+    unsigned char* out;          ///< The caller's buffer for the payload.
+    uint64_t outBytes;           ///< That buffer's size.
+};
+
+/// Checks one value and copies its payload into `out`: the payload's size, or kGetMiss (no value),
+/// kGetCorrupt (bad magic, version, header size, header checksum, length, key checksum or payload
+/// checksum), kGetMismatch (another codec identity's value) or kGetTooSmall (`out` is smaller than
+/// the payload). After kGetCorrupt for the payload's checksum, `out` holds the refused bytes.
+int64_t unpackValue(LandedValue const& v, Identity const& identity) noexcept;
+
+/// unpackValue() of values[0, count) into results[0, count): the values split over threads by
+/// their bytes (one per 4 MiB, at most 8, the calling thread one of them).
+void unpackValues(LandedValue const* values, size_t count, Identity const& identity, int64_t* results) noexcept;
+
+} // namespace kvcodec::remote
