@@ -12,15 +12,16 @@
 
 namespace kvcodec::kvcm::detail {
 
-// crc(i) for i in [0, count), split over one thread per 4 MiB of `bytes` (up to 8, the calling
-// thread one of them); threads that cannot start leave their share to the calling thread.
+// crc(i) for i in [0, count), split over one thread per 2^bytesShift bytes of `bytes` (4 MiB by
+// default; up to 8 threads, the calling thread one of them); threads that cannot start leave their
+// share to the calling thread.
 template <class Crc>
-void parallelCrcs(size_t count, uint64_t bytes, Crc&& crc) noexcept
+void parallelCrcs(size_t count, uint64_t bytes, Crc&& crc, unsigned bytesShift = 22) noexcept
 {
     // hardware_concurrency() reads a sysfs file on every call (about 3 us): once per process.
     static unsigned const cpus = std::max(1u, std::thread::hardware_concurrency());
     size_t const threads
-        = std::min<size_t>({8, size_t(cpus), std::max<uint64_t>(1, bytes >> 22), std::max<size_t>(count, 1)});
+        = std::min<size_t>({8, size_t(cpus), std::max<uint64_t>(1, bytes >> bytesShift), std::max<size_t>(count, 1)});
     auto share = [&](size_t first) {
         for (size_t i = first; i < count; i += threads)
         {

@@ -41,7 +41,7 @@ struct LandedValue
 int64_t unpackValue(LandedValue const& v, Identity const& identity) noexcept;
 
 /// unpackValue() of values[0, count) into results[0, count): the values split over threads by
-/// their bytes (one per 4 MiB, at most 8, the calling thread one of them).
+/// their bytes (one per MiB, at most 8, the calling thread one of them).
 void unpackValues(LandedValue const* values, size_t count, Identity const& identity, int64_t* results) noexcept;
 
 } // namespace kvcodec::remote
