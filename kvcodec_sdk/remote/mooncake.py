@@ -63,7 +63,6 @@ from .backend import (
     RemoteTimeout,
     RemoteUnavailable,
     Status,
-    ValueHeader,
     byte_view,
 )
 
@@ -258,9 +257,7 @@ class MooncakeBackend(RemoteBackend):
         """
         keys = self._check_keys(keys, values, "values")
         payloads = [np.frombuffer(byte_view(v, f"values[{i}]"), dtype=np.uint8) for i, v in enumerate(values)]
-        headers = np.frombuffer(b"".join(
-            ValueHeader.for_payload(k, memoryview(p), self.identity).pack() for k, p in zip(keys, payloads)),
-            dtype=np.uint8)
+        headers = np.frombuffer(self._headers(keys, payloads), dtype=np.uint8)
         ptrs, sizes = [], []
         for i, p in enumerate(payloads):
             head = headers.ctypes.data + i * HEADER_BYTES

@@ -28,13 +28,13 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from .backend import (
     GET_ERROR,
+    HEADER_BYTES,
     RemoteBackend,
     RemoteError,
     RemoteFull,
     RemoteTimeout,
     RemoteUnavailable,
     Status,
-    ValueHeader,
     byte_view,
 )
 
@@ -172,12 +172,11 @@ class ValkeyBackend(RemoteBackend):
         """Store each value behind its header under ``prefix + key`` in one pipeline; see
         :meth:`~kvcodec_sdk.remote.RemoteBackend.put_batch`."""
         keys = self._check_keys(keys, values, "values")
-        packed = []
-        for i, (k, v) in enumerate(zip(keys, values)):
-            payload = byte_view(v, f"values[{i}]")
-            # Header and payload go out as two pieces of one bulk string: the payload is sent from
-            # the caller's buffer, never joined into a copy (that copy cost as much as the CRC).
-            packed.append(_SplitValue(ValueHeader.for_payload(k, payload, self.identity).pack(), payload))
+        payloads = [byte_view(v, f"values[{i}]") for i, v in enumerate(values)]
+        headers = self._headers(keys, payloads)
+        # Header and payload go out as two pieces of one bulk string: the payload is sent from the
+        # caller's buffer, never joined into a copy (that copy cost as much as the CRC).
+        packed = [_SplitValue(headers[i * HEADER_BYTES:(i + 1) * HEADER_BYTES], p) for i, p in enumerate(payloads)]
         sizes = [len(p.payload) for p in packed]
 
         def queue(pipe: Any) -> None:

@@ -146,3 +146,30 @@ def test_bad_arguments_say_what_is_valid():
         _native.remote.unpack_values([b"a"], [b""], [bytearray(1)], b"abc")
     with pytest.raises(BufferError):
         _native.remote.unpack_values([b"a"], [b""], [b"read-only"], IDENTITY)
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 150])
+def test_native_headers_are_the_python_headers(count):
+    """pack_headers() against ValueHeader.for_payload(...).pack(), payloads of 0 bytes to 600 KiB
+    (150 of them: tens of MiB, several threads), and each one read back by unpack_values()."""
+    rng = np.random.default_rng(100 + count)
+    payloads = [rng.integers(0, 256, int(rng.integers(0, 600)) << 10, dtype=np.uint8) for _ in range(count)]
+    if count:
+        payloads[0] = np.zeros(0, dtype=np.uint8)
+    keys = [hashlib.sha256(p.tobytes()).digest() + bytes([i % 3]) for i, p in enumerate(payloads)]
+    headers = _native.remote.pack_headers(keys, payloads, IDENTITY)
+    assert len(headers) == count * HEADER_BYTES
+    for i, (k, p) in enumerate(zip(keys, payloads)):
+        assert headers[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] == ValueHeader.for_payload(
+            k, memoryview(p), IDENTITY).pack()
+    stored = [headers[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] + p.tobytes() for i, p in enumerate(payloads)]
+    codes, outs = unpack(keys, stored, [p.size for p in payloads])
+    assert codes == [p.size for p in payloads]
+    assert all(np.array_equal(o, p) for o, p in zip(outs, payloads))
+
+
+def test_native_headers_say_what_is_valid():
+    with pytest.raises(ValueError, match="keys and payloads have 1 and 2 items: give one payload per key"):
+        _native.remote.pack_headers([b"a"], [b"x", b"y"], IDENTITY)
+    with pytest.raises(ValueError, match="identity holds 15 bytes; it must be the 16-byte identity hash"):
+        _native.remote.pack_headers([b"a"], [b"x"], IDENTITY[:15])

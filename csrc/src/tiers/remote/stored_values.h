@@ -44,4 +44,17 @@ int64_t unpackValue(LandedValue const& v, Identity const& identity) noexcept;
 /// their bytes (one per MiB, at most 8, the calling thread one of them).
 void unpackValues(LandedValue const* values, size_t count, Identity const& identity, int64_t* results) noexcept;
 
+/// One value to store: its key and payload (the header is built for them).
+struct ValueToStore
+{
+    std::string_view key;
+    unsigned char const* payload;
+    uint64_t payloadBytes;
+};
+
+/// Writes the kHeaderBytes-byte header of values[i] (the payload's and the key's CRC-32C, its
+/// length and `identity`) at headers + i * kHeaderBytes, for i in [0, count): the payloads'
+/// checksums split over threads by their bytes (one per MiB, at most 8).
+void packHeaders(ValueToStore const* values, size_t count, Identity const& identity, unsigned char* headers) noexcept;
+
 } // namespace kvcodec::remote
