@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The remote cold tier's stored values (their header: kvcodec_sdk/remote/backend.py): checking a
-// batch of values that landed in a backend's staging memory and copying their payloads out, off
-// the interpreter's lock and over several threads for large batches. The checks are those of
-// ValueHeader.check() and RemoteBackend._unpack_value() in backend.py, which tests compare with
-// these value by value.
+// The remote cold tier's stored values (their header: kvcodec_sdk/remote/backend.py): building the
+// headers of a batch of values to store, and checking a batch of values that landed in a backend's
+// staging memory and copying their payloads out, off the interpreter's lock and over several
+// threads for large batches. The checks are ValueHeader.check()'s (backend.py), then the payload's
+// CRC-32C; tests/remote/test_remote_values.py compares both functions with the Python header code
+// value by value.
 #pragma once
 
 #include <array>
