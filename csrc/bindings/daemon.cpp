@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "buffers.h"
 #include "daemon/client.h"
 #include "daemon/server.h"
 #include "daemon/wire.h"
@@ -21,77 +22,16 @@
 namespace py = pybind11;
 using namespace pybind11::literals;
 using namespace kvcodec::daemon;
+using namespace kvcodec::bindings;
 
 namespace {
-
-std::pair<void*, size_t> bytesOf(py::buffer const& b, bool writable, std::string const& what)
-{
-    py::buffer_info info = b.request(writable);
-    if (!PyBuffer_IsContiguous(info.view(), 'C'))
-        throw py::value_error(what + " must be a C-contiguous buffer");
-    return {info.ptr, size_t(info.size) * size_t(info.itemsize)};
-}
 
 std::vector<uint32_t> slotsOf(py::array_t<uint32_t, py::array::c_style | py::array::forcecast> const& a)
 {
     return {a.data(), a.data() + a.size()};
 }
 
-/// Views of the keys as bytes (bytes objects are read in place; other bytes-like ones converted).
-/// `hold` keeps every object viewed alive while the call runs without the GIL.
-struct Keys
-{
-    py::list hold;
-    std::vector<std::string_view> views;
-};
-
-Keys keysOf(py::handle keys)
-{
-    Keys k{py::reinterpret_steal<py::list>(PySequence_List(keys.ptr())), {}};
-    if (!k.hold)
-        throw py::error_already_set();
-    size_t const n = size_t(PyList_GET_SIZE(k.hold.ptr()));
-    k.views.reserve(n);
-    for (size_t i = 0; i < n; ++i)
-    {
-        PyObject* item = PyList_GET_ITEM(k.hold.ptr(), Py_ssize_t(i));
-        if (!PyBytes_Check(item))
-        {
-            PyObject* b = PyBytes_FromObject(item);
-            if (b == nullptr)
-                throw py::type_error("keys[" + std::to_string(i) + "] is not bytes-like");
-            PyList_SET_ITEM(k.hold.ptr(), Py_ssize_t(i), b); // steals b, drops the original
-            item = b;
-        }
-        k.views.emplace_back(PyBytes_AS_STRING(item), size_t(PyBytes_GET_SIZE(item)));
-    }
-    return k;
-}
-
 using Slots = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
-
-/// Read-only views of `bufs`; a buffer that is not C-contiguous is named as field[i].
-std::vector<std::pair<void const*, size_t>> sourcesOf(std::vector<py::buffer> const& bufs, char const* field)
-{
-    std::vector<std::pair<void const*, size_t>> out;
-    out.reserve(bufs.size());
-    for (size_t i = 0; i < bufs.size(); ++i)
-        out.push_back(bytesOf(bufs[i], false, std::string(field) + "[" + std::to_string(i) + "]"));
-    return out;
-}
-
-/// Writable destinations of `bufs`, named as field[i] in errors.
-std::vector<OutBuffer> destinationsOf(std::vector<py::buffer> const& bufs, char const* field)
-{
-    std::vector<OutBuffer> out;
-    out.reserve(bufs.size());
-    for (size_t i = 0; i < bufs.size(); ++i)
-    {
-        auto const [p, n] = bytesOf(bufs[i], true, std::string(field) + "[" + std::to_string(i) + "]");
-        out.push_back({p, n});
-    }
-    return out;
-}
 
 /// A client call taking a region and slots, run without the GIL (abort, release).
 template <void (Client::*Call)(RegionLayout const&, std::vector<uint32_t> const&)>
@@ -100,16 +40,6 @@ void withSlots(Client& c, RegionLayout const& r, Slots const& slots)
     std::vector<uint32_t> const s = slotsOf(slots);
     py::gil_scoped_release nogil;
     (c.*Call)(r, s);
-}
-
-IdentityHash identityOf(py::bytes const& identity)
-{
-    std::string_view const s = identity;
-    IdentityHash id{};
-    if (s.size() != id.size())
-        throw py::value_error("identity is " + std::to_string(s.size()) + " bytes; give the 16-byte identity hash");
-    std::copy(s.begin(), s.end(), id.begin());
-    return id;
 }
 
 /// A client call of a region and keys, the keys held while it runs without the GIL.

@@ -296,7 +296,7 @@ class RemoteBackend(abc.ABC):
         """The :data:`HEADER_BYTES`-byte header of each ``payloads[i]`` stored under ``keys[i]``
         (:meth:`ValueHeader.pack` of :meth:`ValueHeader.for_payload`), one after another. The
         payloads' checksums run natively, without the GIL, a large batch's over several threads."""
-        return _native.remote.pack_headers([bytes(k) for k in keys], list(payloads), self.identity)
+        return _native.remote.pack_headers(keys, payloads, self.identity)
 
     def _unpack_value(self, key: bytes, stored: Any, out: memoryview) -> int:
         """Check a stored value and copy its payload into ``out``: bytes copied or a ``GET_*`` code
@@ -310,7 +310,7 @@ class RemoteBackend(abc.ABC):
         ``keys[i]`` (empty or None: the store has none). The checks and copies run natively, without
         the GIL, a large batch's over several threads; each outcome is counted as one call would."""
         values = [b"" if v is None else v for v in stored]
-        codes = _native.remote.unpack_values([bytes(k) for k in keys], values, list(outs), self.identity)
+        codes = _native.remote.unpack_values(keys, values, outs, self.identity)
         return [self._count_get(int(c)) for c in codes]
 
     def _count_get(self, code: int) -> int:

@@ -209,10 +209,12 @@ class ValkeyBackend(RemoteBackend):
         outs = [byte_view(b, f"out_buffers[{i}]", writable=True) for i, b in enumerate(out_buffers)]
         replies = self._pipeline("get_batch", lambda pipe: [pipe.get(self.prefix + k) for k in keys])
         codes = [GET_ERROR] * len(keys)
-        landed = [i for i, r in enumerate(replies) if not isinstance(r, Exception)]
-        for i in range(len(keys)):
-            if isinstance(replies[i], Exception):
+        landed = []
+        for i, r in enumerate(replies):
+            if isinstance(r, Exception):
                 codes[i] = self._count_get(GET_ERROR)
+            else:
+                landed.append(i)
         if landed:  # one native call for every value (checked and copied without the GIL)
             for i, code in zip(landed, self._unpack_values([keys[i] for i in landed], [replies[i] for i in landed],
                                                            [outs[i] for i in landed])):

@@ -39,13 +39,6 @@ public:
     using DaemonRefused::DaemonRefused;
 };
 
-/// A destination of a checked read: `bytes` writable bytes at `data`.
-struct OutBuffer
-{
-    void* data;
-    size_t bytes;
-};
-
 class Client
 {
 public:

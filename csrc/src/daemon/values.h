@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The remote tier's value header, read and written natively for the daemon backend's batches
+// The remote tier's value header, read and written natively: for the daemon backend's batches, and
+// for every other backend's through unpackValues() and packValueHeaders()
 // (kvcodec_sdk/remote/backend.py defines the format and documents it; the two must agree, and
 // the remote tier's contract tests read values each side wrote with the other).
 //
@@ -20,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace kvcodec::daemon {
 
@@ -46,5 +49,28 @@ void packValueHeader(uint8_t* out, std::string_view key, uint64_t payloadBytes, 
 /// key) or kValueMismatch (another codec identity).
 int64_t checkValueHeader(uint8_t const* value, uint64_t storedBytes, std::string_view key, IdentityHash const& identity,
     uint32_t* payloadCrc) noexcept;
+
+/// A destination of a checked read: `bytes` writable bytes at `data`.
+struct OutBuffer
+{
+    void* data;
+    size_t bytes;
+};
+
+/// Checks each value read under keys[i] (`stored[i]`: header and payload as stored, empty where
+/// the store has none) and copies its payload into outs[i]: per key the payload's bytes, or
+/// kValueMiss (empty), checkValueHeader()'s codes, kValueTooSmall (outs[i] is smaller than the
+/// payload) or kValueCorrupt (the payload's CRC-32C fails; outs[i] then holds the refused bytes).
+/// The values are split over threads by their bytes (one per MiB, at most 8). The three vectors
+/// have one entry per key.
+std::vector<int64_t> unpackValues(std::vector<std::string_view> const& keys,
+    std::vector<std::pair<void const*, size_t>> const& stored, std::vector<OutBuffer> const& outs,
+    IdentityHash const& identity);
+
+/// packValueHeader() of each payloads[i] stored under keys[i], at headers + i * kValueHeaderBytes;
+/// the payloads' CRC-32C split over threads by their bytes (one per MiB, at most 8).
+void packValueHeaders(std::vector<std::string_view> const& keys,
+    std::vector<std::pair<void const*, size_t>> const& payloads, IdentityHash const& identity,
+    uint8_t* headers) noexcept;
 
 } // namespace kvcodec::daemon
