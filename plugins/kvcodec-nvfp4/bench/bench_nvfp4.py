@@ -1,7 +1,7 @@
 """Throughput, cold page size and error of the nvfp4 codec, next to fp8 and concat.
 
     python bench_nvfp4.py [--device cpu|cuda] [--pages 64] [--layers 8] [--tokens 16] [--repeats 5]
-                          [--data kv-like|skewed-heads] [--json FILE]
+                          [--calls 1] [--data kv-like|skewed-heads] [--json FILE]
 
 Layout: one hot pool; each page (slot) holds the K and V buffers of ``--layers`` layers, each
 ``tokens x 8 heads x 128 dims`` bf16, filled with the conformance suite's KV-like values
@@ -9,7 +9,8 @@ Layout: one hot pool; each page (slot) holds the K and V buffers of ``--layers``
 Every configuration encodes all pages in one call and decodes them back in one call; the best of
 ``--repeats`` calls is reported as raw hot bytes per second. On ``cpu`` the codecs run on the
 calling thread (one core); on ``cuda`` the pools and blobs are device memory and each call is
-timed with CUDA events on its stream, next to the device's copy ceiling measured in the same run
+timed with CUDA events on its stream (``--calls N``: N calls issued back to back between the two
+events, so that only the first call's host time leaves the device idle; the time per call), next to the device's copy ceiling measured in the same run
 (a 1 GiB device-to-device copy, best of ``--repeats``): each codec's bytes read and written per
 second (hot bytes times 1 + cold/hot) over the ceiling's. Error columns compare the decoded pages with the originals
 over every quantized element: the root-mean-square error relative to the data's RMS, the largest
@@ -23,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -75,7 +78,7 @@ class Host:
         return min(wall_times(fn, repeats))
 
 
-def run_cpu(name, params, src, buffers, slot, pages, repeats):
+def run_cpu(name, params, src, buffers, slot, pages, repeats, calls=1):
     host = Host(src)
     enc = kv.create_codec(name, params, device="cpu")
     enc.configure(host.group(host.src, slot, pages, buffers))
@@ -88,10 +91,10 @@ def run_cpu(name, params, src, buffers, slot, pages, repeats):
     page = enc.cold_page_bytes(0)
     enc.close()
     dec.close()
-    return t_enc, t_dec, page, host.dst
+    return t_enc, t_dec, page, host.dst, None
 
 
-def run_cuda(name, params, src, buffers, slot, pages, repeats):
+def run_cuda(name, params, src, buffers, slot, pages, repeats, calls=1):
     import torch
 
     hot = torch.from_numpy(src).cuda()
@@ -109,24 +112,31 @@ def run_cuda(name, params, src, buffers, slot, pages, repeats):
     ident = torch.from_numpy(np.ascontiguousarray(np.stack([np.arange(pages)] * 2, 1).astype(np.int32))).cuda()
     stream = torch.cuda.Stream()
 
-    def timed(fn):
+    host = {}
+
+    def timed(fn, what):
         fn()
         stream.synchronize()
-        best = float("inf")
+        best, issue = float("inf"), []
         for _ in range(repeats):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record(stream)
+            t0 = time.perf_counter()
             fn()
+            issue.append(time.perf_counter() - t0)  # the host's time to issue one call
+            for _ in range(calls - 1):
+                fn()
             b.record(stream)
             b.synchronize()
-            best = min(best, a.elapsed_time(b) / 1e3)
+            best = min(best, a.elapsed_time(b) / 1e3 / calls)
+        host[what] = statistics.median(issue)
         return best
 
-    t_enc = timed(lambda: enc.encode(0, cold, ident, stream=stream))
-    t_dec = timed(lambda: dec.decode(0, cold, ident, stream=stream))
+    t_enc = timed(lambda: enc.encode(0, cold, ident, stream=stream), "encode")
+    t_dec = timed(lambda: dec.decode(0, cold, ident, stream=stream), "decode")
     enc.close()
     dec.close()
-    return t_enc, t_dec, page, out.cpu().numpy()
+    return t_enc, t_dec, page, out.cpu().numpy(), host
 
 
 def copy_ceiling(repeats: int) -> float:
@@ -154,27 +164,35 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calls", type=int, default=1,
+                   help="cuda: calls per timed sample, issued back to back (default 1: each call timed alone)")
     p.add_argument("--data", choices=("kv-like", "skewed-heads"), default="kv-like",
                    help="the suite's KV-like values, or the same with heads 10^(-h/2) apart")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args(argv)
+    if a.calls < 1:
+        p.error(f"--calls: {a.calls} is not valid: give 1 or more")
     src, buffers, slot = make_pages(a.pages, a.layers, a.tokens, a.data)
     known = {s.name for s in kv.list_codecs()}
     run = run_cpu if a.device == "cpu" else run_cuda
     raw = a.pages * slot
     rows = []
     print(f"{a.device}: {a.pages} pages of {slot} B (K and V of {a.layers} layers, {a.tokens} tokens x {HEADS} heads x "
-          f"{HEAD_DIM} bf16, {a.data}), best of {a.repeats}")
+          f"{HEAD_DIM} bf16, {a.data}), best of {a.repeats}"
+          + (f", {a.calls} calls back to back per sample" if a.device == "cuda" and a.calls > 1 else ""))
     print(f"{'codec':7} {'params':48} {'ratio':>6} {'enc GB/s':>9} {'dec GB/s':>9} {'rel RMS':>8} {'max/amax':>9} "
           f"{'cos mean':>9} {'cos min':>8}")
     ceiling = copy_ceiling(a.repeats) if a.device == "cuda" else None
     for name, params in CONFIGS:
         if name not in known:
             continue
-        t_enc, t_dec, page, out = run(name, params, src, buffers, slot, a.pages, a.repeats)
+        t_enc, t_dec, page, out, host = run(name, params, src, buffers, slot, a.pages, a.repeats, a.calls)
         row = {"codec": name, "params": params, "cold_page_bytes": page, "hot_page_bytes": slot,
                "ratio": page / slot, "encode_gbps": raw / t_enc / 1e9, "decode_gbps": raw / t_dec / 1e9,
                **error_stats(src, out, buffers, a.tokens)}
+        if host is not None:  # the host's time to issue one call (median), against the device's per call
+            row.update({"encode_issue_us": host["encode"] * 1e6, "decode_issue_us": host["decode"] * 1e6,
+                        "encode_device_us": t_enc * 1e6, "decode_device_us": t_dec * 1e6})
         if ceiling is not None:  # bytes read + written over the copy ceiling's
             moved = raw * (1 + page / slot)
             row["encode_vs_copy_ceiling"] = moved / t_enc / ceiling
@@ -183,13 +201,15 @@ def main(argv=None) -> int:
         print(f"{name:7} {json.dumps(params):48} {row['ratio']:6.4f} {row['encode_gbps']:9.3f} {row['decode_gbps']:9.3f} "
               f"{row['relative_rms_error']:8.4f} {row['max_error_over_amax']:9.4f} {row['mean_row_cosine']:9.5f} "
               f"{row['min_row_cosine']:8.5f}"
-              + (f"  {row['encode_vs_copy_ceiling']:.3f}x / {row['decode_vs_copy_ceiling']:.3f}x ceiling" if ceiling else ""))
+              + (f"  {row['encode_vs_copy_ceiling']:.3f}x / {row['decode_vs_copy_ceiling']:.3f}x ceiling" if ceiling else "")
+              + (f"  issue {row['encode_issue_us']:.0f} / {row['decode_issue_us']:.0f} us of "
+                 f"{row['encode_device_us']:.0f} / {row['decode_device_us']:.0f}" if host is not None else ""))
     if ceiling is not None:
         print(f"device copy ceiling: {ceiling / 1e9:.0f} GB/s read + written (1 GiB device-to-device copy)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "machine": platform.machine(), "processor": platform.processor(),
-                       "python": sys.version.split()[0], "pages": a.pages, "layers": a.layers, "data": a.data, "tokens": a.tokens,
+                       "python": sys.version.split()[0], "pages": a.pages, "calls": a.calls, "layers": a.layers, "data": a.data, "tokens": a.tokens,
                        "copy_ceiling_gbps": None if ceiling is None else ceiling / 1e9, "results": rows}, f, indent=2)
     return 0
 
