@@ -27,6 +27,15 @@ def stream():
     return torch.cuda.Stream()
 
 
+def after_inputs(stream):
+    """``stream``, made to wait for what torch's current stream has queued so far (the index pairs
+    and pools a test just made there), as an engine orders a codec call after the work that fills
+    its inputs. Without it a call on ``stream`` may read device index pairs not yet written: on a
+    GPU busy with other work, the SM path then moved the wrong slots."""
+    stream.wait_stream(torch.cuda.current_stream())
+    return stream
+
+
 def make_pools(slot_sizes, slots, gen):
     return [torch.randint(0, 256, (slots * s,), dtype=torch.uint8, device="cuda", generator=gen) for s in slot_sizes]
 
@@ -76,7 +85,7 @@ def test_round_trip_random_layouts(params, slot_sizes, stream):
         cold = torch.full((pages + 3, page_bytes), 0xC3, dtype=torch.uint8).pin_memory()
         src = torch.randperm(slots, generator=gen, device="cuda")[:pages]
         dst = torch.randperm(pages, generator=gen, device="cuda")
-        codec.encode(rep, cold, index_pairs(dst, src, location), stream=stream)
+        codec.encode(rep, cold, index_pairs(dst, src, location), stream=after_inputs(stream))
         stream.synchronize()
         blobs = cold.cuda()
         assert torch.equal(blobs[dst.long()], expected_blobs(pools, slots, src))
@@ -85,7 +94,7 @@ def test_round_trip_random_layouts(params, slot_sizes, stream):
         # Decode into other hot slots of the same pools and compare with the originals.
         originals = [p.clone() for p in pools]
         back = torch.randperm(slots, generator=gen, device="cuda")[:pages]
-        codec.decode(lc, cold, index_pairs(back, dst, location), stream=stream)
+        codec.decode(lc, cold, index_pairs(back, dst, location), stream=after_inputs(stream))
         stream.synchronize()
         for p, orig in zip(pools, originals):
             view, ref = p.view(slots, -1), orig.view(slots, -1)
@@ -108,7 +117,7 @@ def test_65536_noncontiguous_pages(params, stream):
     src = torch.randperm(slots, generator=gen, device="cuda")[:pages]
     dst = torch.randperm(pages, generator=gen, device="cuda")
     cold = torch.empty((pages, sum(sizes)), dtype=torch.uint8).pin_memory()
-    codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)
+    codec.encode(0, cold, index_pairs(dst, src, location), stream=after_inputs(stream))
     stream.synchronize()
     assert torch.equal(cold.cuda()[dst.long()], expected_blobs(pools, slots, src))
 
@@ -125,7 +134,7 @@ def test_pool_of_5mib_plus_16(params, stream):
     src = torch.tensor([5, 0, 3], device="cuda")
     dst = torch.tensor([2, 0, 1], device="cuda")
     cold = torch.empty((3, codec.cold_page_bytes(0)), dtype=torch.uint8).pin_memory()
-    codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)
+    codec.encode(0, cold, index_pairs(dst, src, location), stream=after_inputs(stream))
     stream.synchronize()
     assert torch.equal(cold.cuda()[dst.long()], expected_blobs(pools, slots, src))
 
@@ -151,7 +160,7 @@ def test_source_written_by_kernel_just_before_encode_is_captured(params, stream)
         torch.cuda._sleep(50_000_000)  # ~25 ms: encode would read stale data if it ignored the stream
         for p, f in zip(pools, fresh):
             p.copy_(f)
-        codec.encode(0, cold, pairs, stream=stream)
+        codec.encode(0, cold, pairs, stream=after_inputs(stream))
     stream.synchronize()
     assert torch.equal(cold.cuda(), expected_blobs(fresh, slots, src))
 
@@ -161,7 +170,7 @@ def test_source_written_by_kernel_just_before_encode_is_captured(params, stream)
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)
         cold.copy_(new_blobs, non_blocking=True)
-        codec.decode(0, cold, back, stream=stream)
+        codec.decode(0, cold, back, stream=after_inputs(stream))
     stream.synchronize()
     assert torch.equal(expected_blobs(pools, slots, src), new_blobs)
 
@@ -185,7 +194,7 @@ def test_temporary_index_tensor_outlives_its_queued_call(params, stream):
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(100_000_000)  # ~50 ms: the encode runs well after it is queued
-    codec.encode(0, cold, index_pairs(dst, src, location), stream=stream)  # a temporary, freed here
+    codec.encode(0, cold, index_pairs(dst, src, location), stream=after_inputs(stream))  # a temporary, freed here
     # Same size, allocated and written on torch's stream while the encode still waits. (Nothing
     # here blocks a stream indefinitely: an allocation may wait for the device.)
     other = index_pairs(dst, src.flip(0), location)
@@ -211,7 +220,7 @@ def test_gpu_and_cpu_blobs_are_interchangeable(params, stream):
     src = torch.randperm(slots, generator=cpu_gen)[:pages]
     dst = torch.randperm(pages, generator=cpu_gen)
     cold_gpu = torch.empty((pages, sum(sizes)), dtype=torch.uint8).pin_memory()
-    gpu.encode(0, cold_gpu, index_pairs(dst, src, gpu.page_index_location(0)), stream=stream)
+    gpu.encode(0, cold_gpu, index_pairs(dst, src, gpu.page_index_location(0)), stream=after_inputs(stream))
     stream.synchronize()
     cold_cpu = np.empty((pages, sum(sizes)), np.uint8)
     cpu.encode(0, cold_cpu, np.stack([dst.numpy(), src.numpy()], 1).astype(np.int32))
@@ -221,7 +230,7 @@ def test_gpu_and_cpu_blobs_are_interchangeable(params, stream):
     for p in pools:
         p.zero_()
     cold_pinned = torch.from_numpy(cold_cpu).pin_memory()
-    gpu.decode(0, cold_pinned, index_pairs(src, dst, gpu.page_index_location(0)), stream=stream)
+    gpu.decode(0, cold_pinned, index_pairs(src, dst, gpu.page_index_location(0)), stream=after_inputs(stream))
     stream.synchronize()
     for p, h in zip(pools, host_pools):
         assert np.array_equal(p.view(slots, -1)[src.long().cuda()].cpu().numpy(), h.reshape(slots, -1)[src.numpy()])
@@ -266,7 +275,7 @@ def test_descriptors_split_at_host_registration_boundaries(stream):
             location = codec.page_index_location(0)
             src = torch.randperm(slots, generator=gen, device="cuda")[:pages]
             dst = torch.arange(pages, device="cuda")
-            codec.encode(0, base, index_pairs(dst, src, location), stream=stream)
+            codec.encode(0, base, index_pairs(dst, src, location), stream=after_inputs(stream))
             stream.synchronize()
             view = np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * (pages * sum(sizes))).from_address(base),
                                  np.uint8).reshape(pages, -1)
