@@ -24,8 +24,17 @@
 namespace kvcodec::kvcm {
 namespace {
 
-constexpr uint64_t kChunkBytes = 4ULL << 20;  ///< Blob bytes copied and checked per step.
-constexpr uint64_t kStageBytes = 32ULL << 20; ///< Device memory the steps rotate through.
+// Overridable at build time (-DKVCODEC_DEVICE_CHECK_CHUNK_MIB=..., ..._STAGE_MIB=...) for tuning.
+#ifndef KVCODEC_DEVICE_CHECK_CHUNK_MIB
+#define KVCODEC_DEVICE_CHECK_CHUNK_MIB 4
+#endif
+#ifndef KVCODEC_DEVICE_CHECK_STAGE_MIB
+#define KVCODEC_DEVICE_CHECK_STAGE_MIB 32
+#endif
+/// Blob bytes copied and checked per step.
+constexpr uint64_t kChunkBytes = uint64_t(KVCODEC_DEVICE_CHECK_CHUNK_MIB) << 20;
+/// Device memory the steps rotate through.
+constexpr uint64_t kStageBytes = uint64_t(KVCODEC_DEVICE_CHECK_STAGE_MIB) << 20;
 
 } // namespace
 
