@@ -51,6 +51,11 @@ for data in kv-like skewed-heads; do
      --data "$data" --json "$OUT_DIR/bench-cuda-$data.json") > "$OUT_DIR/bench-$data.log" 2>&1 || status=1
   cat "$OUT_DIR/bench-$data.log"
 done
+# The same pages, 10 calls back to back per sample: the device's rate without the host's issue
+# time between single calls (docs/nvfp4.md).
+(cd "$OUT_DIR" && timeout -s INT 240 python3 "$HERE/bench/bench_nvfp4.py" --device cuda --pages 512 --repeats 20 \
+   --calls 10 --data kv-like --json "$OUT_DIR/bench-cuda-kv-like-calls10.json") > "$OUT_DIR/bench-kv-like-calls10.log" 2>&1 || status=1
+cat "$OUT_DIR/bench-kv-like-calls10.log"
 fi
 
 step "done (status $status)"
