@@ -10,7 +10,8 @@ Every configuration encodes all pages in one call and decodes them back in one c
 ``--repeats`` calls is reported as raw hot bytes per second. On ``cpu`` the codecs run on the
 calling thread (one core); on ``cuda`` the pools and blobs are device memory and each call is
 timed with CUDA events on its stream (``--calls N``: N calls issued back to back between the two
-events, so that only the first call's host time leaves the device idle; the time per call), next to the device's copy ceiling measured in the same run
+events, so that only the first call's host time leaves the device idle; the time per call), next
+to the device's copy ceiling measured in the same run
 (a 1 GiB device-to-device copy, best of ``--repeats``): each codec's bytes read and written per
 second (hot bytes times 1 + cold/hot) over the ceiling's. Error columns compare the decoded pages with the originals
 over every quantized element: the root-mean-square error relative to the data's RMS, the largest
