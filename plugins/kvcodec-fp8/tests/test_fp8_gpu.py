@@ -120,6 +120,7 @@ def check_against_cpu(params, spec, cold_kind, stream):
     cpu.configure(host.groups)
     cpu.decode(0, want, pairs(back, dst))
     before = [d.clone() for d in mirror.dev]
+    stream.wait_stream(torch.cuda.current_stream())  # the copies above are taken before the decode writes
     codec.decode(0, cold, dev_pairs(back, dst), stream=stream)
     stream.synchronize()
     for p, (d, h) in enumerate(zip(mirror.dev, host.pools)):

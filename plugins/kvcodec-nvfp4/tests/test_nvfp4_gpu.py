@@ -78,6 +78,7 @@ def check_against_cpu(params, spec, cold_kind, stream, *, odd_slot=False, specia
     back = rng.permutation(slots)[:pages]
     cpu.decode(0, want, pairs(back, dst))
     before = [d.clone() for d in dev]
+    stream.wait_stream(torch.cuda.current_stream())  # the copies above are taken before the decode writes
     gpu.decode(0, cold, dev_pairs(back, dst), stream=stream)
     stream.synchronize()
     others = sorted(set(range(slots)) - set(back.tolist()))
