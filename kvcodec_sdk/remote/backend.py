@@ -290,7 +290,7 @@ class RemoteBackend(abc.ABC):
     def _pack_value(self, key: bytes, value: Any, field: str) -> bytes:
         """``value`` behind its header, as one ``bytes`` (the stores take a value in one piece)."""
         payload = byte_view(value, field)
-        return ValueHeader.for_payload(key, payload, self.identity).pack() + payload
+        return self._headers([key], [payload]) + payload
 
     def _headers(self, keys: Sequence[bytes], payloads: Sequence[Any]) -> bytes:
         """The :data:`HEADER_BYTES`-byte header of each ``payloads[i]`` stored under ``keys[i]``
