@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from .storage_profile import StorageProfile
 
 log = logging.getLogger("kvcodec_sdk.manager")
+_handle_ids = _native.kvcm.handle_ids
 
 
 class KVCacheManager:
@@ -194,7 +195,12 @@ class KVCacheManager:
         return self._core_obj
 
     def _ids(self, pages: Any, what: str = "pages") -> np.ndarray:
-        if isinstance(pages, PageList):
+        kind = type(pages)
+        if kind is list or kind is tuple:  # handles, read natively: one pass over their slots
+            ids = _handle_ids(pages, self, PageHandle)
+            if ids is not None:
+                return ids
+        elif kind is PageList or isinstance(pages, PageList):
             if pages._manager is not self:
                 raise ValueError(f"{what} belong to another KVCacheManager")
             return pages.ids
@@ -205,7 +211,7 @@ class KVCacheManager:
         if isinstance(pages, np.ndarray):
             return np.ascontiguousarray(pages, dtype=np.uint64)
         pages = pages if isinstance(pages, list) else list(pages)
-        ids = np.fromiter([p.id for p in pages if type(p) is PageHandle and p._manager is self], np.uint64)
+        ids = np.fromiter([p.id for p in pages if isinstance(p, PageHandle) and p._manager is self], np.uint64)
         if len(ids) != len(pages):  # one pass over the handles above; now say which is wrong
             for i, p in enumerate(pages):
                 if not isinstance(p, PageHandle) or p._manager is not self:

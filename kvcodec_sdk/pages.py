@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import time
 from dataclasses import dataclass, field
@@ -92,16 +91,25 @@ def _content_key(key: Any, where: str) -> bytes:
     return key
 
 
-@contextlib.contextmanager
-def _native_errors():
-    try:
-        yield
-    except _core.MigrationError as exc:
-        raise MigrationError(str(exc), int(getattr(exc, "committed_pages", 0))) from None
-    except _core.CapacityError as exc:
-        raise CapacityError(str(exc)) from None
-    except _core.StalePageError as exc:
-        raise StalePageError(str(exc)) from None
+class _native_errors:
+    """``with _native_errors():`` raises the native manager's errors as this package's classes.
+    A class, not a generator context manager: every manager call enters one, so it stays cheap."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if kind is None:
+            return False
+        if issubclass(kind, _core.MigrationError):
+            raise MigrationError(str(exc), int(getattr(exc, "committed_pages", 0))) from None
+        if issubclass(kind, _core.CapacityError):
+            raise CapacityError(str(exc)) from None
+        if issubclass(kind, _core.StalePageError):
+            raise StalePageError(str(exc)) from None
+        return False
 
 
 @dataclass(frozen=True)

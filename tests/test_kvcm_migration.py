@@ -256,6 +256,44 @@ def test_page_handle_errors():
         m.allocate(5, 1)
 
 
+def test_page_containers_give_the_same_ids():
+    """A list or tuple of handles is read natively; every other container, a handle of a subclass
+    and anything the native reader refuses go the checked way, with the same ids or errors."""
+    from kvcodec_sdk import _native
+    from kvcodec_sdk.manager import PageHandle
+
+    m = KVCacheManager(config([group([0], [64])]))
+    other = KVCacheManager(config([group([0], [64])]))
+    pages = m.allocate(0, 5)
+    want = np.asarray(pages.ids, dtype=np.uint64)
+    handles = list(pages)
+    read = _native.kvcm.handle_ids
+    assert read(handles, m, PageHandle).tolist() == want.tolist()
+    assert read(tuple(handles), m, PageHandle).tolist() == want.tolist()
+    assert read([], m, PageHandle).tolist() == []
+    assert read(handles, other, PageHandle) is None  # another manager's
+    assert read(handles + [7], m, PageHandle) is None  # not a handle
+    assert read(iter(handles), m, PageHandle) is None  # not a list or tuple
+    assert read(handles, m, int) is None  # a type without the slots
+
+    class Handle(PageHandle):
+        __slots__ = ()
+
+    sub = Handle(m, int(want[2]))
+    assert read([sub], m, PageHandle) is None
+    for container in (handles, tuple(handles), (h for h in handles), handles[:2] + [sub] + handles[3:]):
+        assert m._ids(container).tolist() == want.tolist()
+    odd = PageHandle(m, 0)
+    odd.id = 2**64  # past 64 bits: refused natively, then by the native call that takes the ids
+    assert read([odd], m, PageHandle) is None
+    with pytest.raises((OverflowError, TypeError, ValueError)):
+        m.evict([odd])
+    assert m.evict(tuple(handles[:2])).moved == 2
+    assert [h.level for h in handles] == [CacheLevel.HOST] * 2 + [CacheLevel.HOT] * 3
+    with pytest.raises(TypeError, match=r"pages\[1\] is .*; expected a PageHandle of this manager"):
+        m.evict((handles[2], other.allocate(0, 1)[0]))
+
+
 def test_capacity_errors_change_nothing(rng):
     m = KVCacheManager(config([group([0], [64])], gpu_quota=64 * 8, host_quota=64 * 4))
     assert m.slot_counts(CacheLevel.HOT) == [(8, 8)] and m.slot_counts(CacheLevel.HOST) == [(4, 4)]

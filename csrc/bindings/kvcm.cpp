@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <structmember.h>
 
 #include <functional>
 #include <map>
@@ -48,6 +49,80 @@ std::unique_ptr<runtime::DeviceRuntime> makeRuntime(int32_t device)
 runtime::Stream toStream(uintptr_t handle)
 {
     return reinterpret_cast<runtime::Stream>(handle);
+}
+
+/// Byte offset of the ``__slots__`` member ``name`` of ``type`` in its instances, or -1 when that
+/// attribute is not a plain object slot (the class was changed: callers then take the slow path).
+Py_ssize_t slotOffset(PyTypeObject* type, char const* name)
+{
+    py::object const d
+        = py::reinterpret_steal<py::object>(PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), name));
+    if (!d || !PyObject_TypeCheck(d.ptr(), &PyMemberDescr_Type))
+    {
+        PyErr_Clear();
+        return -1;
+    }
+    PyMemberDef const* def = reinterpret_cast<PyMemberDescrObject*>(d.ptr())->d_member;
+    return def->type == T_OBJECT_EX ? def->offset : -1;
+}
+
+/// The page ids of a list or tuple of PageHandles of ``manager`` (``handleType``, whose
+/// ``_manager`` and ``id`` are slots), read straight from the handles' slots; None for anything
+/// else (another container, another type, another manager, an id that is not a 64-bit int), which
+/// the caller then checks item by item to say what is wrong. Runs with the GIL; past the output's
+/// allocation it calls no Python code, so the container cannot change while it is read.
+py::object handleIds(py::handle pages, py::handle manager, py::handle handleType)
+{
+    static PyObject* cached = nullptr; // A strong reference: the offsets stay those of a live type.
+    static Py_ssize_t managerAt = -1;
+    static Py_ssize_t idAt = -1;
+    if (!PyType_Check(handleType.ptr()))
+    {
+        return py::none();
+    }
+    auto* type = reinterpret_cast<PyTypeObject*>(handleType.ptr());
+    if (handleType.ptr() != cached)
+    {
+        managerAt = slotOffset(type, "_manager");
+        idAt = slotOffset(type, "id");
+        Py_INCREF(handleType.ptr());
+        Py_XDECREF(cached);
+        cached = handleType.ptr();
+    }
+    PyObject* seq = pages.ptr();
+    if (managerAt < 0 || idAt < 0 || (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)))
+    {
+        return py::none();
+    }
+    Py_ssize_t const n = PySequence_Fast_GET_SIZE(seq);
+    py::array_t<uint64_t> out(n); // Allocating may run the collector and finalizers: look again.
+    if (PySequence_Fast_GET_SIZE(seq) != n)
+    {
+        return py::none();
+    }
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    uint64_t* ids = out.mutable_data();
+    for (Py_ssize_t i = 0; i < n; ++i)
+    {
+        char* h = reinterpret_cast<char*>(items[i]);
+        if (Py_TYPE(items[i]) != type || *reinterpret_cast<PyObject**>(h + managerAt) != manager.ptr())
+        {
+            return py::none();
+        }
+        PyObject* id = *reinterpret_cast<PyObject**>(h + idAt);
+        if (id == nullptr || !PyLong_CheckExact(id))
+        {
+            return py::none();
+        }
+        unsigned long long const v = PyLong_AsUnsignedLongLong(id);
+        if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred())
+        {
+            PyErr_Clear();
+            return py::none();
+        }
+        ids[i] = uint64_t(v);
+    }
+    return std::move(out);
 }
 
 std::pair<kvcm::PageId const*, size_t> pageIds(
@@ -675,6 +750,10 @@ void bindKvcm(py::module_& m)
             return true;
         },
         py::arg("keys"), "True when every item is a bytes object of 1..254 bytes (a lookup's keys as they are).");
+
+    k.def("handle_ids", &handleIds, py::arg("pages"), py::arg("manager"), py::arg("handle_type"),
+        "The ids of a list or tuple of PageHandles of manager, read from their slots in one pass; "
+        "None when any item is not one (the caller then says which).");
 
     py::module_ t = m.def_submodule("kvcm_testing");
     bindKvcmTesting(t);

@@ -92,19 +92,21 @@ void KvCacheManager::enqueue(std::unique_ptr<Job> job)
         lru_.erase(index); // Not evictable while in flight (EvictionQueues::insert skips it too).
         pages_[index].inFlight = true;
     }
-    std::lock_guard<std::mutex> lock(jobsMu_);
-    ++job->owner->ioLeft_;
-    ++job->owner->commitLeft_;
-    if (!job->unstaged)
     {
-        queue_.push_back(job.get());
+        std::lock_guard<std::mutex> lock(jobsMu_);
+        ++job->owner->ioLeft_;
+        ++job->owner->commitLeft_;
+        if (!job->unstaged)
+        {
+            queue_.push_back(job.get());
+        }
+        jobs_.push_back(std::move(job));
+        if (!ioThread_.joinable())
+        {
+            ioThread_ = std::thread([this] { ioLoop(); });
+        }
     }
-    jobs_.push_back(std::move(job));
-    if (!ioThread_.joinable())
-    {
-        ioThread_ = std::thread([this] { ioLoop(); });
-    }
-    jobsCv_.notify_all();
+    jobsCv_.notify_all(); // After the unlock: the thread it wakes finds the lock free.
 }
 
 void KvCacheManager::startJob(Job& job) noexcept
