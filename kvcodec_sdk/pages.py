@@ -190,7 +190,11 @@ class PageHandle:
     @classmethod
     def _found(cls, manager: KVCacheManager, ids: np.ndarray) -> list[PageHandle | None]:
         """A handle per native page id of a lookup, None for 0 (no page); built without
-        ``__init__``'s conversion, as lookups return hundreds at a time."""
+        ``__init__``'s conversion, natively where the class allows it, as lookups return hundreds
+        at a time."""
+        built = _native.kvcm.make_handles(ids, manager, cls)
+        if built is not None:
+            return built
         new = object.__new__
         out: list[PageHandle | None] = []
         for i in ids.tolist():

@@ -288,6 +288,13 @@ def test_page_containers_give_the_same_ids():
     assert read([odd], m, PageHandle) is None
     with pytest.raises((OverflowError, TypeError, ValueError)):
         m.evict([odd])
+    # Lookups build their handles natively: None for id 0, and handles that read back as given.
+    made = _native.kvcm.make_handles(np.array([want[0], 0, want[4]], dtype=np.uint64), m, PageHandle)
+    assert made[1] is None and [type(h) for h in (made[0], made[2])] == [PageHandle, PageHandle]
+    assert read([made[0], made[2]], m, PageHandle).tolist() == [want[0], want[4]]
+    assert made[0]._manager is m and made[2].level == CacheLevel.HOT
+    assert _native.kvcm.make_handles(want, m, int) is None
+    assert PageHandle._found(m, np.array([0, want[1]], dtype=np.uint64))[1].id == want[1]
     assert m.evict(tuple(handles[:2])).moved == 2
     assert [h.level for h in handles] == [CacheLevel.HOST] * 2 + [CacheLevel.HOT] * 3
     with pytest.raises(TypeError, match=r"pages\[1\] is .*; expected a PageHandle of this manager"):

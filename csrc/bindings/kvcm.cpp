@@ -66,31 +66,50 @@ Py_ssize_t slotOffset(PyTypeObject* type, char const* name)
     return def->type == T_OBJECT_EX ? def->offset : -1;
 }
 
-/// The page ids of a list or tuple of PageHandles of ``manager`` (``handleType``, whose
-/// ``_manager`` and ``id`` are slots), read straight from the handles' slots; None for anything
-/// else (another container, another type, another manager, an id that is not a 64-bit int), which
-/// the caller then checks item by item to say what is wrong. Runs with the GIL; past the output's
-/// allocation it calls no Python code, so the container cannot change while it is read.
-py::object handleIds(py::handle pages, py::handle manager, py::handle handleType)
+/// Where a handle class (``kvcodec_sdk.PageHandle``) keeps its ``_manager`` and ``id`` slots;
+/// nullptr when either is not a plain object slot. Computed once per class, which it keeps alive
+/// so the offsets stay those of a live class. Called with the GIL.
+struct HandleSlots
 {
-    static PyObject* cached = nullptr; // A strong reference: the offsets stay those of a live type.
-    static Py_ssize_t managerAt = -1;
-    static Py_ssize_t idAt = -1;
+    PyTypeObject* type;
+    Py_ssize_t managerAt;
+    Py_ssize_t idAt;
+};
+
+HandleSlots const* handleSlots(py::handle handleType)
+{
+    static PyObject* cached = nullptr;
+    static HandleSlots slots{nullptr, -1, -1};
     if (!PyType_Check(handleType.ptr()))
     {
-        return py::none();
+        return nullptr;
     }
-    auto* type = reinterpret_cast<PyTypeObject*>(handleType.ptr());
     if (handleType.ptr() != cached)
     {
-        managerAt = slotOffset(type, "_manager");
-        idAt = slotOffset(type, "id");
+        auto* type = reinterpret_cast<PyTypeObject*>(handleType.ptr());
+        slots = HandleSlots{type, slotOffset(type, "_manager"), slotOffset(type, "id")};
         Py_INCREF(handleType.ptr());
         Py_XDECREF(cached);
         cached = handleType.ptr();
     }
+    return slots.managerAt < 0 || slots.idAt < 0 ? nullptr : &slots;
+}
+
+PyObject*& slotAt(PyObject* object, Py_ssize_t offset)
+{
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(object) + offset);
+}
+
+/// The page ids of a list or tuple of PageHandles of ``manager`` (``handleType``), read straight
+/// from the handles' slots; None for anything else (another container, another type, another
+/// manager, an id that is not a 64-bit int), which the caller then checks item by item to say what
+/// is wrong. Runs with the GIL; past the output's allocation it calls no Python code, so the
+/// container cannot change while it is read.
+py::object handleIds(py::handle pages, py::handle manager, py::handle handleType)
+{
+    HandleSlots const* h = handleSlots(handleType);
     PyObject* seq = pages.ptr();
-    if (managerAt < 0 || idAt < 0 || (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)))
+    if (h == nullptr || (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)))
     {
         return py::none();
     }
@@ -104,13 +123,9 @@ py::object handleIds(py::handle pages, py::handle manager, py::handle handleType
     uint64_t* ids = out.mutable_data();
     for (Py_ssize_t i = 0; i < n; ++i)
     {
-        char* h = reinterpret_cast<char*>(items[i]);
-        if (Py_TYPE(items[i]) != type || *reinterpret_cast<PyObject**>(h + managerAt) != manager.ptr())
-        {
-            return py::none();
-        }
-        PyObject* id = *reinterpret_cast<PyObject**>(h + idAt);
-        if (id == nullptr || !PyLong_CheckExact(id))
+        PyObject* id = slotAt(items[i], h->idAt);
+        if (Py_TYPE(items[i]) != h->type || slotAt(items[i], h->managerAt) != manager.ptr() || id == nullptr
+            || !PyLong_CheckExact(id))
         {
             return py::none();
         }
@@ -121,6 +136,38 @@ py::object handleIds(py::handle pages, py::handle manager, py::handle handleType
             return py::none();
         }
         ids[i] = uint64_t(v);
+    }
+    return std::move(out);
+}
+
+/// A list with a handle of ``manager`` (``handleType``, built without ``__init__``) per nonzero page
+/// id and None per 0, as a lookup returns them; None when the class's slots are not plain ones.
+py::object makeHandles(py::array_t<uint64_t, py::array::c_style | py::array::forcecast> const& ids, py::handle manager,
+    py::handle handleType)
+{
+    HandleSlots const* h = handleSlots(handleType);
+    if (h == nullptr)
+    {
+        return py::none();
+    }
+    uint64_t const* id = ids.data();
+    py::list out(ids.size());
+    for (py::ssize_t i = 0; i < ids.size(); ++i)
+    {
+        if (id[i] == 0)
+        {
+            PyList_SET_ITEM(out.ptr(), i, py::none().release().ptr());
+            continue;
+        }
+        py::object value = py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(id[i]));
+        py::object handle = py::reinterpret_steal<py::object>(h->type->tp_alloc(h->type, 0));
+        if (!value || !handle)
+        {
+            throw py::error_already_set();
+        }
+        slotAt(handle.ptr(), h->managerAt) = py::reinterpret_borrow<py::object>(manager).release().ptr();
+        slotAt(handle.ptr(), h->idAt) = value.release().ptr();
+        PyList_SET_ITEM(out.ptr(), i, handle.release().ptr());
     }
     return std::move(out);
 }
@@ -751,6 +798,9 @@ void bindKvcm(py::module_& m)
         },
         py::arg("keys"), "True when every item is a bytes object of 1..254 bytes (a lookup's keys as they are).");
 
+    k.def("make_handles", &makeHandles, py::arg("ids"), py::arg("manager"), py::arg("handle_type"),
+        "A handle of manager per nonzero id and None per 0, in a list; None when handle_type's "
+        "slots are not plain ones.");
     k.def("handle_ids", &handleIds, py::arg("pages"), py::arg("manager"), py::arg("handle_type"),
         "The ids of a list or tuple of PageHandles of manager, read from their slots in one pass; "
         "None when any item is not one (the caller then says which).");
