@@ -123,9 +123,12 @@ py::object handleIds(py::handle pages, py::handle manager, py::handle handleType
     uint64_t* ids = out.mutable_data();
     for (Py_ssize_t i = 0; i < n; ++i)
     {
+        if (Py_TYPE(items[i]) != h->type || slotAt(items[i], h->managerAt) != manager.ptr())
+        {
+            return py::none(); // The type first: another object's memory is not read at the offsets.
+        }
         PyObject* id = slotAt(items[i], h->idAt);
-        if (Py_TYPE(items[i]) != h->type || slotAt(items[i], h->managerAt) != manager.ptr() || id == nullptr
-            || !PyLong_CheckExact(id))
+        if (id == nullptr || !PyLong_CheckExact(id))
         {
             return py::none();
         }
