@@ -77,6 +77,7 @@ from .pages import (  # noqa: F401  (re-exported: the public names live in kvcod
     _LevelName,
     _lookup_keys,
     _native_errors,
+    _page_ids,
     _pool_views,
     _resolve_framework,
     _shared_keys,
@@ -88,7 +89,6 @@ if TYPE_CHECKING:
     from .storage_profile import StorageProfile
 
 log = logging.getLogger("kvcodec_sdk.manager")
-_handle_ids = _native.kvcm.handle_ids
 
 
 class KVCacheManager:
@@ -194,29 +194,7 @@ class KVCacheManager:
             raise RuntimeError("this KVCacheManager was closed")
         return self._core_obj
 
-    def _ids(self, pages: Any, what: str = "pages") -> np.ndarray:
-        kind = type(pages)
-        if kind is list or kind is tuple:  # handles, read natively: one pass over their slots
-            ids = _handle_ids(pages, self, PageHandle)
-            if ids is not None:
-                return ids
-        elif kind is PageList or isinstance(pages, PageList):
-            if pages._manager is not self:
-                raise ValueError(f"{what} belong to another KVCacheManager")
-            return pages.ids
-        if isinstance(pages, PageHandle):
-            if pages._manager is not self:
-                raise ValueError(f"{what} belongs to another KVCacheManager")
-            return np.array([pages.id], dtype=np.uint64)
-        if isinstance(pages, np.ndarray):
-            return np.ascontiguousarray(pages, dtype=np.uint64)
-        pages = pages if isinstance(pages, list) else list(pages)
-        ids = np.fromiter([p.id for p in pages if isinstance(p, PageHandle) and p._manager is self], np.uint64)
-        if len(ids) != len(pages):  # one pass over the handles above; now say which is wrong
-            for i, p in enumerate(pages):
-                if not isinstance(p, PageHandle) or p._manager is not self:
-                    raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
-        return ids
+    _ids = _page_ids  # pages -> page ids (pages.py)
 
     # -- pages ---------------------------------------------------------------------------------
 

@@ -454,6 +454,33 @@ def _level_stats(core: Any, level: int, reset_peaks: bool) -> list[dict]:
     return out
 
 
+def _page_ids(self: KVCacheManager, pages: Any, what: str = "pages") -> np.ndarray:
+    """The page ids of ``pages`` (a PageList, a list or tuple of handles, one handle, ids, or any
+    iterable of handles) for a call of manager ``self``; the error names what is wrong."""
+    kind = type(pages)
+    if kind is list or kind is tuple:  # handles, read natively: one pass over their slots
+        ids = _native.kvcm.handle_ids(pages, self, PageHandle)
+        if ids is not None:
+            return ids
+    elif kind is PageList or isinstance(pages, PageList):
+        if pages._manager is not self:
+            raise ValueError(f"{what} belong to another KVCacheManager")
+        return pages.ids
+    if isinstance(pages, PageHandle):
+        if pages._manager is not self:
+            raise ValueError(f"{what} belongs to another KVCacheManager")
+        return np.array([pages.id], dtype=np.uint64)
+    if isinstance(pages, np.ndarray):
+        return np.ascontiguousarray(pages, dtype=np.uint64)
+    pages = pages if isinstance(pages, list) else list(pages)
+    ids = np.fromiter([p.id for p in pages if isinstance(p, PageHandle) and p._manager is self], np.uint64)
+    if len(ids) != len(pages):  # one pass over the handles above; now say which is wrong
+        for i, p in enumerate(pages):
+            if not isinstance(p, PageHandle) or p._manager is not self:
+                raise TypeError(f"{what}[{i}] is {p!r}; expected a PageHandle of this manager")
+    return ids
+
+
 def _shared_keys(config: Any, keys: Any, lifecycle: int | None) -> tuple[list[bytes], list[int]]:
     """The checked keys of a shared-tier lookup of a manager of ``config``, and the lifecycle to
     look under per key (-1: every one)."""

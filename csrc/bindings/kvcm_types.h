@@ -56,5 +56,7 @@ void bindKvcmTesting(py::module_& t);
 void bindRemoteQueue(py::module_& k);
 /// Binds the query results (PageInfo, LifeCycleInfo, MigrationResult, ...) on `k`.
 void bindKvcmResults(py::module_& k);
+/// handle_ids and make_handles (kvcm_handles.cpp).
+void bindKvcmHandles(py::module_& k);
 
 } // namespace kvcodec::bindings
