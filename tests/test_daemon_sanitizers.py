@@ -1,6 +1,7 @@
 """The daemon's native server and client under AddressSanitizer with UndefinedBehaviorSanitizer, and
 under ThreadSanitizer: tests/native/daemon_stress.cpp built against csrc/src/daemon/ and run (four
-client threads against one server, random operations, every page read checked)."""
+client threads against one server, random operations, every page read checked); and the daemon's
+key table against std::unordered_map under AddressSanitizer (tests/native/key_table_test.cpp)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,21 @@ def test_the_daemon_under_a_sanitizer(binaries, sanitizer, long_tier, tmp_path):
     if long_tier:  # the long tier took part: pages written back and read back into L2
         stats = json.loads(r.stdout.splitlines()[1])
         assert stats["write_backs"] > 0 and stats["promotions"] > 0, stats
+
+
+def test_the_key_table_matches_a_map_under_asan(tmp_path):
+    """The daemon's key table (open addressing, keys inline up to 50 bytes, erases that shift
+    entries back) answers as std::unordered_map does through random inserts, finds and erases in
+    nearly full tables, under AddressSanitizer and UBSan."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path / "key_table_test"
+    build = subprocess.run([cxx, "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                            f"-I{ROOT / 'csrc' / 'src'}", str(ROOT / "tests" / "native" / "key_table_test.cpp"),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **SANITIZERS["address,undefined"]})
+    assert r.returncode == 0 and "mismatches 0" in r.stdout, r.stdout + r.stderr[-6000:]
+    assert "operations 120000" in r.stdout

@@ -56,6 +56,7 @@ RegionLayout const& L2Index::region(std::string_view identity, uint64_t pageByte
     r->pins.assign(fit, 0);
     r->leasedBy.assign(fit, 0);
     r->keyOf.resize(fit);
+    r->keys.reset(fit);
     r->prev.assign(fit + 1, kNone);
     r->next.assign(fit + 1, kNone);
     r->prev[fit] = r->next[fit] = uint32_t(fit); // the empty list's head points at itself
@@ -136,15 +137,15 @@ CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::
         return kBadLength;
     }
     std::string k(key);
-    auto const old = r.keys.find(k);
-    if (old != r.keys.end())
-        unstore(r, old->second);
+    uint32_t const old = r.keys.find(k, r.keyOf);
+    if (old != KeyTable::kNone)
+        unstore(r, old);
     r.versions[s] += 1; // even: stable
     r.state[s] = State::Stored;
     r.length[s] = length;
     r.crc[s] = crc;
     arena_->writeHeader(r.layout, s, r.versions[s], length, crc, keyDigest(key));
-    r.keys.emplace(k, s);
+    r.keys.insert(k, s);
     r.keyOf[s] = std::move(k);
     if (pin)
         this->pin(client, r, s);
@@ -162,8 +163,7 @@ CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::
 bool L2Index::contains(uint32_t region, std::string_view key)
 {
     Region& r = at(region);
-    scratch_.assign(key.data(), key.size());
-    return r.keys.find(scratch_) != r.keys.end();
+    return r.keys.find(key, r.keyOf) != KeyTable::kNone;
 }
 
 void L2Index::abort(uint32_t client, uint32_t region, uint32_t s)
@@ -180,14 +180,12 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
 {
     Region& r = at(region);
     counters_.gets += 1;
-    scratch_.assign(key.data(), key.size()); // C++17 has no heterogeneous lookup: reuse one buffer
-    auto const it = r.keys.find(scratch_);
-    if (it == r.keys.end())
+    uint32_t const s = r.keys.find(key, r.keyOf);
+    if (s == KeyTable::kNone)
     {
         counters_.misses += 1;
         return {};
     }
-    uint32_t const s = it->second;
     pin(client, r, s);
     counters_.hits += 1;
     counters_.hitBytes += r.length[s];
@@ -217,11 +215,10 @@ void L2Index::pin(uint32_t client, Region& r, uint32_t s)
 bool L2Index::erase(uint32_t region, std::string_view key)
 {
     Region& r = at(region);
-    scratch_.assign(key.data(), key.size());
-    auto const it = r.keys.find(scratch_);
-    if (it == r.keys.end())
+    uint32_t const s = r.keys.find(key, r.keyOf);
+    if (s == KeyTable::kNone)
         return false;
-    unstore(r, it->second);
+    unstore(r, s);
     counters_.erased += 1;
     return true;
 }
@@ -285,7 +282,7 @@ void L2Index::unpin(Region& r, uint32_t s)
 
 void L2Index::unstore(Region& r, uint32_t s)
 {
-    r.keys.erase(r.keyOf[s]);
+    r.keys.erase(r.keyOf[s], r.keyOf);
     r.keyOf[s].clear();
     lruRemove(r, s);
     if (r.pins[s] != 0)

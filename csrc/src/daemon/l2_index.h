@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "daemon/arena.h"
+#include "daemon/key_table.h"
 
 namespace kvcodec::daemon {
 
@@ -139,7 +140,7 @@ private:
         std::vector<std::string> keyOf;
         std::vector<uint32_t> prev, next; // LRU of stored, unpinned slots; slot `slots` is the list's head
         std::vector<uint32_t> free;
-        std::unordered_map<std::string, uint32_t> keys;
+        KeyTable keys; // key -> slot (the key of slot s is keyOf[s])
         uint64_t pinnedSlots = 0;
         bool inLru(uint32_t s) const noexcept
         {
@@ -165,7 +166,6 @@ private:
     std::unordered_map<uint32_t, std::unordered_map<uint64_t, uint32_t>> clientPins_;
     uint32_t pinsOwner_ = 0; // the client whose pins pinsOf_ points at (client ids start at 2)
     std::unordered_map<uint64_t, uint32_t>* pinsOf_ = nullptr;
-    std::string scratch_;
 };
 
 } // namespace kvcodec::daemon
