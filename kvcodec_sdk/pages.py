@@ -189,23 +189,12 @@ class PageHandle:
 
     @classmethod
     def _found(cls, manager: KVCacheManager, ids: np.ndarray) -> list[PageHandle | None]:
-        """A handle per native page id of a lookup, None for 0 (no page); built without
-        ``__init__``'s conversion, natively where the class allows it, as lookups return hundreds
-        at a time."""
+        """A handle per native page id of a lookup, None for 0 (no page); built natively without
+        ``__init__``'s conversion, as lookups return hundreds at a time."""
         built = _native.kvcm.make_handles(ids, manager, cls)
-        if built is not None:
-            return built
-        new = object.__new__
-        out: list[PageHandle | None] = []
-        for i in ids.tolist():
-            if i:
-                h = new(cls)
-                h._manager = manager
-                h.id = i
-                out.append(h)
-            else:
-                out.append(None)
-        return out
+        if built is None:  # only if the class's __slots__ were changed
+            raise TypeError(f"{cls.__name__} must keep '_manager' and 'id' as plain __slots__")
+        return built
 
     @property
     def key(self) -> bytes | None:

@@ -131,7 +131,8 @@ py::object makeHandles(py::array_t<uint64_t, py::array::c_style | py::array::for
         {
             throw py::error_already_set();
         }
-        slotAt(handle.ptr(), h->managerAt) = py::reinterpret_borrow<py::object>(manager).release().ptr();
+        Py_INCREF(manager.ptr());
+        slotAt(handle.ptr(), h->managerAt) = manager.ptr();
         slotAt(handle.ptr(), h->idAt) = value.release().ptr();
         PyList_SET_ITEM(out.ptr(), i, handle.release().ptr());
     }
