@@ -142,7 +142,6 @@ void LongTier::writer()
         bool const ok = !job.cancelled && write(job);
         lock.lock();
         writing_ = false;
-        queuedBytes_ -= job.length;
         counters_.written += ok ? 1 : 0;
         counters_.writtenBytes += ok ? job.length : 0;
         counters_.failed += ok || job.cancelled ? 0 : 1;
@@ -151,6 +150,9 @@ void LongTier::writer()
         if (job.done)
             job.done(); // the server's lock, never this one's: erase() waits on this one under it
         lock.lock();
+        // Counted as queued until done() has run: no queued bytes means no write-back still pins
+        // its L2 slot (the stats' write_back_queue_bytes of 0 says every such pin is released).
+        queuedBytes_ -= job.length;
     }
 }
 
