@@ -73,7 +73,8 @@ DAEMON_METRICS: tuple[MetricSpec, ...] = (
                "Slots by state: free, stored, leased (being written) and pinned (stored and held by readers)."),
     MetricSpec("kvcodec_daemon_clients", "gauge", _D, "Clients connected."),
     MetricSpec("kvcodec_daemon_write_back_queue_bytes", "gauge", _D,
-               "Page bytes waiting to be written back to the long tier (their L2 slots pinned meanwhile)."),
+               "Page bytes waiting to be written back to the long tier, counted until each one's L2 slot is "
+               "released (pinned meanwhile)."),
     *(MetricSpec(metric, "counter", _D, text) for _, metric, text in _COUNTERS),
 )
 
