@@ -6,8 +6,9 @@ the concat codec's CPU reference (``device="cpu"``) takes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -122,3 +123,12 @@ def random_hot_layout(
         counts.append([base + int(rng.integers(0, 3)) for _ in range(n)])
         lcs.append(ids[g * 4 : g * 4 + int(rng.integers(2, 5))])
     return make_hot_layout(rng, sizes, counts, lcs)
+
+
+def wait_for_stats(stats: Callable[[], dict], cond: Callable[[dict], Any], timeout: float = 10.0) -> dict:
+    """Polls ``stats()`` every 10 ms until ``cond`` holds of it or ``timeout`` seconds pass; returns
+    the last reading (a daemon handles closed connections and write-backs in its own time)."""
+    deadline = time.monotonic() + timeout
+    while not cond(s := stats()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return s

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from sdk_helpers import wait_for_stats
 
 import kvcodec_sdk as kv
 from kvcodec_sdk.daemon import Daemon, DaemonClient, DaemonConfig
@@ -33,13 +34,6 @@ def pages(n, seed):
 
 def keys(prefix, n):
     return [f"{prefix}/{i}".encode() for i in range(n)]
-
-
-def wait_for(stats, cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not cond(s := stats()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return s
 
 
 def read_back(client, region, names):
@@ -69,8 +63,8 @@ def test_pages_are_written_back_and_l2_evictions_are_read_back_from_the_long_tie
         region = c.region("lt/evict", PAGE, 16)  # L2 holds 16 of the 40 pages
         for i in range(0, 40, 8):  # in batches, letting write-backs unpin their slots
             assert all(c.set(region, keys("e", 40)[i:i + 8], data[i:i + 8]))
-            wait_for(c.stats, lambda s: s["write_back_queue_bytes"] == 0)
-        s = wait_for(c.stats, lambda s: s["write_backs"] == 40)
+            wait_for_stats(c.stats, lambda s: s["write_back_queue_bytes"] == 0)
+        s = wait_for_stats(c.stats, lambda s: s["write_backs"] == 40)
         assert s["write_backs"] == 40 and s["write_backs_failed"] == 0 and s["evictions"] >= 24
         for i in range(0, 40, 8):  # a lookup pins its hits: at most what L2 holds at once
             ok, outs = read_back(c, region, keys("e", 40)[i:i + 8])
@@ -89,7 +83,7 @@ def test_ephemeral_pages_are_not_written_back(tiered):
         region = c.region("lt/eph", PAGE, 16)
         assert all(c.set(region, keys("x", 4), pages(4, 2), ephemeral=True))
         assert all(c.set(region, keys("y", 2), pages(2, 3)))
-        s = wait_for(c.stats, lambda s: s["write_backs"] == 2)
+        s = wait_for_stats(c.stats, lambda s: s["write_backs"] == 2)
         assert s["write_backs"] == 2 and s["write_backs_queued"] == 2
     assert sorted(os.listdir(d.config.long_tier)) and sum(len(f) for _, _, f in os.walk(d.config.long_tier)) == 2
 
@@ -100,14 +94,14 @@ def test_a_damaged_or_foreign_page_file_is_a_miss_never_served(tiered):
     with DaemonClient(d.config.socket_path) as c:
         region = c.region("lt/bad", PAGE, 16)
         assert all(c.set(region, keys("b", 3), data))
-        wait_for(c.stats, lambda s: s["write_backs"] == 3)
+        wait_for_stats(c.stats, lambda s: s["write_backs"] == 3)
         files = sorted(os.path.join(r, f) for r, _, fs in os.walk(d.config.long_tier) for f in fs)
         assert len(files) == 3
         c.erase(region, keys("b", 3))  # from L2 and from the long tier
         assert not [f for _, _, fs in os.walk(d.config.long_tier) for f in fs]
         # Written again, then the files damaged behind the daemon's back: one flipped byte, one cut short.
         assert all(c.set(region, keys("b", 3), data))
-        wait_for(c.stats, lambda s: s["write_backs"] == 6)
+        wait_for_stats(c.stats, lambda s: s["write_backs"] == 6)
     d.stop()
     files = sorted(os.path.join(r, f) for r, _, fs in os.walk(d.config.long_tier) for f in fs)
     with open(files[0], "r+b") as f:
@@ -149,12 +143,12 @@ def test_prefetch_reads_long_tier_pages_into_l2_before_a_lookup_asks(tiered):
         region = c.region("lt/prefetch", PAGE, 16)
         for i in range(0, 24, 8):
             assert all(c.set(region, names[i:i + 8], data[i:i + 8]))
-            wait_for(c.stats, lambda s: s["write_back_queue_bytes"] == 0)
-        wait_for(c.stats, lambda s: s["write_backs"] == 24)
+            wait_for_stats(c.stats, lambda s: s["write_back_queue_bytes"] == 0)
+        wait_for_stats(c.stats, lambda s: s["write_backs"] == 24)
         # The last 16 are in L2; the first 8 only in the long tier. Unknown keys and keys already in
         # L2 are not queued.
         assert c.prefetch(region, names[:8] + names[20:] + [b"absent"]) == 8
-        s = wait_for(c.stats, lambda s: s["prefetched"] == 8)
+        s = wait_for_stats(c.stats, lambda s: s["prefetched"] == 8)
         assert s["prefetched"] == 8 and s["prefetch_keys"] == 8 and s["prefetch_dropped"] == 0
         parked = s["lookups_parked"]
         ok, outs = read_back(c, region, names[:8])  # L2 hits: no lookup waits for the long tier
@@ -195,14 +189,14 @@ def test_a_manager_prefetches_pages_of_the_long_tier_into_l2_before_it_finds_the
         a.set_keys(pages_a, names)
         a.evict(pages_a)
         with DaemonClient(sock) as c:
-            wait_for(c.stats, lambda s: s["write_backs"] == 6)
+            wait_for_stats(c.stats, lambda s: s["write_backs"] == 6)
         a.close()
         d.stop()
         d = Daemon(DaemonConfig(sock, 8 << 20, hugepages=False, long_tier=str(tmp_path / "long"))).start()  # L2 empty
         b = manager()
         assert b.prefetch_shared(names + [b"absent"]) == 6
         with DaemonClient(sock) as c:
-            s = wait_for(c.stats, lambda s: s["prefetched"] == 6)
+            s = wait_for_stats(c.stats, lambda s: s["prefetched"] == 6)
             assert s["prefetched"] == 6
             parked = s["lookups_parked"]
         got = onboarded(b, b.find_shared(names))
@@ -227,7 +221,7 @@ def test_a_lookup_waiting_for_the_long_tier_holds_up_no_other_client(tiered):
     with DaemonClient(d.config.socket_path) as c:
         region = c.region("lt/slow", PAGE, 16)
         assert all(c.set(region, [b"slow"], data[:1]))
-        wait_for(c.stats, lambda s: s["write_backs"] == 1)
+        wait_for_stats(c.stats, lambda s: s["write_backs"] == 1)
         assert all(c.set(region, keys("o", 16), data[1:], ephemeral=True))  # evicts "slow" from L2
         [path] = long_files(d)
         os.unlink(path)
@@ -237,7 +231,7 @@ def test_a_lookup_waiting_for_the_long_tier_holds_up_no_other_client(tiered):
         waiter.start()
         try:
             with DaemonClient(d.config.socket_path) as other:
-                s = wait_for(other.stats, lambda s: s["lookups_parked"] == 1)
+                s = wait_for_stats(other.stats, lambda s: s["lookups_parked"] == 1)
                 assert s["lookups_parked"] == 1
                 ok, outs = read_back(other, region, keys("o", 16)[8:])
                 assert all(ok) and all(np.array_equal(o, x) for o, x in zip(outs, data[9:]))
@@ -279,7 +273,7 @@ def test_a_daemon_killed_with_sigkill_restarts_and_serves_the_long_tier(tmp_path
         with DaemonClient(sock) as c:
             region = c.region("lt/kill", PAGE, 32)
             assert all(c.set(region, keys("k", 12), data))
-            wait_for(c.stats, lambda s: s["write_backs"] == 12)
+            wait_for_stats(c.stats, lambda s: s["write_backs"] == 12)
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         p = start()
@@ -302,7 +296,7 @@ def test_a_full_write_back_queue_drops_write_backs_not_pages(tiered):
     with DaemonClient(d.config.socket_path) as c:
         region = c.region("lt/full", PAGE, 128)
         assert all(c.set(region, keys("f", 64), data))  # one batch: the writer cannot keep up with all of it
-        s = wait_for(c.stats, lambda s: s["write_backs"] + s["write_backs_dropped"] == 64)
+        s = wait_for_stats(c.stats, lambda s: s["write_backs"] + s["write_backs_dropped"] == 64)
         assert s["write_backs"] + s["write_backs_dropped"] == 64 and s["write_backs"] >= 21
         ok, outs = read_back(c, region, keys("f", 64))  # every page still in L2
         assert all(ok) and all(np.array_equal(o, x) for o, x in zip(outs, data))
@@ -364,7 +358,7 @@ def test_pages_a_manager_published_outlive_the_daemon_and_a_new_manager_onboards
         a.evict(pages_a)
         assert a.shared_stats()["published"] == 8
         with DaemonClient(sock) as c:
-            wait_for(c.stats, lambda s: s["write_backs"] == 8)
+            wait_for_stats(c.stats, lambda s: s["write_backs"] == 8)
         p.send_signal(signal.SIGKILL)
         p.wait(10)
         a.close()

@@ -21,12 +21,18 @@ SANITIZERS = {"address,undefined": {"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPT
               "thread": {"TSAN_OPTIONS": "halt_on_error=1"}}
 
 
-@pytest.fixture(scope="module")
-def binaries(tmp_path_factory):
-    """Both builds, compiled side by side."""
+def compiler() -> str:
+    """$CXX, g++ or c++; the test is skipped without one."""
     cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
+    return cxx
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    """Both builds, compiled side by side."""
+    cxx = compiler()
     out = tmp_path_factory.mktemp("daemon-sanitizers")
     builds = {}
     for sanitizer in SANITIZERS:
@@ -62,11 +68,8 @@ def test_the_key_table_matches_a_map_under_asan(tmp_path):
     """The daemon's key table (open addressing, keys inline up to 50 bytes, erases that shift
     entries back) answers as std::unordered_map does through random inserts, finds and erases in
     nearly full tables, under AddressSanitizer and UBSan."""
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
     exe = tmp_path / "key_table_test"
-    build = subprocess.run([cxx, "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+    build = subprocess.run([compiler(), "-std=c++17", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
                             f"-I{ROOT / 'csrc' / 'src'}", str(ROOT / "tests" / "native" / "key_table_test.cpp"),
                             "-o", str(exe)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr

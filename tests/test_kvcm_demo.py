@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from sdk_helpers import wait_for_stats
 
 from kvcodec_sdk import _native
 
@@ -52,9 +52,7 @@ def test_two_engine_processes_share_pages_through_the_daemon(via):
         assert "16 pages stored in the daemon's L2" in run_demo("cpu", *share, "store")
         assert "16 pages loaded from the daemon's L2 byte-exact on cpu (numpy)" in run_demo("cpu", *share, "load")
         with DaemonClient(daemon.socket_path) as client:
-            deadline = time.monotonic() + 10  # the demo processes' ends are handled in the daemon's own time
-            while (st := client.stats())["clients"] > 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            st = wait_for_stats(client.stats, lambda s: s["clients"] <= 1)  # the demo processes' ends handled
         assert st["clients"] == 1  # this test's own connection
         assert st["sets"] == 16 and st["hits"] >= 16 and st["slots_pinned"] == 0
         assert st["socket_bytes_in"] + st["socket_bytes_out"] < st["set_bytes"] / 100
