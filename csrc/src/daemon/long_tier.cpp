@@ -142,16 +142,17 @@ void LongTier::writer()
         bool const ok = !job.cancelled && write(job);
         lock.lock();
         writing_ = false;
-        counters_.written += ok ? 1 : 0;
-        counters_.writtenBytes += ok ? job.length : 0;
-        counters_.failed += ok || job.cancelled ? 0 : 1;
         idle_.notify_all();
         lock.unlock();
         if (job.done)
             job.done(); // the server's lock, never this one's: erase() waits on this one under it
         lock.lock();
-        // Counted as queued until done() has run: no queued bytes means no write-back still pins
-        // its L2 slot (the stats' write_back_queue_bytes of 0 says every such pin is released).
+        // Counted (written, failed) and no longer queued only once done() has run: a write-back
+        // counted in the stats no longer pins its L2 slot, and write_back_queue_bytes of 0 says
+        // every such pin is released.
+        counters_.written += ok ? 1 : 0;
+        counters_.writtenBytes += ok ? job.length : 0;
+        counters_.failed += ok || job.cancelled ? 0 : 1;
         queuedBytes_ -= job.length;
     }
 }
