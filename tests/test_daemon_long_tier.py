@@ -221,7 +221,8 @@ def test_a_lookup_waiting_for_the_long_tier_holds_up_no_other_client(tiered):
     with DaemonClient(d.config.socket_path) as c:
         region = c.region("lt/slow", PAGE, 16)
         assert all(c.set(region, [b"slow"], data[:1]))
-        wait_for_stats(c.stats, lambda s: s["write_backs"] == 1)
+        s = wait_for_stats(c.stats, lambda s: s["write_backs"] == 1)
+        assert s["slots_pinned"] == 0  # a write-back is counted once its pin is released
         assert all(c.set(region, keys("o", 16), data[1:], ephemeral=True))  # evicts "slow" from L2
         [path] = long_files(d)
         os.unlink(path)
