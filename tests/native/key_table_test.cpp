@@ -1,29 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The daemon's key table (csrc/src/daemon/key_table.h) against std::unordered_map: random inserts,
-// finds and erases of keys of 0 to 80 bytes (inline and long ones) in tables kept nearly full, so
-// probe runs wrap around the end and erases shift entries back. Built with AddressSanitizer and
-// UBSan by tests/test_daemon_sanitizers.py. Prints "mismatches 0" and exits 0 when every answer
-// matched the model.
+// The key table of the daemon and the disk tier (csrc/src/common/key_table.h), with each kind of
+// entry, against std::unordered_map: random inserts, finds, moves to another slot (put) and erases
+// of keys of 1 to 80 bytes (inline and long ones) in tables kept nearly full, so probe runs wrap
+// around the end and erases shift entries back; once sized for every key, once grown from one.
+// Built with AddressSanitizer and UBSan by tests/test_daemon_sanitizers.py. Prints "mismatches 0"
+// and exits 0 when every answer matched the model.
 #include <cstdio>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/key_table.h"
+#include "common/key_table.h"
 
-using kvcodec::daemon::KeyTable;
+namespace {
 
-int main()
+template <class Entry>
+size_t check(std::mt19937_64& rng, bool grow, size_t& operations)
 {
-    std::mt19937_64 rng(7);
+    using Table = kvcodec::KeyTable<Entry>;
     size_t mismatches = 0;
-    size_t operations = 0;
     for (size_t maxKeys : {1u, 3u, 12u, 13u, 100u, 1000u})
     {
-        KeyTable table;
-        table.reset(maxKeys);
+        Table table;
+        table.reset(grow ? 1 : maxKeys);
         std::unordered_map<std::string, uint32_t> model;
         std::vector<std::string> keyOf(maxKeys);
         std::vector<uint32_t> freeSlots;
@@ -45,9 +46,9 @@ int main()
             std::string const& k = pool[rng() % pool.size()];
             auto const m = model.find(k);
             uint32_t const found = table.find(k, keyOf);
-            if (found != (m == model.end() ? KeyTable::kNone : m->second))
+            if (found != (m == model.end() ? Table::kNone : m->second))
                 ++mismatches;
-            int const op = int(rng() % 3);
+            int const op = int(rng() % 4);
             if (op == 0 && m == model.end() && !freeSlots.empty())
             {
                 uint32_t const s = freeSlots.back();
@@ -69,12 +70,46 @@ int main()
             {
                 ++mismatches; // erased a key that is absent
             }
+            else if (op == 2 && !freeSlots.empty())
+            {
+                // put: a new key, or a key moved to another slot (its old slot's key read first).
+                uint32_t const s = freeSlots.back();
+                freeSlots.pop_back();
+                uint32_t const old = table.put(k, s, keyOf);
+                if (old != (m == model.end() ? Table::kNone : m->second))
+                    ++mismatches;
+                if (old != Table::kNone)
+                {
+                    keyOf[old].clear();
+                    freeSlots.push_back(old);
+                }
+                keyOf[s] = k;
+                model[k] = s;
+            }
             if (table.size() != model.size())
                 ++mismatches;
         }
         for (auto const& [k, s] : model) // everything left is still found where it was put
             if (table.find(k, keyOf) != s)
                 ++mismatches;
+        table.clear();
+        if (table.size() != 0 || (!model.empty() && table.find(model.begin()->first, keyOf) != Table::kNone))
+            ++mismatches;
+    }
+    return mismatches;
+}
+
+} // namespace
+
+int main()
+{
+    std::mt19937_64 rng(7);
+    size_t mismatches = 0;
+    size_t operations = 0;
+    for (bool grow : {false, true})
+    {
+        mismatches += check<kvcodec::InlineKeyEntry>(rng, grow, operations);
+        mismatches += check<kvcodec::TagEntry>(rng, grow, operations);
     }
     std::printf("operations %zu mismatches %zu\n", operations, mismatches);
     return mismatches == 0 ? 0 : 1;

@@ -138,7 +138,7 @@ CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::
     }
     std::string k(key);
     uint32_t const old = r.keys.find(k, r.keyOf);
-    if (old != KeyTable::kNone)
+    if (old != InlineKeyEntry::kNone)
         unstore(r, old);
     r.versions[s] += 1; // even: stable
     r.state[s] = State::Stored;
@@ -163,7 +163,7 @@ CommitStatus L2Index::commit(uint32_t client, uint32_t region, uint32_t s, std::
 bool L2Index::contains(uint32_t region, std::string_view key)
 {
     Region& r = at(region);
-    return r.keys.find(key, r.keyOf) != KeyTable::kNone;
+    return r.keys.find(key, r.keyOf) != InlineKeyEntry::kNone;
 }
 
 void L2Index::abort(uint32_t client, uint32_t region, uint32_t s)
@@ -181,7 +181,7 @@ Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
     Region& r = at(region);
     counters_.gets += 1;
     uint32_t const s = r.keys.find(key, r.keyOf);
-    if (s == KeyTable::kNone)
+    if (s == InlineKeyEntry::kNone)
     {
         counters_.misses += 1;
         return {};
@@ -216,7 +216,7 @@ bool L2Index::erase(uint32_t region, std::string_view key)
 {
     Region& r = at(region);
     uint32_t const s = r.keys.find(key, r.keyOf);
-    if (s == KeyTable::kNone)
+    if (s == InlineKeyEntry::kNone)
         return false;
     unstore(r, s);
     counters_.erased += 1;

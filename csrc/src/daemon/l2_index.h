@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "daemon/arena.h"
-#include "daemon/key_table.h"
+#include "common/key_table.h"
 
 namespace kvcodec::daemon {
 
@@ -140,7 +140,7 @@ private:
         std::vector<std::string> keyOf;
         std::vector<uint32_t> prev, next; // LRU of stored, unpinned slots; slot `slots` is the list's head
         std::vector<uint32_t> free;
-        KeyTable keys; // key -> slot (the key of slot s is keyOf[s])
+        KeyTable<InlineKeyEntry> keys; // key -> slot (the key of slot s is keyOf[s])
         uint64_t pinnedSlots = 0;
         bool inLru(uint32_t s) const noexcept
         {

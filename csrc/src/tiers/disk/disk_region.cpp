@@ -319,7 +319,7 @@ Ticket DiskRegion::submitWrite(std::string const& key, void const* src, size_t b
                 continue;
             }
             std::string victim = slotKeys_[s];
-            index_.erase(victim);
+            index_.erase(victim, slotKeys_);
             v.state = kRetiring;
             v.retireDurable = false;
             ++st_.evictions;
@@ -359,14 +359,13 @@ Ticket DiskRegion::submitRead(std::string const& key, void* dst, size_t bytes)
     std::unique_lock<std::mutex> lock = lockToSubmit(nullptr);
     Ticket t = newTicketLocked();
     ++st_.reads;
-    auto it = index_.find(key);
-    if (it == index_.end())
+    uint32_t const slot = index_.find(key, slotKeys_);
+    if (slot == TagEntry::kNone)
     {
         ++st_.misses;
         completeLocked(t, {StatusCode::kNotFound, "", 0});
         return t;
     }
-    uint32_t slot = it->second;
     Slot& s = slots_[slot];
     ++s.pins;
     Task task{Task::kRead, t, key, slot, s.tag, s.crc, nullptr, dst};
@@ -380,14 +379,13 @@ Ticket DiskRegion::submitErase(std::string const& key)
     checkKey(key);
     std::unique_lock<std::mutex> lock = lockToSubmit("erase is refused");
     Ticket t = newTicketLocked();
-    auto it = index_.find(key);
-    if (it == index_.end())
+    uint32_t const slot = index_.find(key, slotKeys_);
+    if (slot == TagEntry::kNone)
     {
         completeLocked(t, {StatusCode::kNotFound, "", 0});
         return t;
     }
-    uint32_t slot = it->second;
-    index_.erase(it);
+    index_.erase(key, slotKeys_);
     Slot& s = slots_[slot];
     s.state = kRetiring;
     s.retireDurable = false;
@@ -448,17 +446,17 @@ void DiskRegion::flush()
 bool DiskRegion::contains(std::string const& key) const
 {
     std::lock_guard<std::mutex> lock(mu_);
-    return index_.count(key) != 0;
+    return index_.find(key, slotKeys_) != TagEntry::kNone;
 }
 
 std::optional<PageInfo> DiskRegion::lookup(std::string const& key) const
 {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(key);
-    if (it == index_.end())
+    uint32_t const slot = index_.find(key, slotKeys_);
+    if (slot == TagEntry::kNone)
         return std::nullopt;
-    Slot const& s = slots_[it->second];
-    return PageInfo{key, geo_.containerOf(it->second), it->second % geo_.slotsPerContainer, s.tag, s.crc, s.seq};
+    Slot const& s = slots_[slot];
+    return PageInfo{key, geo_.containerOf(slot), slot % geo_.slotsPerContainer, s.tag, s.crc, s.seq};
 }
 
 std::vector<PageInfo> DiskRegion::pages() const

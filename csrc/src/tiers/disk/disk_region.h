@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/key_table.h"
 #include "tiers/disk/file_io.h"
 #include "tiers/disk/free_slots.h"
 #include "tiers/disk/io_queue.h"
@@ -395,6 +396,8 @@ private:
     void checkWritable(char const* what) const;
     void applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t tag, uint64_t seq);
     void applyRecord(JournalRecord&& r);
+    /// Recovery: drops the page of `slot` when the index names it (slot freed); true if it did.
+    bool dropIndexed(uint32_t slot);
     void freeSlotLocked(uint32_t slot);
     void maybeReleaseLocked(uint32_t slot);
     /// mu_ for a submission, taken once no resize or defragmentation runs; throws when the region
@@ -425,7 +428,9 @@ private:
     // Index and slots (mu_).
     mutable std::mutex mu_;
     std::condition_variable doneCv_;
-    std::unordered_map<std::string, uint32_t> index_;
+    /// Key -> slot of every live page; a flat table of 8-byte entries (no node per key), each
+    /// key read from slotKeys_ (so slotKeys_[slot] is set before the next lookup of its key).
+    KeyTable<TagEntry> index_;
     std::vector<Slot> slots_;
     std::vector<std::string> slotKeys_;
     detail::FreeSlots free_; ///< Slots at or above its limit are never allocated (a shrink in progress).

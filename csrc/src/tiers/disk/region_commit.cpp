@@ -141,9 +141,9 @@ void DiskRegion::commitBatch(std::vector<CommitItem>& batch)
             }
             // A failed retirement: the page is still recorded live, so serve it again.
             Slot& v = slots_[item->slot];
-            if (index_.count(item->key) == 0 && v.pins == 0)
+            if (index_.find(item->key, slotKeys_) == TagEntry::kNone && v.pins == 0)
             {
-                index_[item->key] = item->slot;
+                index_.insert(item->key, item->slot); // slotKeys_[item->slot] still holds the key
                 v.state = kLive;
                 fifo_.emplace_front(v.seq, item->slot);
             }
@@ -175,18 +175,15 @@ void DiskRegion::commitBatch(std::vector<CommitItem>& batch)
         Slot& s = slots_[item->slot];
         if (item->put)
         {
-            auto it = index_.find(item->key);
-            if (it != index_.end())
+            uint32_t const was = index_.put(item->key, item->slot, slotKeys_);
+            if (was != TagEntry::kNone)
             {
                 // The new record supersedes the old page durably.
-                Slot& old = slots_[it->second];
+                Slot& old = slots_[was];
                 old.state = kRetiring;
                 old.retireDurable = true;
-                maybeReleaseLocked(it->second);
-                it->second = item->slot;
+                maybeReleaseLocked(was);
             }
-            else
-                index_.emplace(item->key, item->slot);
             s.state = kLive;
             s.crc = item->crc;
             s.tag = item->tag;

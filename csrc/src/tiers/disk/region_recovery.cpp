@@ -283,25 +283,32 @@ void DiskRegion::applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t
     if (s.state == kLive && slotKeys_[slot] != key)
     {
         // Only damage (a lost retirement record) puts two keys in one slot: the later wins.
-        index_.erase(slotKeys_[slot]);
+        index_.erase(slotKeys_[slot], slotKeys_);
         ++recovery_.droppedEntries;
     }
-    // One hash lookup whether the key is new or moves.
-    auto [it, inserted] = index_.try_emplace(key, slot);
-    if (!inserted)
+    // One lookup whether the key is new or moves (its old slot's key is read, then cleared).
+    uint32_t const was = index_.put(key, slot, slotKeys_);
+    if (was != TagEntry::kNone && was != slot)
     {
-        if (it->second != slot)
-        {
-            slots_[it->second].state = kFree;
-            slotKeys_[it->second].clear();
-        }
-        it->second = slot;
+        slots_[was].state = kFree;
+        slotKeys_[was].clear();
     }
     s.state = kLive;
     s.crc = crc;
     s.tag = tag;
     s.seq = seq;
     slotKeys_[slot] = std::move(key);
+}
+
+bool DiskRegion::dropIndexed(uint32_t slot)
+{
+    std::string const& key = slotKeys_[slot];
+    if (key.empty() || index_.find(key, slotKeys_) != slot)
+        return false;
+    index_.erase(key, slotKeys_);
+    slots_[slot].state = kFree;
+    slotKeys_[slot].clear();
+    return true;
 }
 
 void DiskRegion::applyRecord(JournalRecord&& r)
@@ -311,10 +318,9 @@ void DiskRegion::applyRecord(JournalRecord&& r)
         applyPut(std::move(r.key), r.slot, r.crc, r.tag, r.seq);
         return;
     }
-    auto it = index_.find(r.key);
-    if (it != index_.end() && it->second == r.slot)
+    if (index_.find(r.key, slotKeys_) == r.slot)
     {
-        index_.erase(it);
+        index_.erase(r.key, slotKeys_);
         slots_[r.slot].state = kFree;
         slotKeys_[r.slot].clear();
     }
@@ -327,7 +333,7 @@ void DiskRegion::recover()
     std::string const identity = identityLine();
     slots_.assign(geo_.slots, Slot{});
     slotKeys_.assign(geo_.slots, std::string());
-    index_.reserve(geo_.slots);
+    index_.reset(geo_.slots);
     uint64_t snapSeq = 0;
     bool damaged = false;
 
@@ -393,17 +399,10 @@ void DiskRegion::recover()
         {
             std::string const region = "disk region " + quoted(dir_) + ": ";
             uint64_t n = 0;
-            for (auto it = index_.begin(); it != index_.end();)
+            for (uint32_t s = 0; s < geo_.slots; ++s)
             {
-                if (slots_[it->second].seq < dropBelow)
-                {
-                    slots_[it->second].state = kFree;
-                    slotKeys_[it->second].clear();
-                    it = index_.erase(it);
+                if (slots_[s].seq < dropBelow && dropIndexed(s))
                     ++n;
-                }
-                else
-                    ++it;
             }
             recovery_.droppedEntries += n;
             repairedJournal_ = true;
@@ -422,17 +421,10 @@ void DiskRegion::recover()
         // 3. Pages in containers that were missing or short are gone.
         bool const anyFresh
             = std::find(freshContainers_.begin(), freshContainers_.end(), true) != freshContainers_.end();
-        for (auto it = anyFresh ? index_.begin() : index_.end(); it != index_.end();)
+        for (uint32_t s = 0; anyFresh && s < geo_.slots; ++s)
         {
-            if (freshContainers_[geo_.containerOf(it->second)])
-            {
-                slots_[it->second].state = kFree;
-                slotKeys_[it->second].clear();
-                it = index_.erase(it);
+            if (freshContainers_[geo_.containerOf(s)] && dropIndexed(s))
                 ++recovery_.droppedEntries;
-            }
-            else
-                ++it;
         }
     }
 

@@ -119,7 +119,7 @@ void DiskRegion::relocateBelow(
             for (uint32_t s : victims)
             {
                 std::string key = slotKeys_[s];
-                index_.erase(key);
+                index_.erase(key, slotKeys_);
                 slots_[s].state = kRetiring;
                 slots_[s].retireDurable = false;
                 ++st_.erases;
@@ -214,7 +214,7 @@ void DiskRegion::relocateBelow(
                 if (m.bad)
                 {
                     freeSlotLocked(m.to);
-                    index_.erase(m.key);
+                    index_.erase(m.key, slotKeys_);
                     slots_[m.from].state = kRetiring;
                     slots_[m.from].retireDurable = false;
                     ++st_.erases;
@@ -295,6 +295,7 @@ void DiskRegion::setGeometry(uint32_t containers)
         geo_.slots = c * geo_.slotsPerContainer;
         slots_.resize(geo_.slots);
         slotKeys_.resize(geo_.slots);
+        index_.reserve(geo_.slots);
         std::deque<std::pair<uint64_t, uint32_t>> kept;
         for (auto const& e : fifo_)
             if (e.second < geo_.slots)
