@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/arena.h"
 #include "common/key_table.h"
+#include "daemon/arena.h"
 
 namespace kvcodec::daemon {
 
