@@ -231,3 +231,4 @@ def test_sigkilled_manager_loses_no_acknowledged_page_and_serves_no_phantom(tmp_
     assert kills_after_ready >= 1, f"no child was killed after it opened the manager: {summary}"
     if ITERATIONS >= 5:
         assert model.acks >= 10, f"the children did too little: {summary}"
+    print(summary)  # what a long run exercised (pytest -s shows it)
