@@ -130,8 +130,26 @@ public:
     /// The slot of `key`, or kNone.
     [[nodiscard]] uint32_t find(std::string_view key, KeysOfSlots const& keyOf) const noexcept
     {
-        size_t const i = indexOf(key, hashOf(key), keyOf);
+        return find(key, hashOf(key), keyOf);
+    }
+    /// The same, given the key's hashOf().
+    [[nodiscard]] uint32_t find(std::string_view key, uint64_t h, KeysOfSlots const& keyOf) const noexcept
+    {
+        size_t const i = indexOf(key, h, keyOf);
         return i == kAbsent ? kNone : entries_[i].slot;
+    }
+
+    /// Starts loading the entry where a lookup of a key of hash `h` begins (a batch of lookups on
+    /// cold caches then waits for many entries at once instead of one after another).
+    void prefetch(uint64_t h) const noexcept
+    {
+        if (!entries_.empty())
+            __builtin_prefetch(&entries_[size_t(uint32_t(h)) & mask_]);
+    }
+
+    static uint64_t hashOf(std::string_view key) noexcept
+    {
+        return std::hash<std::string_view>{}(key);
     }
 
     /// Adds `key` -> `slot`; the key must be absent. Grows when the table would pass 0.8 full.
@@ -187,11 +205,6 @@ public:
 
 private:
     static constexpr size_t kAbsent = ~size_t(0);
-
-    static uint64_t hashOf(std::string_view key) noexcept
-    {
-        return std::hash<std::string_view>{}(key);
-    }
 
     static size_t capacityFor(size_t maxKeys) noexcept
     {

@@ -178,9 +178,32 @@ void L2Index::abort(uint32_t client, uint32_t region, uint32_t s)
 
 Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
 {
+    return getIn(client, at(region), key, KeyTable<InlineKeyEntry>::hashOf(key));
+}
+
+void L2Index::getMany(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, Found* out)
+{
     Region& r = at(region);
+    constexpr size_t kAhead = 16; // entries in flight: enough to overlap the misses, few enough to stay cached
+    std::vector<uint64_t> hashes(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i)
+    {
+        hashes[i] = KeyTable<InlineKeyEntry>::hashOf(keys[i]);
+        if (i < kAhead)
+            r.keys.prefetch(hashes[i]);
+    }
+    for (size_t i = 0; i < keys.size(); ++i)
+    {
+        if (i + kAhead < keys.size())
+            r.keys.prefetch(hashes[i + kAhead]);
+        out[i] = getIn(client, r, keys[i], hashes[i]);
+    }
+}
+
+Found L2Index::getIn(uint32_t client, Region& r, std::string_view key, uint64_t hash)
+{
     counters_.gets += 1;
-    uint32_t const s = r.keys.find(key, r.keyOf);
+    uint32_t const s = r.keys.find(key, hash, r.keyOf);
     if (s == InlineKeyEntry::kNone)
     {
         counters_.misses += 1;

@@ -82,6 +82,8 @@ public:
     void abort(uint32_t client, uint32_t region, uint32_t slot);
     /// Where `key` is stored (the slot pinned for `client`), or a miss.
     Found get(uint32_t client, uint32_t region, std::string_view key);
+    /// get() of each key into `out` (one per key), the keys' table entries loaded ahead.
+    void getMany(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, Found* out);
     /// Removes `key` from the region (its slot freed, or retired while pinned); true if it was there.
     bool erase(uint32_t region, std::string_view key);
     /// Drops one pin of `client` on `slot` (an unknown one is ignored).
@@ -152,6 +154,7 @@ private:
     void lruPush(Region& r, uint32_t s) noexcept; // most recently used end
     void lruRemove(Region& r, uint32_t s) noexcept;
     void pin(uint32_t client, Region& r, uint32_t s);
+    Found getIn(uint32_t client, Region& r, std::string_view key, uint64_t hash);
     void unpin(Region& r, uint32_t s);
     void unstore(Region& r, uint32_t s);
     bool evictOne(Region& r);

@@ -11,13 +11,12 @@ namespace kvcodec::daemon {
 
 void Server::answerGet(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, std::string& out)
 {
+    std::vector<Found> found(keys.size());
+    index_.getMany(client, region, keys, found.data());
     FrameWriter w(out);
     w.put(uint8_t(Status::Ok)).put(uint32_t(keys.size()));
-    for (std::string_view key : keys)
-    {
-        Found const f = index_.get(client, region, key);
+    for (Found const& f : found)
         w.put(f.slot).put(f.length).put(f.crc).put(uint32_t(0)).put(f.version);
-    }
     w.finish();
 }
 
