@@ -180,13 +180,15 @@ public:
         return kNone;
     }
 
-    /// Removes `key`; false when it is absent. Later entries of its probe run move back into the
+    /// Removes `key` (only while it names slot `only`, unless that is kNone); returns the slot it
+    /// named, or kNone when nothing was removed. Later entries of its probe run move back into the
     /// hole (no tombstones).
-    bool erase(std::string_view key, KeysOfSlots const& keyOf) noexcept
+    uint32_t erase(std::string_view key, KeysOfSlots const& keyOf, uint32_t only = kNone) noexcept
     {
         size_t hole = indexOf(key, hashOf(key), keyOf);
-        if (hole == kAbsent)
-            return false;
+        if (hole == kAbsent || (only != kNone && entries_[hole].slot != only))
+            return kNone;
+        uint32_t const slot = entries_[hole].slot;
         for (size_t j = (hole + 1) & mask_; entries_[j].slot != kNone; j = (j + 1) & mask_)
         {
             size_t const home = entries_[j].home(mask_);
@@ -200,7 +202,7 @@ public:
         }
         entries_[hole] = Entry{};
         --size_;
-        return true;
+        return slot;
     }
 
 private:

@@ -176,11 +176,6 @@ void L2Index::abort(uint32_t client, uint32_t region, uint32_t s)
     }
 }
 
-Found L2Index::get(uint32_t client, uint32_t region, std::string_view key)
-{
-    return getIn(client, at(region), key, KeyTable<InlineKeyEntry>::hashOf(key));
-}
-
 void L2Index::getMany(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, Found* out)
 {
     Region& r = at(region);

@@ -80,9 +80,8 @@ public:
     [[nodiscard]] bool contains(uint32_t region, std::string_view key);
     /// Frees a slot leased to `client` that it will not commit (others are ignored).
     void abort(uint32_t client, uint32_t region, uint32_t slot);
-    /// Where `key` is stored (the slot pinned for `client`), or a miss.
-    Found get(uint32_t client, uint32_t region, std::string_view key);
-    /// get() of each key into `out` (one per key), the keys' table entries loaded ahead.
+    /// Where each key is stored (its slot pinned for `client`), or a miss, into `out` (one per
+    /// key); the keys' table entries are loaded ahead, so misses on cold caches overlap.
     void getMany(uint32_t client, uint32_t region, std::vector<std::string_view> const& keys, Found* out);
     /// Removes `key` from the region (its slot freed, or retired while pinned); true if it was there.
     bool erase(uint32_t region, std::string_view key);

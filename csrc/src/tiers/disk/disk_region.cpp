@@ -379,13 +379,12 @@ Ticket DiskRegion::submitErase(std::string const& key)
     checkKey(key);
     std::unique_lock<std::mutex> lock = lockToSubmit("erase is refused");
     Ticket t = newTicketLocked();
-    uint32_t const slot = index_.find(key, slotKeys_);
+    uint32_t const slot = index_.erase(key, slotKeys_);
     if (slot == TagEntry::kNone)
     {
         completeLocked(t, {StatusCode::kNotFound, "", 0});
         return t;
     }
-    index_.erase(key, slotKeys_);
     Slot& s = slots_[slot];
     s.state = kRetiring;
     s.retireDurable = false;

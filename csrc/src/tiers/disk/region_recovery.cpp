@@ -303,9 +303,8 @@ void DiskRegion::applyPut(std::string key, uint32_t slot, uint32_t crc, uint32_t
 bool DiskRegion::dropIndexed(uint32_t slot)
 {
     std::string const& key = slotKeys_[slot];
-    if (key.empty() || index_.find(key, slotKeys_) != slot)
+    if (key.empty() || index_.erase(key, slotKeys_, slot) == TagEntry::kNone)
         return false;
-    index_.erase(key, slotKeys_);
     slots_[slot].state = kFree;
     slotKeys_[slot].clear();
     return true;
@@ -318,9 +317,8 @@ void DiskRegion::applyRecord(JournalRecord&& r)
         applyPut(std::move(r.key), r.slot, r.crc, r.tag, r.seq);
         return;
     }
-    if (index_.find(r.key, slotKeys_) == r.slot)
+    if (index_.erase(r.key, slotKeys_, r.slot) != TagEntry::kNone)
     {
-        index_.erase(r.key, slotKeys_);
         slots_[r.slot].state = kFree;
         slotKeys_[r.slot].clear();
     }
