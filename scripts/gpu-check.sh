@@ -14,7 +14,7 @@
 # workload disk blocks metrics remote daemon template nvcomp check-plugins stress (the build always runs). check-plugins runs
 # `kvcodec check --device cuda` on every installed plugin codec; stress runs the manager's
 # multi-threaded random-operation test for KVCODEC_STRESS_SECONDS (default 60) and its crash loop
-# for KVCODEC_CRASH_ITERATIONS (default 200). In "all", KVCODEC_GPU_BENCH_STEPS replaces the
+# for KVCODEC_CRASH_ITERATIONS (default 200), on the CPU and again with the children on the GPU. In "all", KVCODEC_GPU_BENCH_STEPS replaces the
 # benchmark phase's step list and KVCODEC_GPU_PLUGIN_BENCH=0 skips the plugins' own benchmarks. kvcm-codecs runs every installed codec through
 # the KV-cache manager and bare (the plugins are installed by the correctness phase of "all").
 #
@@ -140,6 +140,12 @@ step "stress: the manager under threads for ${KVCODEC_STRESS_SECONDS:-60} s per 
    timeout -k 15 -s ABRT 420 python3 -X faulthandler -m pytest -v -p no:cacheprovider -c "$OLDPWD/pyproject.toml" --rootdir "$OLDPWD" \
    "$OLDPWD/tests/test_kvcm_threads.py" "$OLDPWD/tests/test_kvcm_crash.py" --junitxml=stress.xml) > "$OUT_DIR/stress.log" 2>&1 || status=1
 grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT_DIR/stress.log" | tail -20
+# The crash loop again with the children on the GPU (hot tier in device memory, CUDA codec paths).
+(cd "$OUT_DIR" && KVCODEC_CRASH_DEVICE=cuda KVCODEC_CRASH_ITERATIONS=${KVCODEC_CRASH_ITERATIONS:-200} \
+   timeout -k 15 -s ABRT 540 python3 -X faulthandler -m pytest -v -s -p no:cacheprovider -c "$OLDPWD/pyproject.toml" \
+   --rootdir "$OLDPWD" "$OLDPWD/tests/test_kvcm_crash.py" --junitxml=stress-crash-cuda.xml) > "$OUT_DIR/stress-crash-cuda.log" 2>&1 \
+   || status=1
+grep -E "kills|PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped" "$OUT_DIR/stress-crash-cuda.log" | tail -5
 fi
 
 if want bench-concat; then

@@ -19,6 +19,10 @@ torn line at the end):
 * ``V k v``: the child onboarded ``k`` and checked it byte for byte (version ``v``);
 * ``BAD ...``: the child saw wrong bytes or an unexpected drop (it then exits with status 3).
 
+``KVCODEC_CRASH_DEVICE`` (default ``cpu``; ``cuda`` or ``cuda:N`` on a GPU host) is the child's
+device: with a GPU its hot tier lives in device memory and every hot <-> cold move runs the CUDA
+codec path, while the parent still checks the disk with a CPU manager (the blob format is one).
+
 Keys ``0 .. KEYS-1``; key ``k`` belongs to layer group ``k % 2``. A page with key ``k`` and
 version ``v`` holds ``content(k, v)``. Keys in ``replace_keys(generation)`` are left unclaimed at
 start and only ever written by a hot -> disk put that replaces the unclaimed page (if any).
@@ -34,13 +38,14 @@ import sys
 KEYS = 32
 FILLERS = 24  # unkeyed pages kept alive at most (they spill to disk too, and are erased at reopen)
 CONTAINER = 16 * 4096
+DEVICE = os.environ.get("KVCODEC_CRASH_DEVICE", "cpu")
 
 
 def key_bytes(k: int) -> bytes:
     return b"key-%04d" % k
 
 
-def make_config(disk_dir: str):
+def make_config(disk_dir: str, device: str = "cpu"):
     from kvcodec_sdk import BufferDesc, DiskTierConfig, KVCacheConfig, LayerGroupConfig, Role
 
     def lg(layers, size):
@@ -50,7 +55,7 @@ def make_config(disk_dir: str):
     # Hot: 8 + 16 slots, host: 8 + 16 slots, so the child's 32 keys and 24 fillers overflow both
     # and cascade down to the disk; the disk (256 + 256 slots) never fills, so nothing is dropped.
     return KVCacheConfig(layer_groups=[lg([0, 1], 512), lg([2], 1024)], gpu_quota=2048 * 16, host_quota=2048 * 16,
-                         device="cpu", disk=DiskTierConfig(disk_dir, max_bytes=2 * 256 * 4096,
+                         device=device, disk=DiskTierConfig(disk_dir, max_bytes=2 * 256 * 4096,
                                                            container_bytes=CONTAINER, io_mode="buffered"))
 
 
@@ -96,7 +101,8 @@ def main(argv: list[str]) -> int:
         os.write(fd, (" ".join(str(p) for p in parts) + "\n").encode())
 
     HOT, HOST, DISK = CacheLevel.HOT, CacheLevel.HOST, CacheLevel.DISK
-    m = KVCacheManager(make_config(disk_dir))
+    m = KVCacheManager(make_config(disk_dir, DEVICE))
+    framework = "numpy" if DEVICE == "cpu" else "cuda"
     nbytes = [m.page_bytes(HOT, m.lifecycle_to_pool_group(HOT)[lc]) for lc in range(2)]
     hot_group = m.lifecycle_to_pool_group(HOT)
     host_group = m.lifecycle_to_pool_group(HOST)
@@ -123,12 +129,18 @@ def main(argv: list[str]) -> int:
     def write(h, data: bytes) -> None:
         arr = np.frombuffer(data, np.uint8)
         off = 0
-        for v in m.page_view(h, framework="numpy"):
-            v[:] = arr[off:off + v.shape[0]]
+        for v in m.page_view(h, framework=framework):
+            if framework == "numpy":
+                v[:] = arr[off:off + v.shape[0]]
+            else:
+                v.copy_from(arr[off:off + v.shape[0]])  # synchronized before it returns
             off += v.shape[0]
 
     def read(h) -> bytes:
-        return b"".join(bytes(v) for v in m.page_view(h, framework="numpy"))
+        if framework == "numpy":
+            return b"".join(bytes(v) for v in m.page_view(h, framework="numpy"))
+        m.synchronize()  # a CUDA onboard returns once its decodes are queued
+        return b"".join(v.numpy().tobytes() for v in m.page_view(h, framework="cuda"))
 
     def cascade_intents() -> list[int]:
         """Keys whose pages an eviction cascade may carry to the disk."""

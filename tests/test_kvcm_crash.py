@@ -23,6 +23,8 @@ onboards every page found and checks:
 The parent then puts the pages back on disk (so the next child starts with them unclaimed) and
 checks that the child claims exactly the keys on disk. ``KVCODEC_CRASH_ITERATIONS`` (default 5)
 and ``KVCODEC_CRASH_SEED`` set the number of kills and the seed; every failure names both.
+``KVCODEC_CRASH_DEVICE=cuda`` runs the children on a GPU (the test is skipped without one); the
+parent checks the disk with a CPU manager either way.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import time
 from pathlib import Path
 
 import kvcm_crash_child as child
+import pytest
 
 from kvcodec_sdk import CacheLevel, KVCacheManager
 
@@ -195,12 +198,18 @@ def verify(disk_dir: str, model: Model, where: str) -> dict[int, int | None]:
 
 
 def test_sigkilled_manager_loses_no_acknowledged_page_and_serves_no_phantom(tmp_path):
+    if child.DEVICE != "cpu":
+        from kvcodec_sdk import gpu
+
+        if not gpu.available():
+            pytest.skip(f"KVCODEC_CRASH_DEVICE={child.DEVICE}, but no GPU: {gpu.unavailable_reason()}")
     disk_dir = str(tmp_path / "disk")
     rng = random.Random(SEED)
     model = Model()
     kills_after_ready = 0
     for gen in range(1, ITERATIONS + 1):
-        where = f"generation {gen} (KVCODEC_CRASH_SEED={SEED}, KVCODEC_CRASH_ITERATIONS={ITERATIONS})"
+        where = (f"generation {gen} (KVCODEC_CRASH_SEED={SEED}, KVCODEC_CRASH_ITERATIONS={ITERATIONS}, "
+                 f"KVCODEC_CRASH_DEVICE={child.DEVICE})")
         log = tmp_path / f"gen{gen}.log"
         err = tmp_path / f"gen{gen}.err"
         with open(err, "wb") as stderr:
@@ -225,7 +234,7 @@ def test_sigkilled_manager_loses_no_acknowledged_page_and_serves_no_phantom(tmp_
             expected_claims = on_disk_before - child.replace_keys(gen)
             assert claimed == expected_claims, f"{where}: claimed {sorted(claimed)}, on disk {sorted(expected_claims)}"
         model.settle(verify(disk_dir, model, where))
-    summary = (f"{ITERATIONS} kills ({kills_after_ready} after READY), {model.acks} puts and {model.erases} erases "
+    summary = (f"{child.DEVICE}: {ITERATIONS} kills ({kills_after_ready} after READY), {model.acks} puts and {model.erases} erases "
                f"acknowledged, {model.in_flight_at_kill} keys in flight at a kill, {model.resurrected} erased "
                f"pages back after a kill")
     assert kills_after_ready >= 1, f"no child was killed after it opened the manager: {summary}"
