@@ -126,6 +126,8 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         os._exit(3)
 
+    # The page reads and writes of tests/test_kvcm_threads.py, written here again: this child runs as
+    # a script under PYTHONSAFEPATH (tests/conftest.py), so the test helpers are not importable.
     def write(h, data: bytes) -> None:
         arr = np.frombuffer(data, np.uint8)
         off = 0

@@ -144,7 +144,7 @@ public:
     void prefetch(uint64_t h) const noexcept
     {
         if (!entries_.empty())
-            __builtin_prefetch(&entries_[size_t(uint32_t(h)) & mask_]);
+            __builtin_prefetch(&entries_[homeOf(h)]);
     }
 
     static uint64_t hashOf(std::string_view key) noexcept
@@ -157,7 +157,7 @@ public:
     {
         growFor(size_ + 1);
         uint64_t const h = hashOf(key);
-        size_t i = size_t(uint32_t(h)) & mask_;
+        size_t i = homeOf(h);
         while (entries_[i].slot != kNone)
             i = (i + 1) & mask_;
         entries_[i].set(key, h, slot);
@@ -208,6 +208,12 @@ public:
 private:
     static constexpr size_t kAbsent = ~size_t(0);
 
+    /// Where the probe run of a key of hash `h` starts (Entry::home() of its entry).
+    [[nodiscard]] size_t homeOf(uint64_t h) const noexcept
+    {
+        return size_t(uint32_t(h)) & mask_;
+    }
+
     static size_t capacityFor(size_t maxKeys) noexcept
     {
         size_t capacity = 16;
@@ -226,7 +232,7 @@ private:
     {
         if (entries_.empty())
             return kAbsent;
-        for (size_t i = size_t(uint32_t(h)) & mask_;; i = (i + 1) & mask_)
+        for (size_t i = homeOf(h);; i = (i + 1) & mask_)
         {
             Entry const& e = entries_[i];
             if (e.slot == kNone)
